@@ -1,0 +1,143 @@
+"""Normalisation and validation of `TrainingArguments`, mirroring `transformers.TrainingArguments.__post_init__`.
+
+Every check appends to one list and the function raises once, so a user fixes all problems in one go. Messages quote
+HF's wording where HF has one (users search for those strings) and always name the argument and its value.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, get_args
+
+if TYPE_CHECKING:
+    from hf_lightning.args import TrainingArguments
+
+__all__ = ["normalise_and_check"]
+
+
+def _choices(annotation_name: str) -> tuple[str, ...]:
+    from hf_lightning import args as args_module
+
+    return tuple(get_args(getattr(args_module, annotation_name)))
+
+
+def _check_choice(issues: list[str], name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        issues.append(f"`{name}`={value!r} is not valid; allowed: {', '.join(allowed)}.")
+
+
+def _normalise_steps(args: TrainingArguments, issues: list[str], name: str, strategy: str) -> None:
+    """HF TA:1735-1746: a value > 1 must be an integer when its strategy is "steps"; integral floats become ints."""
+    value = getattr(args, name)
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        issues.append(f"`{name}`={value!r} must be a number (an int >= 1, or a fraction in (0, 1)).")
+        return
+    if value < 0:
+        issues.append(f"`{name}`={value} must be >= 0.")
+        return
+    if value > 1 and value != int(value):
+        if getattr(args, strategy) == "steps":
+            issues.append(f"--{name} must be an integer if bigger than 1: {value}")
+        return
+    if value >= 1:
+        setattr(args, name, int(value))
+
+
+def _check_best_model(args: TrainingArguments, issues: list[str]) -> None:
+    """HF TA:1748-1774 and T:686-690, plus the metric defaults of TA:1585-1592."""
+    needs_metric = args.load_best_model_at_end or args.lr_scheduler_type == "reduce_lr_on_plateau"
+    if needs_metric and args.metric_for_best_model is None:
+        args.metric_for_best_model = "loss"
+    if args.greater_is_better is None and args.metric_for_best_model is not None:
+        args.greater_is_better = not args.metric_for_best_model.endswith("loss")
+    if args.save_strategy == "best" and args.metric_for_best_model is None:
+        issues.append(
+            "`args.metric_for_best_model` must be provided when using 'best' save_strategy or if "
+            "`args.load_best_model_at_end` is set to `True`."
+        )
+    if not args.load_best_model_at_end:
+        return
+    if args.save_strategy != "best" and args.eval_strategy != args.save_strategy:
+        issues.append(
+            "--load_best_model_at_end requires the save and eval strategy to match, except when "
+            f'--save_strategy="best", but found\n- Evaluation strategy: {args.eval_strategy}\n'
+            f"- Save strategy: {args.save_strategy}"
+        )
+        return
+    if args.eval_strategy != "steps" or args.save_strategy != "steps" or args.eval_steps is None:
+        return
+    save, ev = args.save_steps, args.eval_steps
+    if save % ev == 0:
+        return
+    prefix = "--load_best_model_at_end requires the saving steps to be a round multiple of the evaluation steps, "
+    if ev < 1 and save < 1:
+        if round(save * 1e6) % round(ev * 1e6) != 0:
+            issues.append(prefix + f"but found {save}, which is not a multiple of {ev}.")
+    elif ev < 1 or save < 1:
+        issues.append(
+            prefix + "which cannot get guaranteed when mixing ratio and absolute steps for "
+            f"save_steps {save} and eval_steps {ev}."
+        )
+    else:
+        issues.append(prefix + f"but found {save}, which is not a round multiple of {ev}.")
+
+
+def normalise_and_check(args: TrainingArguments) -> None:
+    """Fill HF's derived defaults in place and raise one `ValueError` listing every invalid field."""
+    from hf_lightning.args import OPTIMIZER_NAMES, SCHEDULER_NAMES
+
+    issues: list[str] = []
+    _check_choice(issues, "eval_strategy", args.eval_strategy, _choices("IntervalStrategyName"))
+    _check_choice(issues, "logging_strategy", args.logging_strategy, _choices("IntervalStrategyName"))
+    _check_choice(issues, "save_strategy", args.save_strategy, _choices("SaveStrategyName"))
+    _check_choice(issues, "train_sampling_strategy", args.train_sampling_strategy, _choices("SamplingStrategyName"))
+    _check_choice(issues, "optim", args.optim, OPTIMIZER_NAMES)
+    _check_choice(issues, "lr_scheduler_type", args.lr_scheduler_type, SCHEDULER_NAMES)
+    for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+        value = getattr(args, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            issues.append(f"`{name}`={value!r} must be an int >= 1.")
+    if args.eval_accumulation_steps is not None and args.eval_accumulation_steps < 1:
+        issues.append(f"`eval_accumulation_steps`={args.eval_accumulation_steps!r} must be None or an int >= 1.")
+    if args.num_train_epochs <= 0 and args.max_steps <= 0:
+        issues.append(f"`num_train_epochs`={args.num_train_epochs} must be > 0 when `max_steps` is not set.")
+    if args.warmup_steps < 0:
+        issues.append(f"Got warmup_steps = {args.warmup_steps}, Expected value warmup_steps >= 0")
+    if args.bf16 and args.fp16:
+        issues.append("`bf16`=True and `fp16`=True: choose at most one mixed precision.")
+    for name in args.include_for_metrics:
+        if name not in ("inputs", "loss"):
+            issues.append(f"`include_for_metrics` entry {name!r} is not valid; allowed: inputs, loss.")
+    if args.dataloader_prefetch_factor is not None and args.dataloader_num_workers == 0:
+        issues.append(
+            f"`dataloader_prefetch_factor`={args.dataloader_prefetch_factor} needs `dataloader_num_workers` > 0."
+        )
+    if args.save_total_limit is not None and args.save_total_limit < 0:
+        issues.append(f"`save_total_limit`={args.save_total_limit} must be None or >= 0.")
+
+    for name, strategy in (("logging_steps", "logging_strategy"), ("eval_steps", "eval_strategy"),
+                           ("save_steps", "save_strategy")):
+        _normalise_steps(args, issues, name, strategy)
+    if args.logging_strategy == "steps" and args.logging_steps == 0:
+        issues.append("logging strategy IntervalStrategy.STEPS requires non-zero --logging_steps")
+    if args.eval_strategy == "steps" and not args.eval_steps:
+        if args.logging_steps:
+            args.eval_steps = args.logging_steps
+        else:
+            issues.append(
+                "evaluation strategy IntervalStrategy.STEPS requires either non-zero --eval_steps or --logging_steps"
+            )
+    if args.save_strategy == "steps" and args.save_steps == 0:
+        issues.append("`save_strategy`='steps' requires non-zero `save_steps`.")
+    if args.lr_scheduler_type == "reduce_lr_on_plateau" and args.eval_strategy == "no":
+        issues.append("lr_scheduler_type reduce_lr_on_plateau requires an eval strategy")
+    _check_best_model(args, issues)
+    if isinstance(args.report_to, str):
+        args.report_to = [args.report_to]
+    for name in args.report_to:
+        if name not in ("tensorboard", "csv", "none", "all"):
+            issues.append(f"`report_to` entry {name!r} is not valid; allowed: tensorboard, csv, all, none.")
+    if issues:
+        raise ValueError("Invalid TrainingArguments:\n- " + "\n- ".join(issues))
+

@@ -1,0 +1,85 @@
+"""Dispatch of `transformers.TrainerCallback` events, with the HF handler's flag resets (CB:429-560).
+
+`HFCallbackHandler.call` runs each HF callback in list order with `(args, state, control, model=, processing_class=,
+optimizer=, lr_scheduler=, train_dataloader=, eval_dataloader=, **extra)`; a non-None return replaces `control` for
+the callbacks after it. Flags are reset before the callbacks run, exactly where HF resets them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["HFCallbackHandler", "HF_EVENTS"]
+
+HF_EVENTS = (
+    "on_init_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_epoch_begin",
+    "on_epoch_end",
+    "on_step_begin",
+    "on_pre_optimizer_step",
+    "on_optimizer_step",
+    "on_substep_end",
+    "on_step_end",
+    "on_evaluate",
+    "on_predict",
+    "on_save",
+    "on_log",
+    "on_prediction_step",
+)
+
+# Which control flags HF's CallbackHandler clears before calling the callbacks of an event (CB:490-535).
+_RESETS: dict[str, tuple[str, ...]] = {
+    "on_train_begin": ("should_training_stop",),
+    "on_epoch_begin": ("should_epoch_stop",),
+    "on_step_begin": ("should_log", "should_evaluate", "should_save"),
+    "on_log": ("should_log",),
+    "on_evaluate": ("should_evaluate",),
+    "on_save": ("should_save",),
+}
+
+
+class HFCallbackHandler:
+    """Holds the user's `TrainerCallback`s and the objects HF passes to them as keyword arguments.
+
+    Args:
+        callbacks: `TrainerCallback` instances or classes (classes are instantiated, as HF's `add_callback`).
+    """
+
+    def __init__(self, callbacks: list[Any] | None = None) -> None:
+        self.callbacks = [cb() if isinstance(cb, type) else cb for cb in (callbacks or [])]
+        self.model: Any = None
+        self.processing_class: Any = None
+        self.optimizer: Any = None
+        self.lr_scheduler: Any = None
+        self.train_dataloader: Any = None
+        self.eval_dataloader: Any = None
+
+    def add_callback(self, callback: Any) -> None:
+        """Append a callback (an instance or a class)."""
+        self.callbacks.append(callback() if isinstance(callback, type) else callback)
+
+    def call(self, event: str, args: Any, state: Any, control: Any, **extra: Any) -> Any:
+        """Reset HF's flags for `event`, then run every callback's method; returns the (possibly replaced) control."""
+        for flag in _RESETS.get(event, ()):
+            setattr(control, flag, False)
+        for callback in self.callbacks:
+            method = getattr(callback, event, None)
+            if method is None:
+                continue
+            result = method(
+                args,
+                state,
+                control,
+                model=self.model,
+                processing_class=self.processing_class,
+                optimizer=self.optimizer,
+                lr_scheduler=self.lr_scheduler,
+                train_dataloader=self.train_dataloader,
+                eval_dataloader=self.eval_dataloader,
+                **extra,
+            )
+            if result is not None:
+                control = result
+        return control

@@ -1,0 +1,136 @@
+"""`CheckpointSaver`: what happens at an HF save, at an evaluation's end for the best metric, and at training end.
+
+- `update_best` is `Trainer._determine_best_metric` (T:3424-3460): strict comparison, `eval_` prefix rule, the
+  error listing available metrics; `best_global_step` only moves for save strategies that write checkpoints.
+- `save` is `Trainer._save_checkpoint` (T:3355-3422): write (rank 0, atomically), point `best_model_checkpoint` at
+  `checkpoint-<best_global_step>` if that folder exists, then rotate with HF's rule (ranks agree first).
+- `finish` loads the best model (`load_best_model_at_end`) and applies the `save_total_limit == 1` cleanup.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+
+from hf_lightning.args import TrainingArguments
+from hf_lightning.checkpointing.io import CHECKPOINT_PREFIX, write_checkpoint
+from hf_lightning.checkpointing.rotation import CheckpointInfo, final_cleanup, parse_step, select_for_deletion
+
+__all__ = ["CheckpointSaver", "metric_key"]
+
+
+def metric_key(metric: str) -> str:
+    """HF's lookup key: `eval_` is prepended unless already there (T:3433-3445)."""
+    return metric if metric.startswith("eval_") else f"eval_{metric}"
+
+
+def list_checkpoints(output_dir: str | Path) -> list[CheckpointInfo]:
+    """The `checkpoint-*` folders of `output_dir` (temporary, incomplete folders never match)."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    return [
+        CheckpointInfo(str(p), parse_step(p.name), p.stat().st_mtime)
+        for p in root.glob(f"{CHECKPOINT_PREFIX}-*")
+        if p.is_dir()
+    ]
+
+
+class CheckpointSaver:
+    """Checkpoint writing, best-model tracking and rotation for `HFTrainerFlow`.
+
+    Args:
+        args: the training arguments.
+        processing_class: tokenizer / processor saved in every checkpoint.
+    """
+
+    def __init__(self, args: TrainingArguments, processing_class: Any = None) -> None:
+        self.args = args
+        self.processing_class = processing_class
+
+    @property
+    def output_dir(self) -> str:
+        return self.args.resolved_output_dir
+
+    def update_best(self, state: Any, metrics: dict[str, Any]) -> bool:
+        """Update `state.best_metric` / `best_global_step`; True when this evaluation is a new best."""
+        if self.args.metric_for_best_model is None:
+            return False
+        key = metric_key(self.args.metric_for_best_model)
+        if key not in metrics:
+            raise KeyError(
+                f"The `metric_for_best_model` training argument is set to '{key}', which is not found in the "
+                f"evaluation metrics. The available evaluation metrics are: {list(metrics.keys())}. Consider "
+                "changing the `metric_for_best_model` via the TrainingArguments."
+            )
+        value = metrics[key]
+        better = np.greater if self.args.greater_is_better else np.less
+        if state.best_metric is None or better(value, state.best_metric):
+            state.best_metric = value
+            if self.args.save_strategy in ("steps", "epoch", "best"):
+                state.best_global_step = state.global_step
+            self._new_best = True
+            return True
+        self._new_best = False
+        return False
+
+    def step_plateau_scheduler(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
+        """`ReduceLROnPlateau` steps on the best-model metric after each training-time evaluation (T:3314-3331)."""
+        import torch
+
+        for config in trainer.lr_scheduler_configs:
+            if isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                key = metric_key(self.args.metric_for_best_model or "loss")
+                if key not in metrics:
+                    raise KeyError(f"lr_scheduler_type reduce_lr_on_plateau needs '{key}' in the eval metrics: "
+                                   f"{list(metrics)}.")
+                config.scheduler.step(metrics[key])
+
+    def save(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any) -> None:
+        """Write `checkpoint-<global_step>` on rank 0, move the best pointer, rotate."""
+        if self.args.save_strategy == "best" and not getattr(self, "_new_best", False):
+            return
+        step = state.global_step
+        if state.best_global_step:
+            best = Path(self.output_dir) / f"{CHECKPOINT_PREFIX}-{state.best_global_step}"
+            if best.exists() or state.best_global_step == step:
+                state.best_model_checkpoint = os.path.join(self.output_dir, f"{CHECKPOINT_PREFIX}-{state.best_global_step}")
+        if trainer.is_global_zero:
+            optimizer = trainer.optimizers[0] if trainer.optimizers else None
+            scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
+            write_checkpoint(
+                self.output_dir, step, pl_module.model, state=state, args=self.args,
+                processing_class=self.processing_class, optimizer=getattr(optimizer, "optimizer", optimizer),
+                scheduler=scheduler,
+            )
+        trainer.strategy.barrier("hf_lightning_save")
+        if trainer.is_global_zero:
+            doomed = select_for_deletion(list_checkpoints(self.output_dir), self.args.save_total_limit,
+                                         state.best_model_checkpoint)
+            for path in doomed:
+                shutil.rmtree(path, ignore_errors=True)
+        trainer.strategy.barrier("hf_lightning_rotate")
+
+    def finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any) -> None:
+        """Load the best checkpoint's weights (`load_best_model_at_end`) and the `save_total_limit == 1` cleanup."""
+        best = state.best_model_checkpoint
+        if self.args.load_best_model_at_end and best is not None:
+            self._load_weights(pl_module.model, best)
+        if trainer.is_global_zero and self.args.save_strategy != "no":
+            for path in final_cleanup(list_checkpoints(self.output_dir), best, self.args.save_total_limit):
+                shutil.rmtree(path, ignore_errors=True)
+        trainer.strategy.barrier("hf_lightning_finish")
+
+    @staticmethod
+    def _load_weights(model: Any, folder: str) -> None:
+        from safetensors.torch import load_file
+
+        weights = Path(folder) / "model.safetensors"
+        if not weights.exists():
+            raise FileNotFoundError(f"load_best_model_at_end: {weights} is missing.")
+        model.load_state_dict(load_file(str(weights)), strict=False)

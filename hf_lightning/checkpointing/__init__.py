@@ -1,0 +1,1 @@
+"""HF-layout checkpoint folders: writing, rotation, resume lookup."""

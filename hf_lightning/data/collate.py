@@ -1,0 +1,98 @@
+"""Collation: HF's default collator choice, `remove_unused_columns`, and cutting a window into micro-batches.
+
+- `default_collator`: `DataCollatorWithPadding(processing_class)` for a tokenizer or sequence feature extractor,
+  otherwise `default_data_collator` (T:562-568).
+- `signature_columns` / `remove_unused_columns`: the model's `forward` parameter names plus `label`, `label_ids` and
+  the label names (T:1179-1244); a `datasets.Dataset` loses the other columns, other datasets are filtered per item.
+- `WindowCollator`: collates the samples of one accumulation window into its list of micro-batches.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from hf_lightning.data.sampling import split_window
+
+__all__ = [
+    "ColumnFilter",
+    "WindowCollator",
+    "default_collator",
+    "find_label_names",
+    "remove_unused_columns",
+    "signature_columns",
+]
+
+Collator = Callable[[list[Any]], Any]
+
+
+def default_collator(processing_class: Any = None) -> Collator:
+    """HF's choice: pad with the tokenizer / feature extractor when one is given, else `default_data_collator`."""
+    from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, default_data_collator
+    from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
+
+    if isinstance(processing_class, (PreTrainedTokenizerBase, SequenceFeatureExtractor)):
+        return DataCollatorWithPadding(processing_class)
+    return default_data_collator
+
+
+def find_label_names(model: nn.Module) -> list[str]:
+    """`forward` parameters whose name contains "label" (plus QA start/end positions), as `transformers.find_labels`."""
+    from transformers.utils import find_labels
+
+    return find_labels(type(model))
+
+
+def signature_columns(model: nn.Module, label_names: Sequence[str]) -> list[str]:
+    """Columns the model can take: its `forward` parameters plus `label`, `label_ids` and the label names."""
+    forward = getattr(model, "forward", model)
+    params = list(inspect.signature(forward).parameters)
+    return list(dict.fromkeys([*params, "label", "label_ids", *label_names]))
+
+
+def remove_unused_columns(dataset: Any, allowed: Sequence[str], description: str) -> Any:
+    """Drop the columns of a `datasets.Dataset` that the model cannot take; other datasets are returned as they are.
+
+    Raises:
+        ValueError: no column would remain; the message lists the dataset's columns and the accepted ones.
+    """
+    columns = getattr(dataset, "column_names", None)
+    if columns is None:
+        return dataset
+    keep = [c for c in columns if c in allowed]
+    if not keep:
+        raise ValueError(
+            f"No columns in the {description} dataset match the model's forward method signature: the dataset has "
+            f"columns {list(columns)}, the model accepts {[c for c in allowed if c != 'kwargs']}. Rename the columns "
+            "(e.g. tokenise the text into `input_ids`) or set `remove_unused_columns=False`."
+        )
+    unused = [c for c in columns if c not in keep]
+    return dataset.remove_columns(unused) if unused else dataset
+
+
+class ColumnFilter:
+    """Wraps a collator to drop unknown keys per item, for datasets that are not a `datasets.Dataset` (HF's
+    `RemoveColumnsCollator`)."""
+
+    def __init__(self, collator: Collator, allowed: Sequence[str]) -> None:
+        self.collator = collator
+        self.allowed = set(allowed)
+
+    def __call__(self, features: list[Any]) -> Any:
+        if features and isinstance(features[0], Mapping):
+            features = [{k: v for k, v in f.items() if k in self.allowed} for f in features]
+        return self.collator(features)
+
+
+class WindowCollator:
+    """Collates the samples of one accumulation window into the list of its micro-batches."""
+
+    def __init__(self, collator: Collator, batch_size: int) -> None:
+        self.collator = collator
+        self.batch_size = batch_size
+
+    def __call__(self, samples: list[Any]) -> list[Any]:
+        return [self.collator(chunk) for chunk in split_window(samples, self.batch_size)]

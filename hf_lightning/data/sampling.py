@@ -1,0 +1,143 @@
+"""Training order: HF's seeded per-epoch shuffle, sharded like accelerate, grouped into accumulation windows.
+
+One Lightning training batch is one *window*: the micro-batches of one optimizer update. The order of samples is a
+pure function of `(seed, epoch, dataset size, batch size, world size, rank)`, so a resumed run can start at any
+window of any epoch by slicing, without iterating the skipped data (O(1) in the number of skipped batches).
+
+- The permutation is `torch.randperm(n, generator=manual_seed(seed + epoch))`: what accelerate's
+  `SeedableRandomSampler` draws for the HF Trainer (seed = `data_seed` or `seed`).
+- Sharding across processes reproduces accelerate's `BatchSamplerShard` with `even_batches=True`: batch `i` goes to
+  rank `i % world_size`, and the tail is completed with samples from the start so every rank has as many batches.
+- Windows hold `gradient_accumulation_steps` micro-batches; the last window of an epoch may be shorter (T:1862-1872).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+__all__ = ["WindowBatchSampler", "epoch_order", "shard_batches", "split_window"]
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
+    """Sample indices of one epoch: the `SeedableRandomSampler` permutation, or `range(n)` when not shuffling."""
+    if not shuffle:
+        return list(range(num_samples))
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    return torch.randperm(num_samples, generator=generator).tolist()
+
+
+def shard_batches(
+    order: list[int], batch_size: int, world_size: int, rank: int, drop_last: bool
+) -> list[list[int]]:
+    """The micro-batches of one rank, as accelerate's `BatchSamplerShard(split_batches=False, even_batches=True)`.
+
+    Batch `i` of the epoch goes to rank `i % world_size`; a round is only handed out when its last batch is full, and
+    without `drop_last` the tail is completed with samples from the start of the epoch so every rank gets as many
+    batches (accelerate `data_loader.py`, `_iter_with_no_split`).
+    """
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    if drop_last and batches and len(batches[-1]) < batch_size:
+        batches.pop()
+    if world_size == 1:
+        return batches
+    mine: list[list[int]] = []
+    initial: list[int] = []
+    to_yield: list[int] = []
+    idx, batch = -1, []
+    for idx, batch in enumerate(batches):
+        if not drop_last and idx < world_size:
+            initial += batch
+        if idx % world_size == rank:
+            to_yield = batch
+        if idx % world_size == world_size - 1 and len(batch) == batch_size:
+            mine.append(to_yield)
+            to_yield = []
+    if drop_last or not initial:
+        return mine
+    if len(to_yield) == batch_size:
+        mine.append(to_yield)
+    while len(initial) < world_size * batch_size:
+        initial += initial
+    batch = list(batch)
+    if len(batch) == batch_size:
+        batch, idx = [], idx + 1
+    cursor = 0
+    while idx % world_size != 0 or batch:
+        end = cursor + batch_size - len(batch)
+        batch += initial[cursor:end]
+        if idx % world_size == rank:
+            mine.append(batch)
+        cursor, batch, idx = end, [], idx + 1
+    return mine
+
+
+def split_window(items: list, batch_size: int) -> list[list]:
+    """Cut the samples of one window back into its micro-batches (only the last one may be short)."""
+    return [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
+
+
+class WindowBatchSampler(Sampler[list[int]]):
+    """Yields, per optimizer update, the flat sample indices of its micro-batches; resumable mid-epoch in O(1).
+
+    Lightning calls `set_epoch` at every epoch start. `skip_windows` makes the next iteration start at that window
+    of the current epoch (used on resume), and resets after one epoch.
+
+    Args:
+        num_samples: dataset length.
+        batch_size: micro-batch size per process.
+        accumulation: micro-batches per window (`gradient_accumulation_steps`).
+        seed: the shuffle seed (`data_seed` or `seed`).
+        shuffle: random (HF "random") or sequential order.
+        drop_last: drop the last incomplete micro-batch of each epoch.
+        world_size: number of processes.
+        rank: this process.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        batch_size: int,
+        accumulation: int,
+        seed: int,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        world_size: int = 1,
+        rank: int = 0,
+    ) -> None:
+        self.num_samples = num_samples
+        self.batch_size = batch_size
+        self.accumulation = accumulation
+        self.seed = seed
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.world_size = world_size
+        self.rank = rank
+        self.epoch = 0
+        self.skip_windows = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose permutation the next iteration draws (Lightning calls this every epoch)."""
+        self.epoch = epoch
+
+    def microbatches(self, epoch: int | None = None) -> list[list[int]]:
+        """This rank's micro-batches of `epoch` (default: the current one)."""
+        order = epoch_order(self.num_samples, self.seed, self.epoch if epoch is None else epoch, self.shuffle)
+        return shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last)
+
+    def num_microbatches(self) -> int:
+        """Micro-batches per epoch for this rank (the same on every rank), without drawing a permutation."""
+        return len(shard_batches(list(range(self.num_samples)), self.batch_size, self.world_size, 0, self.drop_last))
+
+    def __len__(self) -> int:
+        micro = self.num_microbatches()
+        return -(-micro // self.accumulation)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        micro = self.microbatches()
+        start, self.skip_windows = self.skip_windows, 0
+        for w in range(start * self.accumulation, len(micro), self.accumulation):
+            yield [i for batch in micro[w : w + self.accumulation] for i in batch]

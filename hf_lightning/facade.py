@@ -1,0 +1,221 @@
+"""`hf_lightning.Trainer`: the `transformers.Trainer` constructor and methods, built from the Lightning pieces.
+
+The facade only assembles: a `TransformerModule`, a `TransformerDataModule`, the `HFTrainerFlow` callback and a
+`lightning.Trainer` (with `lightning_kwargs` forwarded). Every behaviour lives in those pieces, so the CLI and a
+hand-built `lightning.Trainer` get the same results.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+from torch import nn
+
+from hf_lightning.args import TrainingArguments
+from hf_lightning.callbacks.flow import HFTrainerFlow
+from hf_lightning.data.datamodule import TransformerDataModule
+from hf_lightning.lightning_kwargs import lightning_trainer_kwargs
+from hf_lightning.module import TransformerModule
+
+__all__ = ["Trainer"]
+
+
+def _is_hf_callback(callback: Any) -> bool:
+    from transformers import TrainerCallback
+
+    return isinstance(callback, TrainerCallback) or (isinstance(callback, type) and issubclass(callback, TrainerCallback))
+
+
+class Trainer:
+    """Drop-in for `transformers.Trainer` with Lightning underneath.
+
+    Args:
+        model: the model to train (or None with `model_init`).
+        args: `hf_lightning.TrainingArguments` or a `transformers.TrainingArguments` (converted; unsupported
+            non-default fields are reported together).
+        data_collator: collator; defaults to HF's choice for `processing_class`.
+        train_dataset: training data.
+        eval_dataset: one dataset or a dict of named datasets.
+        processing_class: tokenizer / processor.
+        model_init: a function returning a fresh model for every `train()` call.
+        compute_metrics: `fn(EvalPrediction) -> dict`.
+        callbacks: `transformers.TrainerCallback`s and/or Lightning callbacks.
+        optimizers: a user `(optimizer, scheduler)` pair.
+        preprocess_logits_for_metrics: `fn(logits, labels) -> tensor`, per eval batch.
+        lightning_kwargs: forwarded to `lightning.Trainer` (accelerator, devices, strategy, precision, logger...).
+
+    Attributes:
+        module_class: the LightningModule class to build; set it to your `TransformerModule` subclass to use
+            overridden `compute_loss` / `prediction_step`.
+    """
+
+    module_class: type[TransformerModule] = TransformerModule
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: Any = None,
+        data_collator: Callable | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        model_init: Callable[[], nn.Module] | None = None,
+        compute_metrics: Callable[..., dict] | None = None,
+        callbacks: list[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        preprocess_logits_for_metrics: Callable | None = None,
+        lightning_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        from transformers import set_seed
+
+        self.args = self._resolve_args(args)
+        set_seed(self.args.seed)
+        if model is None and model_init is None:
+            raise ValueError("`Trainer` requires either a `model` or `model_init` argument (both are None).")
+        if model is None:
+            model = model_init()
+        if self.args.eval_strategy != "no" and eval_dataset is None:
+            raise ValueError(
+                f"You have set `args.eval_strategy` to {self.args.eval_strategy} but you didn't pass an "
+                "`eval_dataset` to `Trainer`. Either set `args.eval_strategy` to `no` or pass an `eval_dataset`."
+            )
+        if self.args.batch_eval_metrics and compute_metrics is not None:
+            if "compute_result" not in inspect.signature(compute_metrics).parameters:
+                raise ValueError(
+                    "When using `batch_eval_metrics`, your `compute_metrics` function must take a `compute_result`"
+                    " boolean argument which will be triggered after the last batch of the eval set to signal that"
+                    " the summary statistics should be returned by the function."
+                )
+        self.model = model
+        self.model_init = model_init
+        self.processing_class = processing_class
+        self.compute_metrics = compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.optimizers = optimizers
+        self.datamodule = TransformerDataModule(
+            train_dataset=train_dataset, eval_dataset=eval_dataset, args=self.args,
+            data_collator=data_collator, processing_class=processing_class,
+        )
+        callbacks = list(callbacks or [])
+        self._lightning_callbacks = [cb for cb in callbacks if not _is_hf_callback(cb)]
+        self.flow = HFTrainerFlow(self.args, [cb for cb in callbacks if _is_hf_callback(cb)], processing_class)
+        self.lightning_kwargs = dict(lightning_kwargs or {})
+        self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs)
+        self.module = self._build_module(model)
+        self.flow.handler.model = model
+        self.flow.control = self.flow.handler.call("on_init_end", self.args, self.flow.state, self.flow.control)
+
+    @staticmethod
+    def _resolve_args(args: Any) -> TrainingArguments:
+        if args is None:
+            return TrainingArguments(output_dir="tmp_trainer")
+        if isinstance(args, TrainingArguments):
+            return args
+        from hf_lightning.hf_args import from_hf_training_arguments
+
+        return from_hf_training_arguments(args)
+
+    def _build_module(self, model: nn.Module) -> TransformerModule:
+        return self.module_class(
+            model, self.args, optimizers=self.optimizers, compute_metrics=self.compute_metrics,
+            preprocess_logits_for_metrics=self.preprocess_logits_for_metrics, processing_class=self.processing_class,
+        )
+
+    def _lightning_trainer(self) -> pl.Trainer:
+        return pl.Trainer(callbacks=[self.flow, *self._lightning_callbacks], **self._trainer_kwargs)
+
+    @property
+    def state(self) -> Any:
+        """HF's `TrainerState`: `global_step`, `epoch`, `log_history`, `best_metric`, `best_model_checkpoint`..."""
+        return self.flow.state
+
+    def add_callback(self, callback: Any) -> None:
+        """Add an HF `TrainerCallback` or a Lightning callback."""
+        if _is_hf_callback(callback):
+            self.flow.handler.add_callback(callback)
+        else:
+            self._lightning_callbacks.append(callback)
+
+    # ----- the HF methods -----
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> Any:
+        """Train; returns `TrainOutput(global_step, training_loss, metrics)`.
+
+        Raises:
+            ValueError: `resume_from_checkpoint=True` with no checkpoint in `output_dir`.
+        """
+        from transformers import set_seed
+        from transformers.trainer_utils import TrainOutput
+
+        if self.model_init is not None:
+            set_seed(self.args.seed)
+            self.model = self.model_init()
+            self.module = self._build_module(self.model)
+            self.flow.handler.model = self.model
+        ckpt_path = self._resolve_resume(resume_from_checkpoint)
+        self.lightning_trainer = self._lightning_trainer()
+        self.lightning_trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path)
+        metrics = dict(getattr(self.flow, "train_metrics", {}))
+        metrics["epoch"] = self.state.epoch
+        return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
+
+    def _resolve_resume(self, resume_from_checkpoint: str | bool | None) -> str | None:
+        if resume_from_checkpoint in (None, False):
+            resume_from_checkpoint = self.args.resume_from_checkpoint
+        if not resume_from_checkpoint:
+            return None
+        from hf_lightning.checkpointing.resume import resolve_checkpoint
+
+        return resolve_checkpoint(self.args.resolved_output_dir, resume_from_checkpoint)
+
+    def evaluate(
+        self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
+    ) -> dict[str, float]:
+        """Evaluate on `eval_dataset` (or the trainer's) and return HF's metric dict (with `epoch`)."""
+        datamodule = self.datamodule
+        if eval_dataset is not None:
+            datamodule = self._datamodule_with(eval_dataset=eval_dataset)
+        if not datamodule.eval_datasets:
+            raise ValueError("Trainer: evaluation requires an eval_dataset (pass one to `evaluate` or `Trainer`).")
+        self.module.eval_ignore_keys = ignore_keys
+        self.flow.eval_prefix = metric_key_prefix
+        try:
+            self._lightning_trainer().validate(self.module, datamodule=datamodule, verbose=False)
+        finally:
+            self.flow.eval_prefix = "eval"
+            self.module.eval_ignore_keys = None
+        return dict(self.flow.last_eval_metrics)
+
+    def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test") -> Any:
+        """Predict on `test_dataset`; returns `PredictionOutput(predictions, label_ids, metrics)`, logs nothing."""
+        from transformers.trainer_utils import PredictionOutput
+
+        datamodule = self._datamodule_with(predict_dataset=test_dataset)
+        self.module.eval_ignore_keys = ignore_keys
+        try:
+            self._lightning_trainer().predict(self.module, datamodule=datamodule, return_predictions=False)
+        finally:
+            self.module.eval_ignore_keys = None
+        result = self.flow.last_prediction(metric_key_prefix, len(test_dataset) if hasattr(test_dataset, "__len__") else None)
+        return PredictionOutput(predictions=result.predictions, label_ids=result.label_ids, metrics=result.metrics)
+
+    def _datamodule_with(self, **datasets: Any) -> TransformerDataModule:
+        dm = self.datamodule
+        return TransformerDataModule(
+            train_dataset=dm.train_dataset,
+            eval_dataset=datasets.get("eval_dataset", dm.eval_datasets),
+            predict_dataset=datasets.get("predict_dataset"),
+            args=self.args, data_collator=dm.data_collator, processing_class=dm.processing_class,
+        )
+
+    def save_model(self, output_dir: str | None = None) -> None:
+        """Write the model (and tokenizer, `training_args.bin`) to `output_dir` (default: `args.output_dir`)."""
+        import torch
+
+        from hf_lightning.checkpointing.io import save_model_files
+
+        target = output_dir or self.args.resolved_output_dir
+        save_model_files(self.model, target, self.processing_class)
+        torch.save(self.args, f"{target}/training_args.bin")

@@ -1,0 +1,73 @@
+"""Translation of `TrainingArguments` into `lightning.Trainer` keyword arguments (pure, no Lightning import).
+
+Lightning owns devices, strategies, precision and loggers; hf_lightning owns the step budget, accumulation,
+clipping and the validation cadence (one Lightning batch is one optimizer update). Settings of Lightning that would
+fight ours are rejected with the HF argument to use instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hf_lightning.args import TrainingArguments
+
+__all__ = ["lightning_trainer_kwargs", "OWNED_BY_HF_ARGS"]
+
+OWNED_BY_HF_ARGS = {
+    "accumulate_grad_batches": "gradient_accumulation_steps",
+    "gradient_clip_val": "max_grad_norm",
+    "gradient_clip_algorithm": "max_grad_norm",
+    "max_steps": "max_steps",
+    "max_epochs": "num_train_epochs",
+    "val_check_interval": "eval_steps",
+    "check_val_every_n_epoch": "eval_strategy",
+    "use_distributed_sampler": "(hf_lightning shards data itself)",
+}
+"""lightning.Trainer options that the HF arguments decide; passing them raises an error naming the HF argument."""
+
+
+def _default_loggers(args: TrainingArguments) -> Any:
+    names = set(args.report_to) if isinstance(args.report_to, list) else {args.report_to}
+    if "none" in names:
+        return False
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    out = args.resolved_output_dir
+    loggers: list[Any] = []
+    if names & {"tensorboard", "all"}:
+        loggers.append(TensorBoardLogger(save_dir=out, name="runs", version=args.run_name, default_hp_metric=False))
+    if names & {"csv", "all"}:
+        loggers.append(CSVLogger(save_dir=out, name="csv", version=args.run_name))
+    return loggers or False
+
+
+def lightning_trainer_kwargs(args: TrainingArguments, lightning_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """`lightning.Trainer(**kwargs)` for these arguments; `lightning_kwargs` wins for everything Lightning owns.
+
+    Raises:
+        ValueError: `lightning_kwargs` sets an option the HF arguments decide (the message names both).
+    """
+    user = dict(lightning_kwargs or {})
+    clashes = [f"{k} (use TrainingArguments.{OWNED_BY_HF_ARGS[k]})" for k in user if k in OWNED_BY_HF_ARGS]
+    if clashes:
+        raise ValueError("These lightning_kwargs are decided by the HF arguments: " + ", ".join(clashes) + ".")
+    kwargs: dict[str, Any] = {
+        "default_root_dir": args.resolved_output_dir,
+        "enable_checkpointing": False,  # checkpoints are HF folders written by HFTrainerFlow
+        "num_sanity_val_steps": 0,
+        "use_distributed_sampler": False,
+        "log_every_n_steps": 1,
+        "enable_model_summary": False,
+        "enable_progress_bar": not args.disable_tqdm,
+        "max_epochs": -1,
+    }
+    if args.use_cpu:
+        kwargs["accelerator"] = "cpu"
+    if args.bf16:
+        kwargs["precision"] = "bf16-mixed"
+    elif args.fp16:
+        kwargs["precision"] = "16-mixed"
+    if "logger" not in user:
+        kwargs["logger"] = _default_loggers(args)
+    kwargs.update(user)
+    return kwargs

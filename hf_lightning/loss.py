@@ -1,0 +1,102 @@
+"""Loss helpers of the HF Trainer: label counting for `num_items_in_batch`, model introspection, loss extraction.
+
+- `model_accepts_loss_kwargs` (T:515-528) and `loss_shifts_labels` (T:543-545) inspect the model once.
+- `count_label_tokens` is HF's `_get_num_items_in_batch` for one micro-batch (T:2281-2359): `labels != -100`, over
+  `labels[..., 1:]` for causal-LM losses, or `shift_labels` when the collator provides it.
+- `loss_from_outputs` is the tail of `Trainer.compute_loss` (T:2194-2200), with HF's error naming the output keys.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "count_label_tokens",
+    "is_causal_lm",
+    "loss_from_outputs",
+    "loss_shifts_labels",
+    "model_accepts_loss_kwargs",
+    "unwrap_model",
+]
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The user's model inside DDP / compile wrappers."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def model_accepts_loss_kwargs(model: nn.Module) -> bool:
+    """HF's rule: the model's `accepts_loss_kwargs` attribute, else whether `forward` takes `**kwargs`."""
+    model = unwrap_model(model)
+    if hasattr(model, "accepts_loss_kwargs"):
+        return bool(model.accepts_loss_kwargs)
+    params = inspect.signature(model.forward).parameters.values()
+    return any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def is_causal_lm(model: nn.Module) -> bool:
+    """Whether HF's label smoother shifts labels for this model (its class is a registered causal LM)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return unwrap_model(model)._get_name() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+
+
+def loss_shifts_labels(model: nn.Module) -> bool:
+    """Whether the model's loss predicts `labels[..., 1:]` (a decoder-only causal-LM loss).
+
+    HF decides with `LOSS_MAPPING[model.loss_type] is ForCausalLMLoss`; `loss_type` is derived from the class name, so
+    we also accept every registered causal-LM class. Encoder-decoder models never shift (their decoder input is).
+    """
+    model = unwrap_model(model)
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return False
+    try:
+        from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+
+        if LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss:
+            return True
+    except ImportError:  # pragma: no cover - older transformers
+        pass
+    return is_causal_lm(model)
+
+
+def count_label_tokens(inputs: Mapping[str, Any], shift: bool) -> torch.Tensor | None:
+    """Label positions that contribute to the loss in one micro-batch, or None when it has no `labels` tensor."""
+    if "shift_labels" in inputs and torch.is_tensor(inputs["shift_labels"]):
+        return inputs["shift_labels"].ne(-100).sum()
+    labels = inputs.get("labels")
+    if not torch.is_tensor(labels):
+        return None
+    if shift and labels.dim() >= 2:
+        labels = labels[..., 1:]
+    return labels.ne(-100).sum()
+
+
+def loss_from_outputs(outputs: Any, inputs: Mapping[str, Any]) -> torch.Tensor:
+    """`outputs["loss"]` (dict-like) or `outputs[0]` (tuple); HF's error when a dict output has no loss."""
+    if isinstance(outputs, Mapping) and "loss" not in outputs:
+        raise ValueError(
+            "The model did not return a loss from the inputs, only the following keys: "
+            f"{','.join(outputs.keys())}. For reference, the inputs it received are {','.join(inputs.keys())}."
+        )
+    if isinstance(outputs, Mapping):
+        loss = outputs["loss"]
+    elif torch.is_tensor(outputs):
+        loss = outputs
+    else:
+        loss = outputs[0]
+    if loss is None:
+        raise ValueError(
+            "The model returned `loss=None`: it needs labels to compute a loss. The inputs it received are "
+            f"{','.join(inputs.keys())}; check `label_names` and that the dataset has a label column."
+        )
+    return loss

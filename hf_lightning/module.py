@@ -1,0 +1,299 @@
+"""`TransformerModule`: a LightningModule that trains any `PreTrainedModel` with the HF Trainer's semantics.
+
+One Lightning training batch is one optimizer update (a window of micro-batches from `TransformerDataModule`), so the
+module runs the update itself (manual optimisation): per micro-batch `compute_loss` + backward (gradient sync only
+on the last one), then clipping, `optimizer.step()`, `scheduler.step()`, `zero_grad()` - HF's order (T:1887-1949).
+Lightning keeps precision (autocast, grad scaler), strategies and device placement.
+
+Gradient accumulation is token-correct for every model: the built-in `compute_loss` returns
+`mean_loss * tokens_in_micro_batch / tokens_in_window` (the window's `num_items_in_batch`), which equals HF's
+`sum / num_items_in_batch` for models that honour it and fixes those that ignore it (BERT classifiers in
+transformers 5 get GA-times too large losses under HF; see README "Differences").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+from hf_lightning.args import TrainingArguments
+from hf_lightning.evaluation import EvalAccumulator
+from hf_lightning.loss import (
+    count_label_tokens,
+    is_causal_lm,
+    loss_from_outputs,
+    loss_shifts_labels,
+    model_accepts_loss_kwargs,
+)
+from hf_lightning.optim import build_optimizer, build_scheduler
+
+__all__ = ["TransformerModule"]
+
+
+class TransformerModule(pl.LightningModule):
+    """Wraps a `transformers.PreTrainedModel` (or an `nn.Module` returning a loss) for Lightning, HF-style.
+
+    Override `compute_loss` and `prediction_step` exactly as in a `transformers.Trainer` subclass; `self.model`,
+    `self.args`, `self.label_smoother`, `self.label_names`, `self.compute_loss_func` and
+    `self.model_accepts_loss_kwargs` exist as they do there.
+
+    Args:
+        model: the model to train.
+        args: training arguments (optimizer, schedule, accumulation, clipping, label smoothing).
+        optimizers: a user `(optimizer, scheduler)` pair; a None scheduler gets HF's for the optimizer.
+        compute_loss_func: `fn(outputs, labels, num_items_in_batch=...)` replacing the model's loss.
+        compute_metrics: `fn(EvalPrediction) -> dict` called at the end of each evaluation.
+        preprocess_logits_for_metrics: `fn(logits, labels) -> tensor` applied per eval batch.
+        processing_class: the tokenizer / processor (saved with checkpoints).
+
+    Attributes:
+        loss_is_scaled_for_ga: as HF's class attribute; None lets the module decide (see `_loss_is_scaled`).
+    """
+
+    loss_is_scaled_for_ga: bool | None = None
+
+    def __init__(
+        self,
+        model: nn.Module,
+        args: TrainingArguments | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        compute_loss_func: Callable[..., torch.Tensor] | None = None,
+        compute_metrics: Callable[..., dict] | None = None,
+        preprocess_logits_for_metrics: Callable[..., torch.Tensor] | None = None,
+        processing_class: Any = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"`model` must be a torch.nn.Module (a PreTrainedModel), got {type(model).__name__}.")
+        self.automatic_optimization = False
+        self.model = model
+        self.args = args if args is not None else TrainingArguments()
+        self.compute_loss_func = compute_loss_func
+        self.compute_metrics = compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.processing_class = processing_class
+        self._user_optimizers = optimizers
+        self.model_accepts_loss_kwargs = model_accepts_loss_kwargs(model)
+        self._shift_labels = loss_shifts_labels(model)
+        from hf_lightning.data.collate import find_label_names
+
+        self.label_names = self.args.label_names if self.args.label_names is not None else find_label_names(model)
+        self.label_smoother = self._make_label_smoother()
+        config = getattr(model, "config", None)
+        if config is not None and hasattr(config, "use_cache"):
+            config.use_cache = self.args.use_cache  # HF 5 forces args.use_cache onto the config (T:645-646)
+        if self.args.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable()
+        self.epoch_stop_requested = False
+        self.last_grad_norm: torch.Tensor | None = None
+        self.last_learning_rate: float | None = None
+        self.eval_accumulators: dict[int, EvalAccumulator] = {}
+        self.eval_ignore_keys: list[str] | None = None
+
+    def _make_label_smoother(self) -> Any:
+        if not self.args.label_smoothing_factor:
+            return None
+        if getattr(getattr(self.model, "config", None), "problem_type", None) == "multi_label_classification":
+            import warnings
+
+            warnings.warn("Label smoothing is not compatible with multi-label classification; disabled.", UserWarning)
+            return None
+        from transformers.trainer_pt_utils import LabelSmoother
+
+        return LabelSmoother(epsilon=self.args.label_smoothing_factor)
+
+    def forward(self, **inputs: Any) -> Any:
+        """Calls the wrapped model."""
+        return self.model(**inputs)
+
+    # ----- the two HF hooks -----
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        """HF's `Trainer.compute_loss`, normalised by `num_items_in_batch` for every model.
+
+        With `num_items_in_batch` (the label tokens of the whole accumulation window) the returned loss is this
+        micro-batch's share of the window's token-weighted mean; without it, the model's own loss.
+        """
+        labels = None
+        if (self.label_smoother is not None or self.compute_loss_func is not None) and "labels" in inputs:
+            labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        if self.compute_loss_func is not None:
+            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+        elif labels is not None:
+            loss = self.label_smoother(
+                outputs, labels, shift_labels=is_causal_lm(model), num_items_in_batch=num_items_in_batch
+            )
+        else:
+            loss = loss_from_outputs(outputs, inputs)
+            if num_items_in_batch is not None:
+                tokens = count_label_tokens(inputs, self._shift_labels)
+                if tokens is not None:
+                    loss = loss * (tokens.to(loss.dtype) / torch.as_tensor(num_items_in_batch, device=loss.device))
+        return (loss, outputs) if return_outputs else loss
+
+    def prediction_step(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor | None, Any, Any]:
+        """HF's `Trainer.prediction_step` (T:3185-3292): returns `(loss, logits, labels)`."""
+        from hf_lightning.evaluation import hf_prediction_step
+
+        return hf_prediction_step(self, model, inputs, prediction_loss_only, ignore_keys)
+
+    # ----- training -----
+    def _loss_is_scaled(self, num_items: torch.Tensor | None) -> bool:
+        """Whether a micro-batch loss is already normalised over the window (else it is divided by its length).
+
+        The built-in `compute_loss` always is when it gets a token count. A user override follows HF's rule
+        (T:2102-2111), so a loss ported from a `transformers.Trainer` subclass gives the same numbers as there.
+        """
+        if self.loss_is_scaled_for_ga is not None:
+            return self.loss_is_scaled_for_ga
+        if num_items is None:
+            return self.compute_loss_func is not None
+        if type(self).compute_loss is TransformerModule.compute_loss:
+            return True
+        return self.model_accepts_loss_kwargs or self.compute_loss_func is not None
+
+    def _window_num_items(self, window: list[Mapping[str, Any]]) -> tuple[torch.Tensor | None, bool]:
+        """HF's `num_items_in_batch` over the whole window, summed over processes when averaging across devices."""
+        counts = [count_label_tokens(micro, self._shift_labels) for micro in window]
+        if any(c is None for c in counts):
+            return None, False
+        total = torch.stack(counts).sum()
+        if self.args.average_tokens_across_devices and self.trainer.world_size > 1:
+            return self.trainer.strategy.reduce(total, reduce_op="sum"), True
+        return total, False
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """One optimizer update over a window of micro-batches."""
+        window = [batch] if isinstance(batch, Mapping) else list(batch)
+        num_items, is_global = self._window_num_items(window)
+        scaled = self._loss_is_scaled(num_items)
+        world_factor = self.trainer.world_size if (scaled and is_global) else 1
+        optimizer = self.optimizers()
+        total = torch.zeros((), device=self.device)
+        strategy = self.trainer.strategy
+
+        def closure() -> None:
+            nonlocal total
+            for i, micro in enumerate(window):
+                last = i == len(window) - 1
+                # Gradients are all-reduced once per update: skip the sync on every micro-batch but the last.
+                blocked = not last and hasattr(strategy, "block_backward_sync")
+                with strategy.block_backward_sync() if blocked else nullcontext():
+                    loss = self.compute_loss(self.model, dict(micro), num_items_in_batch=num_items)
+                    if not scaled:
+                        loss = loss / len(window)
+                    self.manual_backward(loss * world_factor)
+                total = total + loss.detach()
+                if not last:
+                    self._hf_event("on_substep_end")
+
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        scale_before = scaler.get_scale() if scaler is not None else None
+        optimizer.step(closure=closure)
+        self._hf_event("on_optimizer_step")
+        scheduler = self.lr_schedulers()
+        self.last_learning_rate = self._current_lr(optimizer, scheduler)
+        skipped = scaler is not None and scaler.get_scale() < scale_before
+        if scheduler is not None and not skipped and not self._is_plateau(scheduler):
+            scheduler.step()
+        optimizer.zero_grad()
+        return total
+
+    @staticmethod
+    def _is_plateau(scheduler: Any) -> bool:
+        return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+    def _current_lr(self, optimizer: Any, scheduler: Any) -> float:
+        """The LR the update just used (HF reads it after `optimizer.step()`, before `scheduler.step()`)."""
+        if scheduler is not None and not self._is_plateau(scheduler) and hasattr(scheduler, "get_last_lr"):
+            return float(scheduler.get_last_lr()[0])
+        return float(optimizer.param_groups[0]["lr"])
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Clip (after AMP unscaling) and keep the pre-clip norm for logging; then HF's `on_pre_optimizer_step`."""
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+            scaler.unscale_(optimizer)  # fused optimizers unscale inside step(); clipping needs true gradients now
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:
+            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
+        elif params:
+            self.last_grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        self._hf_event("on_pre_optimizer_step")
+
+    def _hf_event(self, name: str) -> None:
+        """Forward a step-internal HF event to callbacks that translate them (see `callbacks/hf_bridge.py`)."""
+        if self._trainer is None:
+            return
+        for callback in self.trainer.callbacks:
+            handler = getattr(callback, "on_hf_event", None)
+            if handler is not None:
+                handler(self.trainer, self, name)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
+        """Honour an HF `control.should_epoch_stop`: returning -1 makes Lightning end the epoch here."""
+        if self.epoch_stop_requested:
+            self.epoch_stop_requested = False
+            return -1
+        return None
+
+    def on_train_start(self) -> None:
+        """`from_pretrained` returns a model in eval mode; HF trains with dropout on, so do we."""
+        self.model.train()
+
+    def configure_optimizers(self) -> Any:
+        """HF's optimizer and scheduler, or the user's pair; the scheduler steps once per update."""
+        max_steps = self.trainer.max_steps
+        if max_steps is None or max_steps <= 0:
+            raise ValueError(
+                "TransformerModule needs the total number of updates: use `hf_lightning.Trainer`, add the "
+                f"`HFTrainerFlow` callback, or set `max_steps` (got trainer.max_steps={max_steps})."
+            )
+        optimizer, scheduler = self._user_optimizers
+        if optimizer is None:
+            optimizer = build_optimizer(self.model, self.args)
+        if scheduler is None:
+            scheduler = build_scheduler(optimizer, self.args, max_steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ----- evaluation and prediction -----
+    def _accumulator(self, dataloader_idx: int, prediction_loss_only: bool) -> EvalAccumulator:
+        if dataloader_idx not in self.eval_accumulators:
+            self.eval_accumulators[dataloader_idx] = EvalAccumulator(self, prediction_loss_only)
+        return self.eval_accumulators[dataloader_idx]
+
+    def on_validation_epoch_start(self) -> None:
+        """Start fresh accumulators for this evaluation."""
+        self.eval_accumulators = {}
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        """HF evaluation: `prediction_step`, then accumulate loss / logits / labels for `compute_metrics`."""
+        loss_only = self.args.prediction_loss_only or self.compute_metrics is None
+        acc = self._accumulator(dataloader_idx, loss_only)
+        acc.add(batch, *self.prediction_step(self.model, dict(batch), loss_only, self.eval_ignore_keys))
+
+    def on_predict_epoch_start(self) -> None:
+        """Start a fresh accumulator for this prediction run."""
+        self.eval_accumulators = {}
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        """HF prediction: like evaluation, with `args.prediction_loss_only` (default False)."""
+        acc = self._accumulator(dataloader_idx, self.args.prediction_loss_only)
+        acc.add(batch, *self.prediction_step(self.model, dict(batch), self.args.prediction_loss_only, self.eval_ignore_keys))

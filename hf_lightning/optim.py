@@ -1,0 +1,101 @@
+"""Optimizer and scheduler factories with the HF Trainer's defaults.
+
+- Parameter groups (T:1269-1286, T:1408-1418): group 0 decays every trainable parameter except biases and
+  normalisation weights (by `nn.LayerNorm` type or name pattern); group 1 holds the rest with `weight_decay=0`. Both
+  groups always exist.
+- `optim` names (OPT `trainer_optimizer.py`): AdamW (`adamw_torch`, `adamw_torch_fused`), SGD, Adafactor (HF's
+  implementation), Adagrad, RMSprop, with `optim_args` as `key=value,...`.
+- Schedulers come from `transformers.get_scheduler` with `num_warmup_steps = args.get_warmup_steps(max_steps)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from hf_lightning.args import TrainingArguments
+
+__all__ = ["build_optimizer", "build_scheduler", "decay_parameter_names", "parameter_groups"]
+
+_NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
+
+
+def decay_parameter_names(model: nn.Module) -> list[str]:
+    """Names of the parameters that get weight decay (HF `Trainer.get_decay_parameter_names`)."""
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    return get_parameter_names(model, [nn.LayerNorm], _NO_DECAY_PATTERNS)
+
+
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """HF's two groups, in `named_parameters()` order, trainable parameters only."""
+    decay = set(decay_parameter_names(model))
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [
+        {"params": [p for n, p in params if n in decay], "weight_decay": weight_decay},
+        {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0},
+    ]
+
+
+def _parse_optim_args(optim_args: str | None) -> dict[str, Any]:
+    """`"momentum=0.9,nesterov=True"` -> `{"momentum": 0.9, "nesterov": True}` (HF's `optim_args` format)."""
+    import ast
+
+    parsed: dict[str, Any] = {}
+    for item in (optim_args or "").replace(" ", "").split(","):
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"`optim_args` entry {item!r} is not of the form key=value (got optim_args={optim_args!r}).")
+        try:
+            parsed[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            parsed[key] = value
+    return parsed
+
+
+def build_optimizer(model: nn.Module, args: TrainingArguments) -> torch.optim.Optimizer:
+    """The optimizer `transformers.Trainer.create_optimizer` builds for `args.optim`.
+
+    Raises:
+        ValueError: an `optim` name we do not build (the message lists the supported ones).
+    """
+    groups = parameter_groups(model, args.weight_decay)
+    extra = _parse_optim_args(args.optim_args)
+    lr = args.learning_rate
+    adam = {"lr": lr, "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
+    if args.optim == "adamw_torch":
+        return torch.optim.AdamW(groups, **{**adam, **extra})
+    if args.optim == "adamw_torch_fused":
+        return torch.optim.AdamW(groups, **{**adam, "fused": True, **extra})
+    if args.optim == "sgd":
+        return torch.optim.SGD(groups, lr=lr, **extra)
+    if args.optim == "adagrad":
+        return torch.optim.Adagrad(groups, lr=lr, **extra)
+    if args.optim == "rmsprop":
+        return torch.optim.RMSprop(groups, lr=lr, **extra)
+    if args.optim == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(groups, **{"lr": lr, "scale_parameter": False, "relative_step": False, **extra})
+    from hf_lightning.args import OPTIMIZER_NAMES
+
+    raise ValueError(f"`optim`={args.optim!r} is not supported; allowed: {', '.join(OPTIMIZER_NAMES)}.")
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, args: TrainingArguments, max_steps: int
+) -> torch.optim.lr_scheduler.LRScheduler | Any:
+    """`transformers.get_scheduler(args.lr_scheduler_type, ...)` over `max_steps` updates with HF's warmup rule."""
+    from transformers import get_scheduler
+
+    return get_scheduler(
+        args.lr_scheduler_type,
+        optimizer,
+        num_warmup_steps=args.get_warmup_steps(max_steps),
+        num_training_steps=max_steps,
+        scheduler_specific_kwargs=dict(args.lr_scheduler_kwargs),
+    )

@@ -1,0 +1,64 @@
+"""Tiny models and datasets built locally (no hub access), shared by the tests."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from datasets import Dataset
+
+VOCAB = 64
+
+
+def tiny_bert(num_labels: int = 2, dropout: float = 0.0, seed: int = 0):
+    """A 2-layer BERT classifier with hidden size 32."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(seed)
+    config = BertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, num_labels=num_labels, hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout, pad_token_id=0,
+    )
+    return BertForSequenceClassification(config)
+
+
+def tiny_gpt2(dropout: float = 0.0, seed: int = 0):
+    """A 2-layer GPT-2 LM with n_embd 32."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=2, n_positions=64, resid_pdrop=dropout,
+        embd_pdrop=dropout, attn_pdrop=dropout, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    return GPT2LMHeadModel(config)
+
+
+def classification_dataset(n: int = 48, length: int = 12, seed: int = 0) -> Dataset:
+    """Label 1 when token 5 occurs in the sequence: learnable by a tiny BERT."""
+    rng = random.Random(seed)
+    rows = {"input_ids": [], "attention_mask": [], "label": []}
+    for _ in range(n):
+        ids = [rng.randrange(6, VOCAB) for _ in range(length)]
+        label = rng.random() < 0.5
+        if label:
+            ids[rng.randrange(length)] = 5
+        rows["input_ids"].append(ids)
+        rows["attention_mask"].append([1] * length)
+        rows["label"].append(int(label))
+    return Dataset.from_dict(rows)
+
+
+def lm_dataset(n: int = 40, max_length: int = 16, seed: int = 0, padded: bool = True) -> Dataset:
+    """Causal-LM rows of varying length, right-padded with labels -100 on padding."""
+    rng = random.Random(seed)
+    rows = {"input_ids": [], "attention_mask": [], "labels": []}
+    for _ in range(n):
+        length = rng.randrange(4, max_length + 1) if padded else max_length
+        ids = [rng.randrange(3, VOCAB) for _ in range(length)]
+        pad = max_length - length
+        rows["input_ids"].append(ids + [0] * pad)
+        rows["attention_mask"].append([1] * length + [0] * pad)
+        rows["labels"].append(ids + [-100] * pad)
+    return Dataset.from_dict(rows)
