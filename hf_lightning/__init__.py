@@ -2,14 +2,43 @@
 
 Lightning-native pieces (`TransformerModule`, `TransformerDataModule`, `HFTrainerFlow`) and a drop-in facade
 (`Trainer`, `TrainingArguments`) with the `transformers.Trainer` signatures.
+
+Names are imported on first access (PEP 562), so `hf-lightning --help` and `hf_lightning.args` do not load torch
+and Lightning before they are needed.
 """
 
-from hf_lightning.args import TrainingArguments
-from hf_lightning.callbacks.flow import HFTrainerFlow
-from hf_lightning.data.datamodule import TransformerDataModule
-from hf_lightning.facade import Trainer
-from hf_lightning.module import TransformerModule
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["HFTrainerFlow", "Trainer", "TrainingArguments", "TransformerDataModule", "TransformerModule", "__version__"]
+_EXPORTS = {
+    "HFTrainerFlow": "hf_lightning.callbacks.flow",
+    "Trainer": "hf_lightning.facade",
+    "TrainingArguments": "hf_lightning.args",
+    "TransformerDataModule": "hf_lightning.data.datamodule",
+    "TransformerModule": "hf_lightning.module",
+}
+
+__all__ = [*_EXPORTS, "__version__"]
+
+if TYPE_CHECKING:
+    from hf_lightning.args import TrainingArguments
+    from hf_lightning.callbacks.flow import HFTrainerFlow
+    from hf_lightning.data.datamodule import TransformerDataModule
+    from hf_lightning.facade import Trainer
+    from hf_lightning.module import TransformerModule
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'hf_lightning' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,5 +1,1 @@
-"""Lightning callbacks reproducing the HF Trainer's flow."""
-
-from hf_lightning.callbacks.flow import HFTrainerFlow
-
-__all__ = ["HFTrainerFlow"]
+"""Lightning callbacks reproducing the HF Trainer's flow (`hf_lightning.callbacks.flow.HFTrainerFlow`)."""

@@ -1,5 +1,1 @@
-"""Data loading with the HF Trainer's semantics."""
-
-from hf_lightning.data.datamodule import TransformerDataModule
-
-__all__ = ["TransformerDataModule"]
+"""Data loading with the HF Trainer's semantics (`hf_lightning.data.datamodule.TransformerDataModule`)."""

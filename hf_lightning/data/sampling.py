@@ -123,6 +123,13 @@ class WindowBatchSampler(Sampler[list[int]]):
         """Select the epoch whose permutation the next iteration draws (Lightning calls this every epoch)."""
         self.epoch = epoch
 
+    @property
+    def sampler(self) -> WindowBatchSampler:
+        """Lightning's `_set_sampler_epoch` only calls `set_epoch` on `loader.sampler` and `loader.batch_sampler.sampler`
+        (never on the batch sampler itself): exposing ourselves as `.sampler` is what makes every epoch reshuffle.
+        Without it every epoch repeated epoch 0's order (found by the HF parity test)."""
+        return self
+
     def microbatches(self, epoch: int | None = None) -> list[list[int]]:
         """This rank's micro-batches of `epoch` (default: the current one)."""
         order = epoch_order(self.num_samples, self.seed, self.epoch if epoch is None else epoch, self.shuffle)

@@ -1,0 +1,240 @@
+"""Optimizer updates per second: `hf_lightning.Trainer` vs a hand-written PyTorch loop vs `transformers.Trainer`.
+
+What runs
+---------
+For each case (`bert`: tiny BERT classifier; `gpt2`: small GPT-2 LM, see `common.CASES`) three runners train the
+same freshly initialised model (identical weights, built from a config under a fixed seed) on the same synthetic
+`datasets.Dataset` for the same number of optimizer updates, one micro-batch per update:
+
+- `ours`: `hf_lightning.Trainer` with `save_strategy="no"`, `logging_strategy="no"`, `report_to="none"`,
+  `disable_tqdm=True` and `lightning_kwargs={"accelerator": "cpu", "enable_progress_bar": False, "logger": False}`.
+- `raw`:  a hand-written loop: `DataLoader` over the dataset in HF's seeded order (`randperm(n, seed + epoch)`),
+  `default_data_collator`, forward, backward, `clip_grad_norm_(1.0)`, `optimizer.step()`, `scheduler.step()`,
+  `zero_grad()`; AdamW (fused, HF's default `adamw_torch_fused`, HF's two parameter groups) + linear schedule.
+- `hf`:   `transformers.Trainer` with the same arguments as `ours` (minus `lightning_kwargs`).
+
+The dataset holds exactly `steps * batch_size` samples, so every run is one epoch with full batches.
+
+Timing
+------
+Steady state (see `common.py`): `perf_counter()` at the end of each update (HF `on_step_end` for `ours` and `hf`,
+after `zero_grad()` for `raw`); rate = `(steps - warmup) / (t[last] - t[warmup])`. Trainer construction, `fit`
+setup and the first `warmup` updates are excluded; everything between updates is included. The wall time of the
+whole `train()` call (setup included) is reported too, as a secondary number. `torch.set_num_threads(--threads)`
+and `gc.collect()` run before every run. The three runners are interleaved: each repeat runs all three, in an order
+rotated by one per repeat so no runner always goes first. Reported: medians over repeats, ratios of the medians.
+
+Targets: (gpt2) ours >= 0.98x raw and ours >= 1.0x HF; (bert) ours >= 1.1x HF.
+
+Usage::
+
+    python bench/bench_throughput.py                       # both cases, 5 repeats, default steps
+    python bench/bench_throughput.py --case gpt2 --repeats 3 --steps 40 --warmup 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import CASES, SEED, Case, RunResult, StepTimer, fresh_process_state, median, rotate  # noqa: E402
+
+Runner = Callable[[Case, int, int, str], RunResult]
+
+TARGETS: dict[str, dict[str, float]] = {
+    "gpt2": {"ours/raw": 0.98, "ours/hf": 1.0},
+    "bert": {"ours/hf": 1.1},
+}
+
+
+def _common_args(case: Case, steps: int, output_dir: str) -> dict[str, Any]:
+    """The `TrainingArguments` fields shared by `ours` and `hf`: no logging, saving, evaluation or progress bar."""
+    return {
+        "output_dir": output_dir,
+        "max_steps": steps,
+        "per_device_train_batch_size": case.batch_size,
+        "seed": SEED,
+        "save_strategy": "no",
+        "logging_strategy": "no",
+        "eval_strategy": "no",
+        "report_to": "none",
+        "disable_tqdm": True,
+    }
+
+
+def run_ours(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
+    """`hf_lightning.Trainer` (the facade) on the case."""
+    import hf_lightning
+
+    timer = StepTimer()
+    trainer = hf_lightning.Trainer(
+        model=case.build_model(),
+        args=hf_lightning.TrainingArguments(**_common_args(case, steps, output_dir)),
+        train_dataset=case.build_dataset(steps * case.batch_size),
+        callbacks=[timer],
+        lightning_kwargs={"accelerator": "cpu", "enable_progress_bar": False, "logger": False},
+    )
+    start = time.perf_counter()
+    out = trainer.train()
+    total = time.perf_counter() - start
+    return RunResult("ours", timer.steady_rate(warmup), total, out.global_step, out.training_loss)
+
+
+def run_hf(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
+    """`transformers.Trainer` on the case."""
+    import transformers
+
+    timer = StepTimer()
+    trainer = transformers.Trainer(
+        model=case.build_model(),
+        args=transformers.TrainingArguments(**_common_args(case, steps, output_dir)),
+        train_dataset=case.build_dataset(steps * case.batch_size),
+        callbacks=[timer],
+    )
+    start = time.perf_counter()
+    out = trainer.train()
+    total = time.perf_counter() - start
+    return RunResult("hf", timer.steady_rate(warmup), total, out.global_step, out.training_loss)
+
+
+def _raw_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """HF's default optimizer: fused AdamW over two groups (decay / no decay, both `weight_decay=0` by default)."""
+    no_decay = ("bias", "LayerNorm", "layernorm", "ln_", "norm")
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for n, p in named if not any(k in n for k in no_decay)], "weight_decay": 0.0},
+        {"params": [p for n, p in named if any(k in n for k in no_decay)], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
+
+
+def run_raw(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
+    """The hand-written loop: same data order, batch size, optimizer, schedule and clipping as the trainers."""
+    from torch.utils.data import DataLoader
+    from transformers import default_data_collator, get_linear_schedule_with_warmup, set_seed
+
+    set_seed(SEED)
+    model = case.build_model()
+    dataset = case.build_dataset(steps * case.batch_size)
+    timer = StepTimer()
+    start = time.perf_counter()
+    model.train()
+    optimizer = _raw_optimizer(model, lr=5e-5)
+    scheduler = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=0, num_training_steps=steps)
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(SEED)).tolist()
+    loader = DataLoader(dataset, batch_size=case.batch_size, sampler=order, collate_fn=default_data_collator)
+    losses: list[torch.Tensor] = []
+    for batch in loader:
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        losses.append(loss.detach())
+        timer.mark()
+    total = time.perf_counter() - start
+    return RunResult("raw", timer.steady_rate(warmup), total, len(losses), float(torch.stack(losses).mean()))
+
+
+RUNNERS: dict[str, Runner] = {"ours": run_ours, "raw": run_raw, "hf": run_hf}
+
+
+def run_case(case: Case, steps: int, warmup: int, repeats: int, threads: int) -> dict[str, list[RunResult]]:
+    """All repeats of one case, the three runners interleaved (order rotated every repeat)."""
+    results: dict[str, list[RunResult]] = {name: [] for name in RUNNERS}
+    for rep in range(repeats):
+        for name in rotate(list(RUNNERS), rep):
+            fresh_process_state(threads)
+            with tempfile.TemporaryDirectory() as tmp:
+                result = RUNNERS[name](case, steps, warmup, tmp)
+            if torch.get_num_threads() != threads:
+                print(f"  warning: {name} changed the thread count to {torch.get_num_threads()}", flush=True)
+            results[name].append(result)
+            print(
+                f"  [{case.name} rep {rep + 1}/{repeats}] {name:4s} steady {result.steady_ups:7.2f} upd/s  "
+                f"train() {result.total_s:6.2f} s  steps {result.steps}  loss {result.loss:.4f}",
+                flush=True,
+            )
+    return results
+
+
+def summarize(case: Case, results: dict[str, list[RunResult]]) -> dict[str, Any]:
+    """Medians per runner, ratios of the medians, and the target verdicts for the case."""
+    steady = {name: median([r.steady_ups for r in runs]) for name, runs in results.items()}
+    total = {name: median([r.total_s for r in runs]) for name, runs in results.items()}
+    ratios = {
+        "ours/raw": steady["ours"] / steady["raw"],
+        "ours/hf": steady["ours"] / steady["hf"],
+        "ours/raw (train() wall)": total["raw"] / total["ours"],
+        "ours/hf (train() wall)": total["hf"] / total["ours"],
+    }
+    verdicts = {key: ratios[key] >= bound for key, bound in TARGETS.get(case.name, {}).items()}
+    return {"case": case.name, "steady_ups": steady, "train_wall_s": total, "ratios": ratios, "targets_met": verdicts}
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    """Human-readable summary of one case."""
+    print(f"\n== {summary['case']}: median over repeats ==")
+    print(f"{'runner':8s} {'steady upd/s':>13s} {'train() s':>10s}")
+    for name in RUNNERS:
+        print(f"{name:8s} {summary['steady_ups'][name]:13.2f} {summary['train_wall_s'][name]:10.2f}")
+    for key, value in summary["ratios"].items():
+        target = TARGETS.get(summary["case"], {}).get(key)
+        verdict = "" if target is None else f"  target >= {target:.2f}: {'MET' if value >= target else 'MISSED'}"
+        print(f"  {key:26s} {value:.3f}x{verdict}")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--case", choices=[*CASES, "all"], default="all")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=None, help="updates per run (default: per case, bert 200, gpt2 30)")
+    parser.add_argument("--warmup", type=int, default=None, help="updates excluded from the steady rate (default: per case)")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads before every run")
+    parser.add_argument("--json", default=None, help="write the summaries to this JSON file")
+    return parser.parse_args(argv)
+
+
+def quiet() -> None:
+    """Silence the trainers' info logs and warnings so the report stays readable."""
+    warnings.filterwarnings("ignore")
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    quiet()
+    torch.set_num_threads(args.threads)
+    summaries = []
+    for name in CASES if args.case == "all" else [args.case]:
+        case = CASES[name]
+        steps = args.steps or case.default_steps
+        warmup = args.warmup if args.warmup is not None else case.default_warmup
+        print(f"\n## {case.description}: {steps} updates ({warmup} warmup), {args.repeats} repeats, "
+              f"{args.threads} threads, torch {torch.__version__}", flush=True)
+        summary = summarize(case, run_case(case, steps, warmup, args.repeats, args.threads))
+        print_summary(summary)
+        summaries.append(summary)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summaries, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

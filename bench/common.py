@@ -1,0 +1,178 @@
+"""Shared pieces of the benchmarks: the two model/data cases, a step timer, run records and summary statistics.
+
+Timing method (used by every benchmark here)
+--------------------------------------------
+Every runner records `time.perf_counter()` at the end of each optimizer update: the HF-style trainers through a
+`transformers.TrainerCallback.on_step_end` (fired by `transformers.Trainer` and by `hf_lightning.Trainer` at the
+same point of the update), the hand-written loop right after `zero_grad()`. The *steady-state* rate is
+
+    (steps - warmup) / (t_end_of_last_update - t_end_of_update_number_warmup)
+
+so setup (trainer construction, `fit` setup, optimizer creation, the first loader iterator) and the first `warmup`
+updates are excluded, and everything that happens between two updates (data loading, collation, loop hooks,
+callbacks) is included. The wall time of the whole `train()` call is recorded as well, as a secondary number.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import TrainerCallback
+
+__all__ = [
+    "CASES",
+    "Case",
+    "RunResult",
+    "StepTimer",
+    "fresh_process_state",
+    "median",
+    "rotate",
+]
+
+SEED = 42
+MODEL_SEED = 0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark workload: a model built from a config, synthetic data, a batch size and default step counts.
+
+    Attributes:
+        name: CLI name of the case.
+        description: one line for reports.
+        batch_size: `per_device_train_batch_size` (one micro-batch = one update, no accumulation).
+        default_steps: optimizer updates per run.
+        default_warmup: leading updates excluded from the steady-state rate.
+        build_model: returns a freshly initialised model (same weights on every call).
+        build_dataset: `(num_samples) -> datasets.Dataset` with the model's input columns and `labels`.
+    """
+
+    name: str
+    description: str
+    batch_size: int
+    default_steps: int
+    default_warmup: int
+    build_model: Callable[[], nn.Module]
+    build_dataset: Callable[[int], Any]
+
+
+def _seeded(builder: Callable[[], nn.Module]) -> nn.Module:
+    """Build a model under a fixed seed so every runner starts from identical weights."""
+    torch.manual_seed(MODEL_SEED)
+    return builder()
+
+
+def _tiny_bert() -> nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(
+        vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, num_labels=2,
+    )
+    return _seeded(lambda: BertForSequenceClassification(config))
+
+
+def _small_gpt2() -> nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=8192, n_positions=128, n_embd=256, n_layer=4, n_head=4)
+    return _seeded(lambda: GPT2LMHeadModel(config))
+
+
+def _bert_dataset(num_samples: int, seq_len: int = 32, vocab: int = 1000) -> Any:
+    import datasets
+
+    g = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(0, vocab, (num_samples, seq_len), generator=g)
+    labels = torch.randint(0, 2, (num_samples,), generator=g)
+    return datasets.Dataset.from_dict(
+        {"input_ids": ids.tolist(), "attention_mask": torch.ones_like(ids).tolist(), "labels": labels.tolist()}
+    )
+
+
+def _gpt2_dataset(num_samples: int, seq_len: int = 128, vocab: int = 8192) -> Any:
+    import datasets
+
+    g = torch.Generator().manual_seed(SEED)
+    ids = torch.randint(0, vocab, (num_samples, seq_len), generator=g).tolist()
+    return datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
+
+
+CASES: dict[str, Case] = {
+    "bert": Case(
+        name="bert",
+        description="tiny BERT classifier (hidden 32, 2 layers, 2 heads, ffn 64, seq 32, batch 16)",
+        batch_size=16, default_steps=200, default_warmup=20,
+        build_model=_tiny_bert, build_dataset=_bert_dataset,
+    ),
+    "gpt2": Case(
+        name="gpt2",
+        description="small GPT-2 LM (n_embd 256, 4 layers, 4 heads, seq 128, batch 8, vocab 8192)",
+        batch_size=8, default_steps=30, default_warmup=5,
+        build_model=_small_gpt2, build_dataset=_gpt2_dataset,
+    ),
+}
+
+
+class StepTimer(TrainerCallback):
+    """Records `perf_counter()` at the end of every optimizer update (HF's `on_step_end`, or `mark()` by hand)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def mark(self) -> None:
+        """Record the end of one update."""
+        self.times.append(time.perf_counter())
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.mark()
+
+    def steady_rate(self, warmup: int) -> float:
+        """Updates per second after the first `warmup` updates (see the module docstring)."""
+        if not 1 <= warmup < len(self.times):
+            raise ValueError(f"warmup must be in [1, {len(self.times) - 1}] for {len(self.times)} timed updates.")
+        return (len(self.times) - warmup) / (self.times[-1] - self.times[warmup - 1])
+
+
+@dataclass
+class RunResult:
+    """One timed run of one runner.
+
+    Attributes:
+        runner: runner name.
+        steady_ups: steady-state optimizer updates per second.
+        total_s: wall time of the whole training call (setup included).
+        steps: updates actually done.
+        loss: mean training loss reported by the runner (a sanity check that all did the same work).
+    """
+
+    runner: str
+    steady_ups: float
+    total_s: float
+    steps: int
+    loss: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def fresh_process_state(threads: int) -> None:
+    """Put the process in the same state before every run: thread count pinned, garbage collected."""
+    torch.set_num_threads(threads)
+    gc.collect()
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of the values."""
+    return statistics.median(values)
+
+
+def rotate(items: Sequence[Any], k: int) -> list[Any]:
+    """`items` rotated left by `k` (so each runner takes every position across repeats)."""
+    k %= len(items)
+    return [*items[k:], *items[:k]]

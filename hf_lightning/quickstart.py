@@ -1,0 +1,143 @@
+"""Quickstart: fine-tune a tiny BERT on a generated sentiment task, on CPU, with nothing downloaded.
+
+Run it with `hf-lightning quickstart` (or `python -m hf_lightning.quickstart`). It shows the intended use of the
+library, and users copy it:
+
+1. build a tokenizer locally and a small, deterministic text dataset (swap in `AutoTokenizer.from_pretrained` and
+   `datasets.load_dataset` for real work);
+2. build a model from a config (or `AutoModelForSequenceClassification.from_pretrained`);
+3. train with `hf_lightning.Trainer` and the familiar `TrainingArguments`; Lightning options go in
+   `lightning_kwargs` (e.g. `{"strategy": "ddp", "devices": 2}`);
+4. read the metrics, the `checkpoint-<step>/` folders and the TensorBoard logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+from typing import Any
+
+__all__ = ["build_tokenizer", "make_sentiment_dataset", "main"]
+
+_POSITIVE = ["great", "good", "fun", "wonderful", "brilliant", "lovely", "superb", "enjoyable"]
+_NEGATIVE = ["bad", "boring", "awful", "terrible", "dull", "poor", "weak", "tedious"]
+_SUBJECTS = ["the movie", "the plot", "the acting", "the music", "the ending", "the cast", "the script", "the film"]
+_FILLER = ["really", "quite", "very", "so", "rather", "truly", "somewhat", "honestly"]
+
+
+def make_sentiment_dataset(n: int, seed: int) -> dict[str, list[Any]]:
+    """`n` short reviews; the label is whether positive words outnumber negative ones (a "not" flips a word)."""
+    rng = random.Random(seed)
+    texts, labels = [], []
+    for _ in range(n):
+        score, clauses = 0, []
+        for _ in range(rng.randint(1, 3)):
+            positive = rng.random() < 0.5
+            negated = rng.random() < 0.25
+            word = rng.choice(_POSITIVE if positive else _NEGATIVE)
+            clauses.append(f"{rng.choice(_SUBJECTS)} was {'not ' if negated else ''}{rng.choice(_FILLER)} {word}")
+            score += 1 if positive != negated else -1
+        if score == 0:  # break ties with one more clear clause
+            word = rng.choice(_POSITIVE)
+            clauses.append(f"{rng.choice(_SUBJECTS)} was {word}")
+            score = 1
+        texts.append(" and ".join(clauses))
+        labels.append(int(score > 0))
+    return {"text": texts, "label": labels}
+
+
+def build_tokenizer(corpus: list[str]) -> Any:
+    """A word-level tokenizer trained on `corpus`, wrapped as a `PreTrainedTokenizerFast` (saved with checkpoints)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")),
+                                                 ("[SEP]", tokenizer.token_to_id("[SEP]"))],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]"
+    )
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Train, evaluate and print where the checkpoints and logs are; returns the final eval metrics."""
+    parser = argparse.ArgumentParser(prog="hf-lightning quickstart", description=__doc__.splitlines()[0])
+    parser.add_argument("--output_dir", default="quickstart_output")
+    parser.add_argument("--num_train_epochs", type=float, default=3.0)
+    parser.add_argument("--max_steps", type=int, default=-1)
+    parser.add_argument("--train_size", type=int, default=2000)
+    opts = parser.parse_args(argv)
+
+    from datasets import Dataset
+    from transformers import BertConfig, BertForSequenceClassification
+
+    import hf_lightning
+
+    # 1. Data and tokenizer (real work: datasets.load_dataset(...) and AutoTokenizer.from_pretrained(...)).
+    raw_train = Dataset.from_dict(make_sentiment_dataset(opts.train_size, seed=0))
+    raw_eval = Dataset.from_dict(make_sentiment_dataset(400, seed=1))
+    tokenizer = build_tokenizer(raw_train["text"])
+
+    def tokenize(batch: dict[str, list]) -> Any:
+        return tokenizer(batch["text"], truncation=True, max_length=48)
+
+    train = raw_train.map(tokenize, batched=True, remove_columns=["text"])
+    evaluation = raw_eval.map(tokenize, batched=True, remove_columns=["text"])
+
+    # 2. Model (real work: AutoModelForSequenceClassification.from_pretrained("bert-base-uncased", num_labels=2)).
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+        intermediate_size=128, max_position_embeddings=64, num_labels=2, pad_token_id=tokenizer.pad_token_id,
+    )
+    model = BertForSequenceClassification(config)
+
+    def accuracy(pred: Any) -> dict[str, float]:
+        return {"accuracy": float((pred.predictions.argmax(-1) == pred.label_ids).mean())}
+
+    # 3. Train: the HF arguments you know; Lightning options in lightning_kwargs.
+    args = hf_lightning.TrainingArguments(
+        output_dir=opts.output_dir,
+        num_train_epochs=opts.num_train_epochs,
+        max_steps=opts.max_steps,
+        per_device_train_batch_size=32,
+        per_device_eval_batch_size=64,
+        learning_rate=3e-3,
+        weight_decay=0.01,
+        warmup_steps=0.1,
+        logging_steps=20,
+        eval_strategy="epoch",
+        save_strategy="epoch",
+        save_total_limit=2,
+        load_best_model_at_end=True,
+        metric_for_best_model="accuracy",
+        seed=42,
+    )
+    trainer = hf_lightning.Trainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        eval_dataset=evaluation,
+        processing_class=tokenizer,
+        compute_metrics=accuracy,
+        lightning_kwargs={"accelerator": "cpu", "devices": 1},
+    )
+    result = trainer.train()
+    metrics = trainer.evaluate()
+
+    # 4. Where things are.
+    print(f"\ntrain_loss={result.training_loss:.4f}  steps={result.global_step}")
+    print(f"eval_accuracy={metrics['eval_accuracy']:.3f}  eval_loss={metrics['eval_loss']:.4f}")
+    print(f"best checkpoint: {trainer.state.best_model_checkpoint}")
+    checkpoints = sorted(d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-"))
+    print(f"checkpoints in {os.path.abspath(args.output_dir)}: {checkpoints}")
+    print(f"TensorBoard logs: tensorboard --logdir {os.path.join(os.path.abspath(args.output_dir), 'runs')}")
+    return metrics
+
+
+if __name__ == "__main__":
+    main()
