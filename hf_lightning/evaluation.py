@@ -182,7 +182,10 @@ class EvalAccumulator:
         labels = self._gathered(self.labels)
         inputs = self._gathered(self.inputs)
         world = self.module.trainer.world_size if self.module.trainer is not None else 1
-        total = sum(self._gathered([self.num_samples]) if world > 1 else [self.num_samples])
+        counts: list[Any] = [self.num_samples] * world
+        if world > 1:
+            torch.distributed.all_gather_object(counts, self.num_samples)
+        total = sum(counts)
         n = num_samples if num_samples is not None else total
         losses, preds, labels, inputs = (nested_numpify(x) if x is not None else None for x in (losses, preds, labels, inputs))
         metrics: dict[str, Any] = {}

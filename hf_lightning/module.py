@@ -200,7 +200,8 @@ class TransformerModule(pl.LightningModule):
                     if not scaled:
                         loss = loss / len(window)
                     self.manual_backward(loss * world_factor)
-                total = total + loss.detach()
+                # HF logs the per-process share times the world size, averaged over processes: the global mean.
+                total = total + loss.detach() * world_factor
                 if not last:
                     self._hf_event("on_substep_end")
 

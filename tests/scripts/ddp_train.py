@@ -1,0 +1,46 @@
+"""Train a tiny BERT with `hf_lightning.Trainer` on 1 or 2 CPU processes and dump the log history as JSON.
+
+Run by tests/test_ddp.py as a subprocess (Lightning's `ddp` launcher re-executes this script for rank 1).
+Usage: python ddp_train.py OUT_JSON DEVICES PER_DEVICE_BATCH
+"""
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from helpers import classification_dataset, tiny_bert  # noqa: E402
+
+import hf_lightning  # noqa: E402
+
+
+def main() -> None:
+    out_json, devices, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    args = hf_lightning.TrainingArguments(
+        output_dir=os.path.join(os.path.dirname(out_json), f"run{devices}"), per_device_train_batch_size=batch,
+        per_device_eval_batch_size=4, learning_rate=1e-3, max_steps=6, logging_steps=1, eval_strategy="steps",
+        eval_steps=3, save_strategy="no", gradient_accumulation_steps=2, disable_tqdm=True, report_to="none",
+        optim="adamw_torch", max_grad_norm=1.0,
+    )
+
+    def metrics(pred):
+        return {"accuracy": float((pred.predictions.argmax(-1) == pred.label_ids).mean()), "n": len(pred.label_ids)}
+
+    kwargs = {"accelerator": "cpu", "devices": devices}
+    if devices > 1:
+        kwargs["strategy"] = "ddp"
+    trainer = hf_lightning.Trainer(
+        model=tiny_bert(), args=args, train_dataset=classification_dataset(64),
+        eval_dataset=classification_dataset(21, seed=1), compute_metrics=metrics, lightning_kwargs=kwargs,
+    )
+    trainer.train()
+    prediction = trainer.predict(classification_dataset(21, seed=1))
+    if trainer.lightning_trainer.is_global_zero:
+        with open(out_json, "w") as f:
+            json.dump({"log_history": trainer.state.log_history,
+                       "predictions": prediction.predictions.tolist()}, f)
+
+
+if __name__ == "__main__":
+    main()
