@@ -48,7 +48,18 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import CASES, SEED, Case, RunResult, StepTimer, fresh_process_state, median, rotate  # noqa: E402
+from common import (  # noqa: E402
+    CASES,
+    SEED,
+    TARGET_CASES,
+    Case,
+    RunResult,
+    StepTimer,
+    fresh_process_state,
+    make_result,
+    median,
+    rotate,
+)
 
 Runner = Callable[[Case, int, int, str], RunResult]
 
@@ -88,7 +99,7 @@ def run_ours(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
     start = time.perf_counter()
     out = trainer.train()
     total = time.perf_counter() - start
-    return RunResult("ours", timer.steady_rate(warmup), total, out.global_step, out.training_loss)
+    return make_result("ours", timer, warmup, total, out.global_step, out.training_loss)
 
 
 def run_hf(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
@@ -105,7 +116,7 @@ def run_hf(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
     start = time.perf_counter()
     out = trainer.train()
     total = time.perf_counter() - start
-    return RunResult("hf", timer.steady_rate(warmup), total, out.global_step, out.training_loss)
+    return make_result("hf", timer, warmup, total, out.global_step, out.training_loss)
 
 
 def _raw_optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -145,17 +156,19 @@ def run_raw(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
         losses.append(loss.detach())
         timer.mark()
     total = time.perf_counter() - start
-    return RunResult("raw", timer.steady_rate(warmup), total, len(losses), float(torch.stack(losses).mean()))
+    return make_result("raw", timer, warmup, total, len(losses), float(torch.stack(losses).mean()))
 
 
 RUNNERS: dict[str, Runner] = {"ours": run_ours, "raw": run_raw, "hf": run_hf}
 
 
-def run_case(case: Case, steps: int, warmup: int, repeats: int, threads: int) -> dict[str, list[RunResult]]:
-    """All repeats of one case, the three runners interleaved (order rotated every repeat)."""
-    results: dict[str, list[RunResult]] = {name: [] for name in RUNNERS}
+def run_case(
+    case: Case, steps: int, warmup: int, repeats: int, threads: int, runners: list[str]
+) -> dict[str, list[RunResult]]:
+    """All repeats of one case, the runners interleaved (order rotated every repeat)."""
+    results: dict[str, list[RunResult]] = {name: [] for name in runners}
     for rep in range(repeats):
-        for name in rotate(list(RUNNERS), rep):
+        for name in rotate(runners, rep):
             fresh_process_state(threads)
             with tempfile.TemporaryDirectory() as tmp:
                 result = RUNNERS[name](case, steps, warmup, tmp)
@@ -164,45 +177,70 @@ def run_case(case: Case, steps: int, warmup: int, repeats: int, threads: int) ->
             results[name].append(result)
             print(
                 f"  [{case.name} rep {rep + 1}/{repeats}] {name:4s} steady {result.steady_ups:7.2f} upd/s  "
-                f"train() {result.total_s:6.2f} s  steps {result.steps}  loss {result.loss:.4f}",
+                f"median-step {result.median_step_ups:7.2f} upd/s  train() {result.total_s:6.2f} s  "
+                f"steps {result.steps}  loss {result.loss:.4f}  load {os.getloadavg()[0]:.2f}",
                 flush=True,
             )
     return results
 
 
+METRICS = {"steady": "steady_ups", "median-step": "median_step_ups"}
+"""Reported rates: name -> `RunResult` attribute (see `common.py`); targets are judged on `steady`."""
+
+
 def summarize(case: Case, results: dict[str, list[RunResult]]) -> dict[str, Any]:
-    """Medians per runner, ratios of the medians, and the target verdicts for the case."""
-    steady = {name: median([r.steady_ups for r in runs]) for name, runs in results.items()}
-    total = {name: median([r.total_s for r in runs]) for name, runs in results.items()}
-    ratios = {
-        "ours/raw": steady["ours"] / steady["raw"],
-        "ours/hf": steady["ours"] / steady["hf"],
-        "ours/raw (train() wall)": total["raw"] / total["ours"],
-        "ours/hf (train() wall)": total["hf"] / total["ours"],
+    """Medians per runner and metric, ratios of the medians (ours/raw, ours/hf), and the target verdicts."""
+    rates = {
+        metric: {name: median([getattr(r, attr) for r in runs]) for name, runs in results.items()}
+        for metric, attr in METRICS.items()
     }
-    verdicts = {key: ratios[key] >= bound for key, bound in TARGETS.get(case.name, {}).items()}
-    return {"case": case.name, "steady_ups": steady, "train_wall_s": total, "ratios": ratios, "targets_met": verdicts}
+    rates["train() wall"] = {name: 1.0 / median([r.total_s for r in runs]) for name, runs in results.items()}
+    ratios = {
+        metric: {f"ours/{other}": values["ours"] / values[other] for other in ("raw", "hf") if {"ours", other} <= set(values)}
+        for metric, values in rates.items()
+    }
+    verdicts = {
+        key: ratios["steady"][key] >= bound for key, bound in TARGETS.get(case.name, {}).items() if key in ratios["steady"]
+    }
+    return {
+        "case": case.name,
+        "description": case.description,
+        "updates_per_s": {m: rates[m] for m in METRICS},
+        "train_wall_s": {name: median([r.total_s for r in runs]) for name, runs in results.items()},
+        "ratios": ratios,
+        "targets": TARGETS.get(case.name, {}),
+        "targets_met": verdicts,
+        "runs": {name: [vars(r) for r in runs] for name, runs in results.items()},
+    }
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    """Human-readable summary of one case."""
+    """Human-readable summary of one case: medians, ratios, target verdicts."""
+    rates = summary["updates_per_s"]
     print(f"\n== {summary['case']}: median over repeats ==")
-    print(f"{'runner':8s} {'steady upd/s':>13s} {'train() s':>10s}")
-    for name in RUNNERS:
-        print(f"{name:8s} {summary['steady_ups'][name]:13.2f} {summary['train_wall_s'][name]:10.2f}")
-    for key, value in summary["ratios"].items():
-        target = TARGETS.get(summary["case"], {}).get(key)
-        verdict = "" if target is None else f"  target >= {target:.2f}: {'MET' if value >= target else 'MISSED'}"
-        print(f"  {key:26s} {value:.3f}x{verdict}")
+    print(f"{'runner':8s} {'steady upd/s':>13s} {'median-step upd/s':>18s} {'train() s':>10s}")
+    for name in rates["steady"]:
+        print(
+            f"{name:8s} {rates['steady'][name]:13.2f} {rates['median-step'][name]:18.2f} "
+            f"{summary['train_wall_s'][name]:10.2f}"
+        )
+    for metric, ratios in summary["ratios"].items():
+        for key, value in ratios.items():
+            target = summary["targets"].get(key) if metric == "steady" else None
+            verdict = "" if target is None else f"   target >= {target:.2f}: {'MET' if value >= target else 'MISSED'}"
+            print(f"  {key:9s} [{metric}] {value:.3f}x{verdict}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--case", choices=[*CASES, "all"], default="all")
+    parser.add_argument("--case", choices=[*CASES, "all"], default="all",
+                        help="`all` = bert + gpt2; `overhead` = a nano model, to measure per-update framework cost")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=None, help="updates per run (default: per case, bert 200, gpt2 30)")
     parser.add_argument("--warmup", type=int, default=None, help="updates excluded from the steady rate (default: per case)")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads before every run")
+    parser.add_argument("--runners", nargs="+", choices=list(RUNNERS), default=list(RUNNERS),
+                        help="subset of runners (e.g. `--runners ours` to profile one)")
     parser.add_argument("--json", default=None, help="write the summaries to this JSON file")
     return parser.parse_args(argv)
 
@@ -222,13 +260,13 @@ def main(argv: list[str] | None = None) -> None:
     quiet()
     torch.set_num_threads(args.threads)
     summaries = []
-    for name in CASES if args.case == "all" else [args.case]:
+    for name in TARGET_CASES if args.case == "all" else [args.case]:
         case = CASES[name]
         steps = args.steps or case.default_steps
         warmup = args.warmup if args.warmup is not None else case.default_warmup
         print(f"\n## {case.description}: {steps} updates ({warmup} warmup), {args.repeats} repeats, "
               f"{args.threads} threads, torch {torch.__version__}", flush=True)
-        summary = summarize(case, run_case(case, steps, warmup, args.repeats, args.threads))
+        summary = summarize(case, run_case(case, steps, warmup, args.repeats, args.threads, args.runners))
         print_summary(summary)
         summaries.append(summary)
     if args.json:

@@ -10,7 +10,12 @@ same point of the update), the hand-written loop right after `zero_grad()`. The 
 
 so setup (trainer construction, `fit` setup, optimizer creation, the first loader iterator) and the first `warmup`
 updates are excluded, and everything that happens between two updates (data loading, collation, loop hooks,
-callbacks) is included. The wall time of the whole `train()` call is recorded as well, as a secondary number.
+callbacks) is included. Two secondary numbers are kept:
+
+- the *median-step* rate `1 / median(t[i] - t[i-1])` over the same updates: insensitive to the occasional update
+  stretched by another process taking the CPU (the benchmark machine is shared), but blind to work done only
+  every k-th update;
+- the wall time of the whole `train()` call (setup included).
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ __all__ = [
     "Case",
     "RunResult",
     "StepTimer",
+    "TARGET_CASES",
     "fresh_process_state",
+    "make_result",
     "median",
     "rotate",
 ]
@@ -79,6 +86,16 @@ def _tiny_bert() -> nn.Module:
     return _seeded(lambda: BertForSequenceClassification(config))
 
 
+def _nano_bert() -> nn.Module:
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(
+        vocab_size=1000, hidden_size=4, num_hidden_layers=1, num_attention_heads=1, intermediate_size=4,
+        max_position_embeddings=64, num_labels=2,
+    )
+    return _seeded(lambda: BertForSequenceClassification(config))
+
+
 def _small_gpt2() -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -87,6 +104,7 @@ def _small_gpt2() -> nn.Module:
 
 
 def _bert_dataset(num_samples: int, seq_len: int = 32, vocab: int = 1000) -> Any:
+    """`input_ids`, an all-ones `attention_mask` and binary `labels`, uniformly random (fixed seed)."""
     import datasets
 
     g = torch.Generator().manual_seed(SEED)
@@ -97,7 +115,12 @@ def _bert_dataset(num_samples: int, seq_len: int = 32, vocab: int = 1000) -> Any
     )
 
 
+def _nano_dataset(num_samples: int) -> Any:
+    return _bert_dataset(num_samples, seq_len=8)
+
+
 def _gpt2_dataset(num_samples: int, seq_len: int = 128, vocab: int = 8192) -> Any:
+    """Random `input_ids` with `labels = input_ids` (the model shifts them), fixed seed."""
     import datasets
 
     g = torch.Generator().manual_seed(SEED)
@@ -118,7 +141,17 @@ CASES: dict[str, Case] = {
         batch_size=8, default_steps=30, default_warmup=5,
         build_model=_small_gpt2, build_dataset=_gpt2_dataset,
     ),
+    # Not one of the target cases: a model so small that a step is almost only framework overhead, to measure
+    # the per-update cost of each trainer's own code (the difference between runners is their overhead).
+    "overhead": Case(
+        name="overhead",
+        description="nano BERT (hidden 4, 1 layer, seq 8, batch 16): per-update framework overhead",
+        batch_size=16, default_steps=1000, default_warmup=100,
+        build_model=_nano_bert, build_dataset=_nano_dataset,
+    ),
 }
+TARGET_CASES = ("bert", "gpt2")
+"""The cases `--case all` runs."""
 
 
 class StepTimer(TrainerCallback):
@@ -134,11 +167,20 @@ class StepTimer(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.mark()
 
-    def steady_rate(self, warmup: int) -> float:
-        """Updates per second after the first `warmup` updates (see the module docstring)."""
+    def _check(self, warmup: int) -> None:
         if not 1 <= warmup < len(self.times):
             raise ValueError(f"warmup must be in [1, {len(self.times) - 1}] for {len(self.times)} timed updates.")
+
+    def steady_rate(self, warmup: int) -> float:
+        """Updates per second after the first `warmup` updates: `(steps - warmup) / elapsed` (the module docstring)."""
+        self._check(warmup)
         return (len(self.times) - warmup) / (self.times[-1] - self.times[warmup - 1])
+
+    def median_step_rate(self, warmup: int) -> float:
+        """`1 / median(duration of one update)` after `warmup`: robust to pre-emption by other processes."""
+        self._check(warmup)
+        steps = [b - a for a, b in zip(self.times[warmup - 1 :], self.times[warmup:])]
+        return 1.0 / statistics.median(steps)
 
 
 @dataclass
@@ -147,18 +189,29 @@ class RunResult:
 
     Attributes:
         runner: runner name.
-        steady_ups: steady-state optimizer updates per second.
+        steady_ups: steady-state optimizer updates per second (`StepTimer.steady_rate`).
+        median_step_ups: `1 / median(update duration)` (`StepTimer.median_step_rate`).
         total_s: wall time of the whole training call (setup included).
         steps: updates actually done.
         loss: mean training loss reported by the runner (a sanity check that all did the same work).
+        extra: anything else a benchmark wants to keep.
     """
 
     runner: str
     steady_ups: float
+    median_step_ups: float
     total_s: float
     steps: int
     loss: float
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def make_result(runner: str, timer: StepTimer, warmup: int, total_s: float, steps: int, loss: float) -> RunResult:
+    """A `RunResult` from a finished run's step timer."""
+    return RunResult(
+        runner=runner, steady_ups=timer.steady_rate(warmup), median_step_ups=timer.median_step_rate(warmup),
+        total_s=total_s, steps=steps, loss=loss,
+    )
 
 
 def fresh_process_state(threads: int) -> None:

@@ -70,17 +70,18 @@ def _check_best_model(args: TrainingArguments, issues: list[str]) -> None:
     save, ev = args.save_steps, args.eval_steps
     if save % ev == 0:
         return
-    prefix = "--load_best_model_at_end requires the saving steps to be a round multiple of the evaluation steps, "
+    # HF's exact wording (TA:1755-1774): "a multiple" for ratios, "a round multiple" for absolute steps.
+    prefix = "--load_best_model_at_end requires the saving steps to be a {}multiple of the evaluation steps, "
     if ev < 1 and save < 1:
         if round(save * 1e6) % round(ev * 1e6) != 0:
-            issues.append(prefix + f"but found {save}, which is not a multiple of {ev}.")
+            issues.append(prefix.format("") + f"but found {save}, which is not a multiple of {ev}.")
     elif ev < 1 or save < 1:
         issues.append(
-            prefix + "which cannot get guaranteed when mixing ratio and absolute steps for "
+            prefix.format("") + "which cannot get guaranteed when mixing ratio and absolute steps for "
             f"save_steps {save} and eval_steps {ev}."
         )
     else:
-        issues.append(prefix + f"but found {save}, which is not a round multiple of {ev}.")
+        issues.append(prefix.format("round ") + f"but found {save}, which is not a round multiple of {ev}.")
 
 
 def normalise_and_check(args: TrainingArguments) -> None:
@@ -88,6 +89,16 @@ def normalise_and_check(args: TrainingArguments) -> None:
     from hf_lightning.args import OPTIMIZER_NAMES, SCHEDULER_NAMES
 
     issues: list[str] = []
+    # HF accepts None (its default) or a JSON string for `lr_scheduler_kwargs` (TA:792); we keep a dict.
+    if args.lr_scheduler_kwargs is None:
+        args.lr_scheduler_kwargs = {}
+    elif isinstance(args.lr_scheduler_kwargs, str):
+        import json
+
+        try:
+            args.lr_scheduler_kwargs = json.loads(args.lr_scheduler_kwargs)
+        except json.JSONDecodeError:
+            issues.append(f"`lr_scheduler_kwargs`={args.lr_scheduler_kwargs!r} is not a JSON object.")
     _check_choice(issues, "eval_strategy", args.eval_strategy, _choices("IntervalStrategyName"))
     _check_choice(issues, "logging_strategy", args.logging_strategy, _choices("IntervalStrategyName"))
     _check_choice(issues, "save_strategy", args.save_strategy, _choices("SaveStrategyName"))

@@ -29,6 +29,14 @@ def _is_hf_callback(callback: Any) -> bool:
     return isinstance(callback, TrainerCallback) or (isinstance(callback, type) and issubclass(callback, TrainerCallback))
 
 
+def _has_length(dataset: Any) -> bool:
+    """HF's `has_length`: whether `len(dataset)` works (an `IterableDataset` has none)."""
+    try:
+        return len(dataset) is not None
+    except (TypeError, AttributeError, NotImplementedError):
+        return False
+
+
 class Trainer:
     """Drop-in for `transformers.Trainer` with Lightning underneath.
 
@@ -77,6 +85,13 @@ class Trainer:
             raise ValueError("`Trainer` requires either a `model` or `model_init` argument (both are None).")
         if model is None:
             model = model_init()
+        if train_dataset is not None and not _has_length(train_dataset) and self.args.max_steps <= 0:
+            # HF raises this in `Trainer.__init__` (T:728-733), not at `train()`: same place, same words.
+            raise ValueError(
+                "The train_dataset does not implement __len__, so the number of training steps cannot be inferred; "
+                "max_steps has to be specified. The total number of steps must be known in advance to bound the "
+                f"training loop and to configure the learning rate scheduler (got max_steps={self.args.max_steps})."
+            )
         if self.args.eval_strategy != "no" and eval_dataset is None:
             raise ValueError(
                 f"You have set `args.eval_strategy` to {self.args.eval_strategy} but you didn't pass an "

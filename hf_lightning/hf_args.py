@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import warnings
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
@@ -37,16 +38,20 @@ def from_hf_training_arguments(hf_args: Any) -> TrainingArguments:
         ValueError: listing every field that is set to a non-default value we do not support.
     """
     ours = {f.name for f in dataclasses.fields(TrainingArguments)}
-    reference = type(hf_args)(output_dir=hf_args.output_dir) if hasattr(hf_args, "output_dir") else None
+    init_fields = [f for f in dataclasses.fields(hf_args) if f.init]
+    supported = {f.name: getattr(hf_args, f.name) for f in init_fields if f.name in ours}
+    # The reference gets the same supported fields, so values HF derives from them in `__post_init__` (e.g.
+    # `gradient_checkpointing=True` sets `activation_checkpointing=True`) are not reported as set by the user.
+    with warnings.catch_warnings():  # e.g. HF's FutureWarning for the `gradient_checkpointing` alias: not the user's
+        warnings.simplefilter("ignore")
+        reference = type(hf_args)(**supported)
     values: dict[str, Any] = {}
     unsupported: list[str] = []
-    for f in dataclasses.fields(hf_args):
-        if not f.init:
-            continue
+    for f in init_fields:
         value = _plain(getattr(hf_args, f.name))
         if f.name in ours:
             values[f.name] = value
-        elif f.name not in _IGNORED and reference is not None and value != _plain(getattr(reference, f.name)):
+        elif f.name not in _IGNORED and value != _plain(getattr(reference, f.name)):
             unsupported.append(f"{f.name}={value!r}")
     if unsupported:
         raise ValueError(

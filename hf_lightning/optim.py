@@ -50,6 +50,10 @@ def _parse_optim_args(optim_args: str | None) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"`optim_args` entry {item!r} is not of the form key=value (got optim_args={optim_args!r}).")
+        if value.lower() in ("true", "yes", "false", "no"):
+            # HF reads `nesterov=true` / `yes` as True; literal_eval would leave the (truthy) string "false"
+            parsed[key] = value.lower() in ("true", "yes")
+            continue
         try:
             parsed[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):

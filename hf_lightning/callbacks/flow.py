@@ -1,21 +1,23 @@
 """`HFTrainerFlow`: the HF Trainer's log / evaluate / save cadence and logged values, as one Lightning callback.
 
-Per optimizer update (= one Lightning training batch, see `TransformerDataModule`) it reproduces
-`Trainer._inner_training_loop` + `_maybe_log_save_evaluate` (T:1887-2014, 2230-2278):
+One Lightning training batch is one optimizer update (see `TransformerDataModule`). After each update, in
+`on_train_batch_end`, the callback replays `Trainer._run_epoch` + `_maybe_log_save_evaluate` (T:1935-1991, 2230-2278):
 
-    on_step_end flags (schedule.step_end_flags + HF callbacks) -> log -> evaluate -> save
-    [last batch of the epoch] on_epoch_end flags -> log -> evaluate -> save
+    on_step_end (schedule.step_end_flags, then HF callbacks) -> log -> evaluate -> save
+    [last update of the epoch, or a stop flag] on_epoch_end (schedule.epoch_end_flags, HF callbacks)
+        -> log -> evaluate -> save
 
-Evaluation runs inside Lightning's own validation loop (so loggers and other callbacks see normal hooks): the
-private `epoch_loop._should_check_val_fx` is replaced by "is an evaluation pending" (this is why lightning is
-pinned to 2.6.*). What must follow an evaluation (best metric, save, the epoch-end pass) runs in
-`on_validation_end`. Logged entries go to `state.log_history` in HF's format and to every Lightning logger at
-`step=global_step` with HF's TensorBoard tag names.
+Evaluations run Lightning's own validation loop synchronously, right where HF evaluates, so several evaluations in
+one update (a step pass and an epoch pass, or a flag set by a callback) run in HF's order, and other Lightning
+callbacks see normal validation hooks. Lightning's own validation trigger (`epoch_loop._should_check_val_fx`, a
+private hook of 2.6, hence the `lightning<2.7` pin) is switched off. `TrainerControl` flags set by HF callbacks are
+honoured exactly where HF reads them. Logged entries go to `state.log_history` in HF's format and to every Lightning
+logger at `step=global_step` with HF's TensorBoard tag names.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -25,17 +27,12 @@ from lightning.pytorch.callbacks import Callback
 from hf_lightning.args import TrainingArguments
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
 from hf_lightning.callbacks.saving import CheckpointSaver
+from hf_lightning.callbacks.train_log import FlopsCounter, TrainLossTracker, tensorboard_tag, train_summary
 from hf_lightning.schedule import TrainingPlan, epoch_end_flags, epoch_progress, plan_training, step_end_flags
 
 __all__ = ["HFTrainerFlow", "tensorboard_tag"]
 
-
-def tensorboard_tag(key: str) -> str:
-    """HF's `rewrite_logs`: `eval_x` -> `eval/x`, `test_x` -> `test/x`, anything else -> `train/x`."""
-    for prefix in ("eval", "test"):
-        if key.startswith(f"{prefix}_"):
-            return f"{prefix}/{key[len(prefix) + 1:]}"
-    return f"train/{key}"
+_FLAG_NAMES = ("should_log", "should_evaluate", "should_save", "should_training_stop")
 
 
 class HFTrainerFlow(Callback):
@@ -45,6 +42,11 @@ class HFTrainerFlow(Callback):
         args: the training arguments (strategies, intervals, output directory, best-model settings).
         callbacks: `transformers.TrainerCallback` instances or classes, called with HF's arguments.
         processing_class: tokenizer / processor passed to HF callbacks and saved with checkpoints.
+
+    Example::
+
+        flow = HFTrainerFlow(TrainingArguments(eval_strategy="steps", eval_steps=50), [EarlyStoppingCallback(2)])
+        lightning.Trainer(callbacks=[flow]).fit(TransformerModule(model, args), datamodule=dm)
     """
 
     def __init__(
@@ -59,17 +61,15 @@ class HFTrainerFlow(Callback):
         self.control = TrainerControl()
         self.saver = CheckpointSaver(args, processing_class)
         self.plan: TrainingPlan | None = None
-        self.eval_pending = False
+        self.loss = TrainLossTracker(args.logging_nan_inf_filter)
+        self.flos = FlopsCounter()
         self.last_eval_metrics: dict[str, Any] = {}
-        self._pending_passes: list[str] = []
-        self._tr_loss: torch.Tensor | None = None
-        self._last_logged = 0
-        self._initial_step = 0
-        self._total_loss = 0.0
-        self._micro_done = 0
-        self._epoch_index = 0
-        self._train_start = 0.0
         self.eval_prefix = "eval"
+        self._eval_finished: set[int] = set()
+        self._eval_current = -1
+        self._epoch_index = 0
+        self._micro_done = 0
+        self._train_start = 0.0
 
     @property
     def state_key(self) -> str:
@@ -85,15 +85,20 @@ class HFTrainerFlow(Callback):
         micro = datamodule.num_train_microbatches() if hasattr(datamodule, "num_train_microbatches") else None
         self.plan = plan_training(self.args, micro)
         trainer.fit_loop.epoch_loop.max_steps = self.plan.max_steps
-        trainer.fit_loop.max_epochs = -1 if not self.plan.sized else self.plan.num_train_epochs
-        epoch_loop = trainer.fit_loop.epoch_loop
-        epoch_loop._should_check_val_fx = lambda data_fetcher: self.eval_pending  # type: ignore[method-assign]
+        trainer.fit_loop.max_epochs = self.plan.num_train_epochs if self.plan.sized else -1
+        # Evaluations are started by this callback at HF's steps; Lightning's own trigger (every epoch by default,
+        # counted in batches) is switched off. Private API of lightning 2.6 (pinned).
+        trainer.fit_loop.epoch_loop._should_check_val_fx = lambda data_fetcher: False  # type: ignore[method-assign]
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """HF `on_train_begin` (after a fresh `TrainerState`), then `eval_on_start`."""
+        """A fresh `TrainerState` (T:1682-1689), HF `on_train_begin`, then `eval_on_start` (T:1655-1656)."""
+        import time
+
         from transformers import TrainerState
+        from transformers.trainer_callback import ExportableState
 
         assert self.plan is not None
+        exportable = [cb for cb in [*self.handler.callbacks, self.control] if isinstance(cb, ExportableState)]
         self.state = TrainerState(
             max_steps=self.plan.max_steps,
             num_train_epochs=self.plan.num_train_epochs,
@@ -103,24 +108,34 @@ class HFTrainerFlow(Callback):
             train_batch_size=self.args.per_device_train_batch_size,
             is_local_process_zero=trainer.local_rank == 0,
             is_world_process_zero=trainer.is_global_zero,
+            stateful_callbacks=exportable,
         )
-        self.state.global_step = self._initial_step = self._last_logged = trainer.global_step
-        self._tr_loss = torch.zeros((), device=pl_module.device)
-        self._total_loss = 0.0
+        self.state.global_step = trainer.global_step
+        self.loss.start(pl_module.device, trainer.global_step)
+        self.flos.current = 0.0
         self._train_start = time.time()
         self.handler.optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self.handler.lr_scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
+        self.handler.train_dataloader = trainer.train_dataloader
         self.control = self.handler.call("on_train_begin", self.args, self.state, self.control)
         if self.args.eval_on_start:
-            self._run_manual_validation(trainer)
+            # No plateau-scheduler step and no best-metric update for this one (T:1655-1656, 3294-3331).
+            self._evaluate(trainer, pl_module, during_training=False)
 
     # ----- per update -----
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_index = trainer.current_epoch
         self._micro_done = 0
+        if hasattr(pl_module, "epoch_stop_requested"):
+            pl_module.epoch_stop_requested = False
         self.control = self.handler.call("on_epoch_begin", self.args, self.state, self.control)
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        """HF `on_step_begin`, before the first micro-batch of the update (T:1893)."""
+        if getattr(pl_module, "epoch_stop_requested", False):
+            return  # the module ends the epoch before this batch runs (HF broke out after the previous update)
         self.control = self.handler.call("on_step_begin", self.args, self.state, self.control)
 
     def on_hf_event(self, trainer: pl.Trainer, pl_module: pl.LightningModule, name: str) -> None:
@@ -130,141 +145,166 @@ class HFTrainerFlow(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        assert self.plan is not None and self._tr_loss is not None
-        self._micro_done += 1 if isinstance(batch, dict) else len(batch)
-        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-        if self.args.logging_nan_inf_filter:
-            # HF replaces a non-finite loss by the window's running mean (T:1911-1917), without a host sync here.
-            since = 1 + self.state.global_step - self._last_logged
-            loss = torch.where(torch.isfinite(loss), loss, self._tr_loss / since)
-        self._tr_loss = self._tr_loss + loss.detach()
+        """The end of one update: HF's bookkeeping, `on_step_end`, the step pass and, at an epoch's end, the epoch pass."""
+        assert self.plan is not None
+        window = [batch] if isinstance(batch, Mapping) else list(batch)
+        self.loss.add(self._micro_losses(outputs), self.state.global_step)
+        self.flos.add_window(getattr(pl_module, "model", None), window)
+        self._micro_done += len(window)
         self.state.global_step = trainer.global_step
         self.state.epoch = epoch_progress(self._epoch_index, self._micro_done, self.plan.microbatches_per_epoch)
-        self._count_flos(pl_module, batch)
-        flags = step_end_flags(self.state.global_step, self.args, self.plan)
-        self._merge(flags)
+        self._merge(step_end_flags(self.state.global_step, self.args, self.plan))
         self.control = self.handler.call("on_step_end", self.args, self.state, self.control)
-        last_in_epoch = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch or (
-            self.state.global_step >= self.plan.max_steps
-        )
-        if self.control.should_training_stop or self.control.should_epoch_stop:
-            last_in_epoch = True
-            trainer.should_stop = trainer.should_stop or self.control.should_training_stop
-            if self.control.should_epoch_stop and not self.control.should_training_stop:
-                pl_module.epoch_stop_requested = True
-        self._pending_passes = ["step", "epoch"] if last_in_epoch else ["step"]
-        self._advance(trainer, pl_module)
+        self._maybe_log_save_evaluate(trainer, pl_module)
+        # HF leaves the epoch when a flag says so after the pass (T:1963-1966); max_steps sets should_training_stop.
+        epoch_stop = self.control.should_epoch_stop or self.control.should_training_stop
+        last_batch = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+        if last_batch or epoch_stop or self.state.global_step >= self.plan.max_steps:
+            self._merge(epoch_end_flags(self.state.epoch, self.args))
+            self.control = self.handler.call("on_epoch_end", self.args, self.state, self.control)
+            self._maybe_log_save_evaluate(trainer, pl_module)
+            if self.control.should_training_stop:
+                trainer.should_stop = True
+            elif epoch_stop and not last_batch and hasattr(pl_module, "epoch_stop_requested"):
+                pl_module.epoch_stop_requested = True  # `TransformerModule` returns -1 at the next batch start
+        if self.loss.latest_loss is not None and trainer.progress_bar_callback is not None:
+            pl_module.log("loss", self.loss.latest_loss, prog_bar=True, logger=False)
+
+    @staticmethod
+    def _micro_losses(outputs: Any) -> torch.Tensor:
+        """Per-micro-batch losses when the module reports them (`micro_losses`), else the update's summed loss."""
+        if isinstance(outputs, Mapping):
+            if outputs.get("micro_losses") is not None:
+                return torch.as_tensor(outputs["micro_losses"])
+            return torch.as_tensor(outputs["loss"])
+        return torch.as_tensor(outputs)
 
     def _merge(self, flags: Any) -> None:
-        for name in ("should_log", "should_evaluate", "should_save", "should_training_stop"):
+        """`DefaultFlowCallback` runs first in HF's handler and only ever raises flags."""
+        for name in _FLAG_NAMES:
             if getattr(flags, name):
                 setattr(self.control, name, True)
 
-    def _advance(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Run pending log/eval/save passes until one waits for Lightning's validation loop."""
-        while self._pending_passes:
-            kind = self._pending_passes[0]
-            if kind == "epoch":
-                self._merge(epoch_end_flags(self.state.epoch, self.args))
-                self.control = self.handler.call("on_epoch_end", self.args, self.state, self.control)
-                self._pending_passes[0] = "epoch-body"
-            if self.control.should_log and self.state.global_step > self._last_logged:
-                self._log_training(trainer, pl_module)
-            if self.control.should_evaluate:
-                if self.eval_pending:  # a second evaluation in the same update: run it now, by hand
-                    self._run_manual_validation(trainer)
-                else:
-                    self.eval_pending = True
-                    return  # Lightning runs validation next; on_validation_end resumes here
-            self._pending_passes.pop(0)
-            if self.control.should_save:
-                self._save(trainer, pl_module)
+    def _maybe_log_save_evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """`Trainer._maybe_log_save_evaluate` (T:2230-2278): log, then evaluate, then save."""
+        if self.control.should_log and self.state.global_step > self.loss.last_logged_step:
+            self._log_training(trainer, pl_module)
+        if self.control.should_evaluate:
+            new_best = self._evaluate(trainer, pl_module, during_training=True)
+            if self.args.save_strategy == "best":
+                self.control.should_save = new_best  # T:2273-2274: "best" saves exactly on a new best
+        if self.control.should_save:
+            self.flos.store(self.state, trainer)
+            self.saver.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control])
+            self.control = self.handler.call("on_save", self.args, self.state, self.control)
 
     # ----- logging -----
-    def record_log(self, trainer: pl.Trainer, logs: dict[str, Any]) -> None:
-        """HF `Trainer.log` (not `log`: Lightning overwrites a callback's `log` with the module's): add `epoch`, append to `log_history` with `step`, call `on_log`, write to loggers."""
+    def record_log(self, trainer: pl.Trainer | None, logs: dict[str, Any]) -> None:
+        """HF `Trainer.log` (T:4181-4203): add `epoch`, append to `log_history` with `step`, `on_log`, write to loggers.
+
+        (Not named `log`: Lightning would take it for the module's.)
+        """
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.control = self.handler.call("on_log", self.args, self.state, self.control, logs=logs)
-        numeric = {tensorboard_tag(k): v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        for logger in trainer.loggers:
+        numeric = {
+            tensorboard_tag(k): v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        for logger in trainer.loggers if trainer is not None else []:
             logger.log_metrics(numeric, step=self.state.global_step)
 
     def _log_training(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """The training-loss entry (T:2242-2266): window mean over processes, grad norm, LR of the update done."""
-        assert self._tr_loss is not None
-        window_loss = trainer.strategy.reduce(self._tr_loss, reduce_op="mean")
-        loss = float(window_loss.item()) / (self.state.global_step - self._last_logged)
-        self._total_loss += float(window_loss.item())
-        self._tr_loss = torch.zeros_like(self._tr_loss)
-        logs: dict[str, Any] = {"loss": loss}
+        """The training-loss entry (T:2242-2266): `loss`, `grad_norm` of the last update, LR of the update just done."""
+        logs: dict[str, Any] = {"loss": self.loss.pop_log_value(trainer.strategy, self.state.global_step)}
         grad_norm = getattr(pl_module, "last_grad_norm", None)
         if grad_norm is not None:
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
             logs["grad_norm"] = float(grad_norm.item()) if torch.is_tensor(grad_norm) else float(grad_norm)
-        lr = getattr(pl_module, "last_learning_rate", None)
-        if lr is not None:
-            logs["learning_rate"] = lr
-        self._last_logged = self.state.global_step
+        learning_rate = getattr(pl_module, "last_learning_rate", None)
+        if learning_rate is None and trainer.optimizers:
+            learning_rate = float(trainer.optimizers[0].param_groups[0]["lr"])
+        if learning_rate is not None:
+            logs["learning_rate"] = learning_rate
+        self.flos.store(self.state, trainer)
         self.record_log(trainer, logs)
 
-    def _count_flos(self, pl_module: pl.LightningModule, batch: Any) -> None:
-        """HF's `floating_point_ops`: 6 * tokens * non-embedding parameters, per micro-batch (T:4216-4233)."""
-        model = getattr(pl_module, "model", None)
-        if model is None or not hasattr(model, "floating_point_ops"):
-            return
-        if not hasattr(self, "_n_params"):
-            self._n_params = model.num_parameters(exclude_embeddings=True)
-        for micro in [batch] if isinstance(batch, dict) else batch:
-            ids = micro.get(getattr(model, "main_input_name", "input_ids")) if isinstance(micro, dict) else None
-            if torch.is_tensor(ids):
-                self.state.total_flos += 6 * ids.numel() * self._n_params
-
     # ----- evaluation -----
-    def _run_manual_validation(self, trainer: pl.Trainer) -> None:
-        """Run Lightning's validation loop from a hook (eval_on_start, a second evaluation in one update)."""
+    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, during_training: bool) -> bool:
+        """`Trainer._evaluate` + `_determine_best_metric`: run Lightning's validation loop now; True on a new best."""
+        datamodule = trainer.datamodule
+        if datamodule is not None and not getattr(datamodule, "eval_datasets", True):
+            raise ValueError("Trainer: evaluation requires an eval_dataset (control.should_evaluate was set).")
         loop = trainer.fit_loop.epoch_loop.val_loop
-        first = trainer._logger_connector._first_loop_iter
-        trainer.validating = True
-        loop.run()
-        trainer.training = True
-        trainer._logger_connector._first_loop_iter = first
+        first_loop_iter = trainer._logger_connector._first_loop_iter
+        trainer.validating = True  # what Lightning's epoch loop does around its own validation run
+        try:
+            loop.run()
+        finally:
+            trainer.training = True
+            trainer._logger_connector._first_loop_iter = first_loop_iter
+        if not during_training:
+            return False
+        self.saver.step_plateau_scheduler(trainer, self.last_eval_metrics)
+        return self.saver.update_best(self.state, self.last_eval_metrics)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._eval_finished = set()
+        self._eval_current = -1
+        self.last_eval_metrics = {}
+
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        """A new eval dataset starts: finish the previous one first, as HF evaluates datasets one after another."""
+        if dataloader_idx != self._eval_current:
+            if self._eval_current >= 0:
+                self._finish_eval_dataset(trainer, pl_module, self._eval_current)
+            self._eval_current = dataloader_idx
+            loaders = trainer.val_dataloaders
+            self.handler.eval_dataloader = loaders[dataloader_idx] if isinstance(loaders, list) else loaders
+
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self.control = self.handler.call("on_prediction_step", self.args, self.state, self.control)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Finish the evaluation: one log entry and `on_evaluate` per dataset, best metric, then the pending save."""
-        metrics = self.collect_eval_metrics(trainer, pl_module, self.eval_prefix)
-        self.last_eval_metrics = metrics
-        if trainer.state.fn != "fit":
-            return
-        if self.state.global_step == 0 and not self._pending_passes:  # eval_on_start: no best-metric update
-            return
-        self.saver.update_best(self.state, metrics)
-        self.saver.step_plateau_scheduler(trainer, metrics)
-        if self.eval_pending:
-            self.eval_pending = False
-            self.control.should_evaluate = False
-            self._pending_passes.pop(0)
-            if self.control.should_save:
-                self._save(trainer, pl_module)
-            self._advance(trainer, pl_module)
+        """Finish the datasets not finished yet: one log entry and one `on_evaluate` per dataset."""
+        for idx in sorted(getattr(pl_module, "eval_accumulators", {})):
+            if idx not in self._eval_finished:
+                self._finish_eval_dataset(trainer, pl_module, idx)
 
-    def collect_eval_metrics(self, trainer: pl.Trainer, pl_module: pl.LightningModule, prefix: str) -> dict[str, Any]:
-        """Finish every eval dataloader's accumulator, log each as its own entry, call `on_evaluate`."""
+    def _finish_eval_dataset(self, trainer: pl.Trainer, pl_module: pl.LightningModule, idx: int) -> None:
+        """HF `evaluate()` for one dataset (T:2843-2894): metrics with `eval[_name]_` keys, `log`, `on_evaluate`."""
+        accumulator = getattr(pl_module, "eval_accumulators", {}).get(idx)
+        self._eval_finished.add(idx)
+        if accumulator is None:
+            return
         names = getattr(trainer.datamodule, "eval_dataset_names", None) or [""]
+        name = names[idx] if idx < len(names) else str(idx)
         datasets = getattr(trainer.datamodule, "eval_datasets", None) or {}
-        merged: dict[str, Any] = {}
-        for idx, acc in sorted(getattr(pl_module, "eval_accumulators", {}).items()):
-            name = names[idx] if idx < len(names) else str(idx)
-            key_prefix = f"{prefix}_{name}" if name else prefix
-            dataset = datasets.get(name)
-            sized = dataset is not None and hasattr(dataset, "__len__")
-            result = acc.finish(key_prefix, num_samples=len(dataset) if sized else None)
-            metrics = dict(result.metrics)
-            self.record_log(trainer, metrics)  # adds "epoch" into the same dict, as HF
-            self.control = self.handler.call("on_evaluate", self.args, self.state, self.control, metrics=metrics)
-            merged.update(metrics)
-        return merged
+        dataset = datasets.get(name)
+        sized = dataset is not None and hasattr(dataset, "__len__")
+        prefix = f"{self.eval_prefix}_{name}" if name else self.eval_prefix
+        metrics = dict(accumulator.finish(prefix, num_samples=len(dataset) if sized else None).metrics)
+        self.record_log(trainer, metrics)  # adds "epoch" into the same dict, as HF
+        self.control = self.handler.call("on_evaluate", self.args, self.state, self.control, metrics=metrics)
+        self.last_eval_metrics.update(metrics)
+
+    # ----- prediction -----
+    def on_predict_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        loaders = trainer.predict_dataloaders
+        self.handler.eval_dataloader = loaders[dataloader_idx] if isinstance(loaders, list) else loaders
+
+    def on_predict_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self.control = self.handler.call("on_prediction_step", self.args, self.state, self.control)
 
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._predict_module = pl_module
@@ -276,33 +316,21 @@ class HFTrainerFlow(Callback):
         self.control = self.handler.call("on_predict", self.args, self.state, self.control, metrics=result.metrics)
         return result
 
-    # ----- saving -----
-    def _save(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.saver.save(trainer, pl_module, self.state)
-        self.control = self.handler.call("on_save", self.args, self.state, self.control)
-
     # ----- end -----
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The train summary entry (T:1993-2014), best-model loading, rotation cleanup, then HF `on_train_end`."""
-        from transformers.trainer_utils import speed_metrics
-
-        assert self.plan is not None and self._tr_loss is not None
-        window = float(trainer.strategy.reduce(self._tr_loss, reduce_op="mean").item())
-        steps = self.state.global_step - self._initial_step
-        train_loss = (self._total_loss + window) / max(steps, 1)
-        datamodule = trainer.datamodule
-        dataset = getattr(datamodule, "train_dataset", None)
-        world = trainer.world_size
-        total_bs = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps * world
+        assert self.plan is not None
+        steps = self.state.global_step - self.loss.initial_step
+        train_loss = self.loss.train_loss(trainer.strategy, self.state.global_step)
+        dataset = getattr(trainer.datamodule, "train_dataset", None)
+        total_batch = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps * trainer.world_size
         if self.args.max_steps > 0 or dataset is None or not hasattr(dataset, "__len__"):
-            num_samples = self.plan.max_steps * total_bs
+            num_samples: float = self.plan.max_steps * total_batch
         else:
             num_samples = len(dataset) * self.args.num_train_epochs
-        metrics = speed_metrics(
-            "train", self._train_start, num_samples=num_samples * steps / self.plan.max_steps, num_steps=steps
-        )
-        metrics["total_flos"] = self.state.total_flos
-        metrics["train_loss"] = train_loss
+        self.flos.store(self.state, trainer)
+        metrics = train_summary(self._train_start, num_samples, steps, self.plan.max_steps, self.state.total_flos,
+                                train_loss)
         self.train_metrics = metrics
         self.record_log(trainer, metrics)
         self.saver.finish(trainer, pl_module, self.state)
@@ -310,4 +338,3 @@ class HFTrainerFlow(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         return {"log_history": list(self.state.log_history), "total_flos": self.state.total_flos}
-

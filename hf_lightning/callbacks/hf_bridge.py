@@ -83,3 +83,9 @@ class HFCallbackHandler:
             if result is not None:
                 control = result
         return control
+
+    def __getattr__(self, name: str) -> Any:
+        """`handler.on_log(args, state, control, logs=...)` etc., as on HF's `CallbackHandler`."""
+        if name in HF_EVENTS:
+            return lambda args, state, control, **extra: self.call(name, args, state, control, **extra)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpointing.io import CHECKPOINT_PREFIX, write_checkpoint
 from hf_lightning.checkpointing.rotation import CheckpointInfo, final_cleanup, parse_step, select_for_deletion
 
-__all__ = ["CheckpointSaver", "metric_key"]
+__all__ = ["CheckpointSaver", "export_callback_states", "metric_key"]
 
 
 def metric_key(metric: str) -> str:
@@ -41,6 +42,20 @@ def list_checkpoints(output_dir: str | Path) -> list[CheckpointInfo]:
     ]
 
 
+def export_callback_states(state: Any, exportable: Sequence[Any]) -> None:
+    """Store each `ExportableState`'s `state()` in `state.stateful_callbacks` (T:3399-3407), before writing JSON."""
+    from transformers.trainer_callback import ExportableState
+
+    for callback in exportable:
+        if not isinstance(callback, ExportableState):
+            continue
+        name = type(callback).__name__
+        if isinstance(state.stateful_callbacks.get(name), list):
+            state.stateful_callbacks[name].append(callback.state())
+        else:
+            state.stateful_callbacks[name] = callback.state()
+
+
 class CheckpointSaver:
     """Checkpoint writing, best-model tracking and rotation for `HFTrainerFlow`.
 
@@ -58,7 +73,10 @@ class CheckpointSaver:
         return self.args.resolved_output_dir
 
     def update_best(self, state: Any, metrics: dict[str, Any]) -> bool:
-        """Update `state.best_metric` / `best_global_step`; True when this evaluation is a new best."""
+        """`_determine_best_metric`: update `state.best_metric` / `best_global_step`; True on a strictly better value.
+
+        As HF, the first comparison is against -inf / +inf, so a NaN metric is never a best.
+        """
         if self.args.metric_for_best_model is None:
             return False
         key = metric_key(self.args.metric_for_best_model)
@@ -70,14 +88,14 @@ class CheckpointSaver:
             )
         value = metrics[key]
         better = np.greater if self.args.greater_is_better else np.less
-        if state.best_metric is None or better(value, state.best_metric):
-            state.best_metric = value
-            if self.args.save_strategy in ("steps", "epoch", "best"):
-                state.best_global_step = state.global_step
-            self._new_best = True
-            return True
-        self._new_best = False
-        return False
+        if state.best_metric is None:
+            state.best_metric = float("-inf") if self.args.greater_is_better else float("inf")
+        if not better(value, state.best_metric):
+            return False
+        state.best_metric = value
+        if self.args.save_strategy in ("steps", "epoch", "best"):
+            state.best_global_step = state.global_step
+        return True
 
     def step_plateau_scheduler(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
         """`ReduceLROnPlateau` steps on the best-model metric after each training-time evaluation (T:3314-3331)."""
@@ -91,15 +109,17 @@ class CheckpointSaver:
                                    f"{list(metrics)}.")
                 config.scheduler.step(metrics[key])
 
-    def save(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any) -> None:
-        """Write `checkpoint-<global_step>` on rank 0, move the best pointer, rotate."""
-        if self.args.save_strategy == "best" and not getattr(self, "_new_best", False):
-            return
+    def save(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, exportable: Sequence[Any] = ()) -> None:
+        """`_save_checkpoint`: write `checkpoint-<global_step>` on rank 0, move the best pointer, rotate.
+
+        `exportable`: HF callbacks (and the `TrainerControl`) whose `ExportableState` goes into `trainer_state.json`.
+        """
         step = state.global_step
-        if state.best_global_step:
+        if self.args.save_strategy in ("steps", "epoch", "best") and state.best_global_step:
             best = Path(self.output_dir) / f"{CHECKPOINT_PREFIX}-{state.best_global_step}"
             if best.exists() or state.best_global_step == step:
                 state.best_model_checkpoint = os.path.join(self.output_dir, f"{CHECKPOINT_PREFIX}-{state.best_global_step}")
+        export_callback_states(state, exportable)
         if trainer.is_global_zero:
             optimizer = trainer.optimizers[0] if trainer.optimizers else None
             scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None

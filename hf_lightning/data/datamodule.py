@@ -50,6 +50,18 @@ class _WindowedIterable:
         self.loader = loader
         self.accumulation = accumulation
 
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the dataset (a shuffled `datasets.IterableDataset` reshuffles with `seed + epoch`), as
+        accelerate's `DataLoaderShard.set_epoch` does for the HF Trainer at every epoch."""
+        if hasattr(self.loader.dataset, "set_epoch"):
+            self.loader.dataset.set_epoch(epoch)
+
+    @property
+    def sampler(self) -> _WindowedIterable:
+        """Lightning's `_set_sampler_epoch` calls `set_epoch` on `<loader>.sampler` only: expose ourselves there.
+        Without it every pass over a shuffled iterable dataset repeated the first pass's order."""
+        return self
+
     def __iter__(self) -> Iterator[list[Any]]:
         window: list[Any] = []
         for batch in self.loader:

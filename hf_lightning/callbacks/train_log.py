@@ -1,0 +1,136 @@
+"""The HF Trainer's logged values: the training-loss window, FLOPs, the train summary, logger tags.
+
+- `TrainLossTracker` is the bookkeeping of `Trainer._tr_loss`, `_total_loss_scalar` and `_globalstep_last_logged`
+  (T:1645-1650, 1911-1923, 2242-2262, 1997-1999): the per-update losses are summed on device, the NaN/Inf filter
+  replaces a non-finite micro-batch loss by the running mean of the window, and at log time the sum is averaged over
+  processes and divided by the number of updates since the last log.
+- `FlopsCounter` is `Trainer.floating_point_ops` + `store_flos` (T:4205-4233): `6 * tokens * non-embedding
+  parameters` per micro-batch, summed over processes when stored.
+- `train_summary` is the final `train_*` entry of `_finalize_training` (T:1993-2014), in HF's key order.
+- `tensorboard_tag` is `integrations.rewrite_logs`: the tag names HF's `TensorBoardCallback` writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["FlopsCounter", "TrainLossTracker", "tensorboard_tag", "train_summary"]
+
+
+def tensorboard_tag(key: str) -> str:
+    """HF's `rewrite_logs`: `eval_x` -> `eval/x`, `test_x` -> `test/x`, anything else -> `train/x`."""
+    for prefix in ("eval", "test"):
+        if key.startswith(f"{prefix}_"):
+            return f"{prefix}/{key[len(prefix) + 1:]}"
+    return f"train/{key}"
+
+
+def _mean_over_processes(strategy: Any, value: torch.Tensor) -> float:
+    """`nested_gather(value).mean()`: every process's value, averaged (a no-op on one process)."""
+    if strategy is None:
+        return float(value.item())
+    return float(strategy.reduce(value, reduce_op="mean").item())
+
+
+class TrainLossTracker:
+    """The training loss between two logs, and the total over this `train()` call.
+
+    Args:
+        nan_inf_filter: `logging_nan_inf_filter`: replace a non-finite micro-batch loss by the window's running mean.
+    """
+
+    def __init__(self, nan_inf_filter: bool = True) -> None:
+        self.nan_inf_filter = nan_inf_filter
+        self.window = torch.zeros(())
+        self.total = 0.0
+        self.last_logged_step = 0
+        self.initial_step = 0
+        self.latest_loss: float | None = None
+
+    def start(self, device: torch.device, global_step: int) -> None:
+        """Reset at the start of `train()` (T:1644-1649): nothing accumulated, `global_step` counts as logged."""
+        self.window = torch.zeros((), device=device)
+        self.total = 0.0
+        self.last_logged_step = self.initial_step = global_step
+        self.latest_loss = None
+
+    def add(self, micro_losses: torch.Tensor, global_step_before: int) -> None:
+        """Add the micro-batch losses of one update, as `training_step` returned them (already GA-normalised).
+
+        `global_step_before` is the step counter during the update (not yet incremented), as HF's filter uses it.
+        Runs on device, without a host sync.
+        """
+        micro_losses = micro_losses.detach().reshape(-1).to(self.window.device, self.window.dtype)
+        since = 1 + global_step_before - self.last_logged_step
+        for loss in micro_losses:
+            if self.nan_inf_filter:
+                self.window = torch.where(torch.isfinite(loss), self.window + loss, self.window + self.window / since)
+            else:
+                self.window = self.window + loss
+
+    def pop_log_value(self, strategy: Any, global_step: int) -> float:
+        """The `loss` of a log entry: the window sum averaged over processes, per update since the last log."""
+        window_sum = _mean_over_processes(strategy, self.window)
+        self.window = torch.zeros_like(self.window)
+        loss = window_sum / (global_step - self.last_logged_step)
+        self.total += window_sum
+        self.last_logged_step = global_step
+        self.latest_loss = loss
+        return loss
+
+    def train_loss(self, strategy: Any, global_step: int) -> float:
+        """`train_loss` of the summary: mean per-update loss over this call's updates (T:1997-1999).
+
+        HF adds the open window of this process only (`_tr_loss.item()`); we average it over processes as well, so
+        the value is the same on every rank (identical on one process).
+        """
+        self.total += _mean_over_processes(strategy, self.window)
+        self.window = torch.zeros_like(self.window)
+        return self.total / max(global_step - self.initial_step, 0.001)
+
+
+class FlopsCounter:
+    """`6 * tokens * non-embedding parameters` per micro-batch, as HF's `floating_point_ops` (0 for other models)."""
+
+    def __init__(self) -> None:
+        self.current = 0.0
+        self._params: int | None = None
+
+    def add_window(self, model: Any, window: Any) -> None:
+        """Count the micro-batches of one update (`window` is one batch or a list of them)."""
+        if model is None or not hasattr(model, "num_parameters"):
+            return
+        main_input = getattr(model, "main_input_name", "input_ids")
+        for micro in [window] if isinstance(window, Mapping) else window:
+            if isinstance(micro, Mapping) and main_input in micro and hasattr(micro[main_input], "numel"):
+                if self._params is None:
+                    self._params = int(model.num_parameters(exclude_embeddings=True))
+                self.current += float(6 * micro[main_input].numel() * self._params)
+
+    def store(self, state: Any, trainer: Any) -> None:
+        """`store_flos`: move the FLOPs counted since the last store into `state.total_flos` (summed over processes)."""
+        flos = self.current
+        if trainer is not None and trainer.world_size > 1:
+            total = torch.tensor(flos, dtype=torch.float64, device=trainer.strategy.root_device)
+            flos = float(trainer.strategy.reduce(total, reduce_op="sum").item())
+        state.total_flos += flos
+        self.current = 0.0
+
+
+def train_summary(
+    start_time: float, num_train_samples: float, steps_this_call: int, max_steps: int, total_flos: float,
+    train_loss: float,
+) -> dict[str, Any]:
+    """`train_runtime, train_samples_per_second, train_steps_per_second, total_flos, train_loss` (HF's order)."""
+    from transformers.trainer_utils import speed_metrics
+
+    metrics = speed_metrics(
+        "train", start_time, num_samples=num_train_samples * steps_this_call / max(max_steps, 1),
+        num_steps=steps_this_call,
+    )
+    metrics["total_flos"] = total_flos
+    metrics["train_loss"] = train_loss
+    return metrics

@@ -1,0 +1,138 @@
+"""HF `TrainerCallback`s run unchanged: same event sequence, same keyword arguments, same early stop as HF.
+
+A recording callback is passed in `callbacks=` to the real `transformers.Trainer` and to `hf_lightning.Trainer` for the
+same run (GA=2 with a short last window, evaluation and saves by steps, then `evaluate()` and `predict()`); the event
+names must come in the same order, each with the same keyword arguments set. `EarlyStoppingCallback` must stop both
+at the same step, with the same history, checkpoints, best checkpoint and exported callback state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+import hf_lightning
+from helpers import classification_dataset, tiny_bert
+
+EVENTS = (
+    "on_init_end", "on_train_begin", "on_train_end", "on_epoch_begin", "on_epoch_end", "on_step_begin",
+    "on_pre_optimizer_step", "on_optimizer_step", "on_substep_end", "on_step_end", "on_evaluate", "on_predict",
+    "on_save", "on_log", "on_prediction_step",
+)
+HANDLER_KWARGS = {"model", "processing_class", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader"}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one intra-op thread is faster, and much faster on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+class Recorder(transformers.TrainerCallback):
+    """Records `(event, global_step, keyword arguments that are set)` for every event."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int, tuple[str, ...]]] = []
+        self.kwarg_names: dict[str, set[str]] = {}
+
+
+def _recording(name: str):
+    def method(self: Recorder, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        set_kwargs = tuple(sorted(k for k, v in kwargs.items() if v is not None))
+        self.events.append((name, state.global_step, set_kwargs))
+        self.kwarg_names.setdefault(name, set()).update(kwargs)
+
+    return method
+
+
+for _event in EVENTS:
+    setattr(Recorder, _event, _recording(_event))
+
+
+COMMON = dict(
+    use_cpu=True, disable_tqdm=True, report_to="none", learning_rate=1e-3, per_device_train_batch_size=4,
+    per_device_eval_batch_size=8,
+)
+
+
+def _run(trainer_cls: Any, args_cls: Any, output_dir: str, callbacks: list, compute_metrics=None, **kwargs: Any):
+    args = args_cls(output_dir=output_dir, **COMMON, **kwargs)
+    trainer = trainer_cls(
+        model=tiny_bert(), args=args, train_dataset=classification_dataset(20),
+        eval_dataset=classification_dataset(10, seed=1), callbacks=callbacks, compute_metrics=compute_metrics,
+    )
+    if isinstance(trainer, transformers.Trainer):
+        trainer.model_accepts_loss_kwargs = False  # see tests/test_flow.py
+    trainer.train()
+    return trainer
+
+
+def test_recorded_event_sequence_matches_hf(tmp_path):
+    run_kwargs = dict(gradient_accumulation_steps=2, num_train_epochs=2, logging_steps=2, eval_strategy="steps",
+                      eval_steps=2, save_strategy="steps", save_steps=3)
+    hf_rec, our_rec = Recorder(), Recorder()
+    hf = _run(transformers.Trainer, transformers.TrainingArguments, str(tmp_path / "hf"), [hf_rec], **run_kwargs)
+    ours = _run(hf_lightning.Trainer, hf_lightning.TrainingArguments, str(tmp_path / "ours"), [our_rec],
+                **run_kwargs)
+    test_set = classification_dataset(10, seed=2)
+    for trainer in (hf, ours):
+        trainer.evaluate()
+        trainer.predict(test_set)
+
+    hf_names = [(name, step) for name, step, _ in hf_rec.events]
+    our_names = [(name, step) for name, step, _ in our_rec.events]
+    assert our_names == hf_names
+    # 5 micro-batches per epoch with GA=2: two `on_substep_end` per epoch (the last window has one batch).
+    assert sum(name == "on_substep_end" for name, _ in our_names) == 4
+    assert our_names[-3:] == [("on_prediction_step", 6), ("on_prediction_step", 6), ("on_predict", 6)]
+    # The same keyword arguments are set at every event (model, optimizer, scheduler, loaders, metrics=, logs=).
+    assert [kw for *_, kw in our_rec.events] == [kw for *_, kw in hf_rec.events]
+    for name, names in our_rec.kwarg_names.items():
+        assert HANDLER_KWARGS <= names, name
+    assert "metrics" in our_rec.kwarg_names["on_evaluate"] and "metrics" in our_rec.kwarg_names["on_predict"]
+    assert "logs" in our_rec.kwarg_names["on_log"]
+
+
+class ScriptedScore:
+    """`compute_metrics` returning a scripted `score` per evaluation: 0.5, 0.6, 0.6, 0.55, then 0.9 forever."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, eval_pred: Any) -> dict[str, float]:
+        scores = [0.5, 0.6, 0.6, 0.55]
+        self.calls += 1
+        return {"score": scores[self.calls - 1] if self.calls <= len(scores) else 0.9}
+
+
+def test_early_stopping_callback_stops_at_the_same_step(tmp_path):
+    """[obs i]: patience 2 stops at the 4th evaluation (score 0.6 then 0.6 and 0.55 do not improve)."""
+    run_kwargs = dict(max_steps=20, logging_steps=2, eval_strategy="steps", eval_steps=2, save_strategy="steps",
+                      save_steps=4, metric_for_best_model="score", load_best_model_at_end=True)
+    trainers = {}
+    for side, trainer_cls, args_cls in (("hf", transformers.Trainer, transformers.TrainingArguments),
+                                        ("ours", hf_lightning.Trainer, hf_lightning.TrainingArguments)):
+        callback = transformers.EarlyStoppingCallback(early_stopping_patience=2)
+        trainers[side] = _run(trainer_cls, args_cls, str(tmp_path / side), [callback], ScriptedScore(), **run_kwargs)
+    hf, ours = trainers["hf"], trainers["ours"]
+    assert ours.state.global_step == hf.state.global_step == 8
+    assert [e["step"] for e in ours.state.log_history] == [e["step"] for e in hf.state.log_history]
+    assert [list(e) for e in ours.state.log_history] == [list(e) for e in hf.state.log_history]
+    assert os.path.basename(ours.state.best_model_checkpoint) == os.path.basename(hf.state.best_model_checkpoint)
+    assert ours.state.best_metric == hf.state.best_metric == 0.6
+    for side in ("hf", "ours"):
+        assert sorted(os.listdir(tmp_path / side)) == ["checkpoint-4", "checkpoint-8"]
+
+    def exported(side: str) -> dict:
+        with open(tmp_path / side / "checkpoint-8" / "trainer_state.json") as f:
+            return json.load(f)["stateful_callbacks"]
+
+    assert exported("ours") == exported("hf")

@@ -1,0 +1,339 @@
+"""Data loading: the window sampler against accelerate and the real HF Trainer, O(1) skipping, column removal,
+the default collator, iterable datasets and `dataloader_drop_last`."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+import transformers
+from accelerate.data_loader import BatchSamplerShard
+from datasets import Dataset
+from torch import nn
+from torch.utils.data import BatchSampler
+from torch.utils.data import Dataset as TorchDataset
+
+import hf_lightning
+from hf_lightning import TrainingArguments, TransformerDataModule
+from hf_lightning.data.collate import default_collator
+from hf_lightning.data.sampling import WindowBatchSampler, epoch_order, shard_batches
+from helpers import VOCAB, classification_dataset, tiny_bert
+
+LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
+
+
+class CountingDataset(TorchDataset):
+    """Map-style dataset of classification rows that records each index it serves."""
+
+    def __init__(self, n: int) -> None:
+        self.rows = classification_dataset(n=n)
+        self.seen: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        self.seen.append(int(index))
+        return self.rows[int(index)]
+
+
+class TinyClassifier(nn.Module):
+    """A plain module with an explicit signature: an unexpected input key makes `forward` raise a TypeError."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        logits = self.head(self.emb(input_ids).mean(dim=1))
+        loss = nn.functional.cross_entropy(logits, labels) if labels is not None else None
+        return {"loss": loss, "logits": logits}
+
+
+def our_trainer(model, dataset, tmp_path, **kwargs) -> hf_lightning.Trainer:
+    kwargs.setdefault("save_strategy", "no")
+    collate_kwargs = {k: kwargs.pop(k) for k in ("processing_class", "data_collator") if k in kwargs}
+    args = TrainingArguments(output_dir=str(tmp_path / "ours"), **kwargs)
+    return hf_lightning.Trainer(
+        model=model, args=args, train_dataset=dataset, lightning_kwargs=dict(LIGHTNING_KWARGS), **collate_kwargs
+    )
+
+
+# ----- the window sampler -----
+def test_shard_batches_equals_accelerate_batch_sampler_shard():
+    for n, batch_size, world, drop_last in itertools.product(range(0, 27), (1, 2, 3, 4), (2, 3, 4), (False, True)):
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(n)).tolist()
+        for rank in range(world):
+            expected = list(
+                BatchSamplerShard(
+                    BatchSampler(order, batch_size, drop_last), num_processes=world, process_index=rank,
+                    split_batches=False, even_batches=True,
+                )
+            )
+            assert shard_batches(order, batch_size, world, rank, drop_last) == expected, (n, batch_size, world, rank)
+        # one process: accelerate does not shard at all, the plain batches come through (no padding of the tail)
+        assert shard_batches(order, batch_size, 1, 0, drop_last) == list(BatchSampler(order, batch_size, drop_last))
+
+
+def test_every_rank_gets_the_same_number_of_batches_and_len_is_exact():
+    for n, world, ga in itertools.product((5, 16, 23), (1, 2, 3), (1, 3)):
+        samplers = [WindowBatchSampler(n, 2, ga, seed=1, world_size=world, rank=r) for r in range(world)]
+        lengths = {len(list(s)) for s in samplers}
+        assert lengths == {len(samplers[0])}, (n, world, ga)
+        assert samplers[0].num_microbatches() == len(samplers[0].microbatches())
+
+
+def test_epoch_order_is_randperm_with_seed_plus_epoch():
+    sampler = WindowBatchSampler(num_samples=23, batch_size=4, accumulation=2, seed=17)
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        flat = [i for window in sampler for i in window]
+        assert flat == torch.randperm(23, generator=torch.Generator().manual_seed(17 + epoch)).tolist()
+        assert flat == epoch_order(23, 17, epoch, shuffle=True)
+    assert epoch_order(5, 17, 3, shuffle=False) == [0, 1, 2, 3, 4]
+    sampler = WindowBatchSampler(num_samples=10, batch_size=4, accumulation=2, seed=0, shuffle=False)
+    assert list(sampler) == [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9]]  # windows of GA micro-batches, the last one short
+
+
+@pytest.mark.parametrize("seed, data_seed", [(42, None), (3, 11)])
+def test_epoch_order_equals_the_real_hf_trainer(seed, data_seed, tmp_path):
+    n, batch_size = 23, 4
+    dataset = Dataset.from_dict({"idx": list(range(n))})
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=batch_size, seed=seed, data_seed=data_seed,
+        remove_unused_columns=False, use_cpu=True, report_to="none",
+    )
+    hf = transformers.Trainer(
+        model=TinyClassifier(), args=args, train_dataset=dataset,
+        data_collator=lambda rows: {"idx": torch.tensor([r["idx"] for r in rows])},
+    )
+    loader = hf.get_train_dataloader()
+    ours = WindowBatchSampler(n, batch_size, accumulation=2, seed=data_seed if data_seed is not None else seed)
+    for epoch in range(3):
+        loader.set_epoch(epoch)  # what HF's training loop does every epoch
+        hf_order = [i for batch in loader for i in batch["idx"].tolist()]
+        ours.set_epoch(epoch)
+        assert [i for window in ours for i in window] == hf_order, epoch
+
+
+def test_set_epoch_reaches_the_sampler_in_a_lightning_fit(tmp_path):
+    """Lightning calls `set_epoch` on `loader.sampler` / `loader.batch_sampler.sampler` only: every epoch of a real
+    fit must draw its own permutation (regression: every epoch repeated epoch 0)."""
+    data = CountingDataset(12)
+    trainer = our_trainer(tiny_bert(), data, tmp_path, per_device_train_batch_size=4, num_train_epochs=3, seed=5)
+    trainer.train()
+    expected = [torch.randperm(12, generator=torch.Generator().manual_seed(5 + e)).tolist() for e in range(3)]
+    assert data.seen == expected[0] + expected[1] + expected[2]
+
+
+def test_skipping_windows_yields_the_tail_without_reading_skipped_items():
+    args = TrainingArguments(per_device_train_batch_size=2, gradient_accumulation_steps=3, seed=5)
+    data = CountingDataset(40)  # 20 micro-batches of 2 -> 7 windows of 3,3,3,3,3,3,2 micro-batches
+    dm = TransformerDataModule(train_dataset=data, args=args)
+    loader = dm.train_dataloader()
+    assert len(loader) == 7
+    dm.train_sampler.set_epoch(2)
+    full = list(dm.train_sampler)
+    data.seen.clear()
+    dm.train_sampler.skip_windows = 5
+    windows = list(loader)
+    # only the samples of windows 5 and 6 were read, in order: nothing of the skipped windows was touched
+    assert data.seen == [i for window in full[5:] for i in window]
+    assert [len(w) for w in windows] == [3, 2]  # micro-batches per window (the last window of the epoch is short)
+    assert all(micro["input_ids"].shape[0] == 2 for w in windows for micro in w)
+    # the skip applies to one iteration only
+    data.seen.clear()
+    assert len(list(loader)) == 7 and len(data.seen) == 40
+
+
+def test_skipping_is_constant_time_in_the_skipped_windows():
+    sampler = WindowBatchSampler(num_samples=50_000, batch_size=1, accumulation=1, seed=0, shuffle=False)
+    sampler.skip_windows = 49_998
+    assert list(sampler) == [[49_998], [49_999]]
+
+
+# ----- columns -----
+def test_remove_unused_columns_drops_extra_columns_like_hf(tmp_path):
+    data = classification_dataset(n=8).add_column("idx", list(range(8))).add_column("text", ["x"] * 8)
+    model = TinyClassifier()
+    trainer = our_trainer(model, data, tmp_path, per_device_train_batch_size=4, max_steps=2)
+    trainer.train()  # `idx` would reach forward() and raise a TypeError if it were not removed
+    assert trainer.state.global_step == 2
+    hf_args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="none")
+    hf_columns = transformers.Trainer(model=model, args=hf_args)._remove_unused_columns(data).column_names
+    assert trainer.datamodule.train_dataset.column_names == hf_columns == ["input_ids", "attention_mask", "label"]
+
+
+def test_remove_unused_columns_false_keeps_columns(tmp_path):
+    data = classification_dataset(n=8).add_column("idx", list(range(8)))
+    trainer = our_trainer(TinyClassifier(), data, tmp_path, max_steps=1, remove_unused_columns=False)
+    with pytest.raises(TypeError, match="idx"):
+        trainer.train()
+
+
+def test_remove_unused_columns_filters_torch_dataset_items(tmp_path):
+    class ExtraKeys(TorchDataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            return {**classification_dataset(n=8)[i], "idx": i}
+
+    trainer = our_trainer(TinyClassifier(), ExtraKeys(), tmp_path, per_device_train_batch_size=4, max_steps=2)
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+
+def test_no_matching_column_raises_listing_the_columns(tmp_path):
+    data = Dataset.from_dict({"text": ["a b", "c d"], "score": [1, 0]})
+    trainer = our_trainer(TinyClassifier(), data, tmp_path, max_steps=1)
+    with pytest.raises(ValueError) as info:
+        trainer.train()
+    message = str(info.value)
+    assert "No columns in the training dataset match the model's forward method signature" in message
+    for name in ("text", "score", "input_ids", "remove_unused_columns=False"):
+        assert name in message
+
+
+# ----- collators -----
+def word_level_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{f"w{i}": i for i in range(2, VOCAB)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]")
+
+
+def test_default_collator_pads_with_the_tokenizer_like_hf(tmp_path):
+    tokenizer = word_level_tokenizer()
+    texts = [" ".join(f"w{(i * 7 + j) % 60 + 2}" for j in range(3 + i % 5)) for i in range(12)]
+    data = Dataset.from_dict({"text": texts, "label": [i % 2 for i in range(12)]})
+    data = data.map(lambda row: tokenizer(row["text"]), remove_columns=["text"])
+    assert len({len(ids) for ids in data["input_ids"]}) > 1  # variable lengths: only a padding collator works
+
+    assert isinstance(default_collator(tokenizer), transformers.DataCollatorWithPadding)
+    assert default_collator(None) is transformers.default_data_collator
+    hf = transformers.Trainer(
+        model=tiny_bert(), processing_class=tokenizer,
+        args=transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="none"),
+    )
+    trainer = our_trainer(
+        tiny_bert(), data, tmp_path, per_device_train_batch_size=4, max_steps=3, processing_class=tokenizer
+    )
+    assert type(trainer.datamodule.data_collator) is type(hf.data_collator) is transformers.DataCollatorWithPadding
+    assert trainer.datamodule.data_collator.tokenizer is tokenizer
+    trainer.train()
+    assert trainer.state.global_step == 3
+
+
+# ----- iterable datasets -----
+def test_iterable_dataset_trains_for_max_steps_like_hf(tmp_path):
+    """5 micro-batches per pass, max_steps=12: the shuffled iterable is re-read 3 times, reshuffled every pass
+    (`set_epoch`); logged epochs (passes + fraction of `max_steps * GA`) and losses equal HF's."""
+    model, rows = tiny_bert(), classification_dataset(n=20)
+
+    def stream():
+        return rows.to_iterable_dataset(num_shards=4).shuffle(seed=5, buffer_size=8)
+
+    common = dict(
+        per_device_train_batch_size=4, max_steps=12, logging_steps=1, learning_rate=1e-3, seed=0,
+        optim="adamw_torch", save_strategy="no",
+    )
+    hf_args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), use_cpu=True, report_to="none", **common)
+    hf = transformers.Trainer(model=copy.deepcopy(model), args=hf_args, train_dataset=stream())
+    hf.train()
+    ours = hf_lightning.Trainer(
+        model=copy.deepcopy(model), args=TrainingArguments(output_dir=str(tmp_path / "ours"), **common),
+        train_dataset=stream(), lightning_kwargs=dict(LIGHTNING_KWARGS),
+    )
+    ours.train()
+    hf_logs = [e for e in hf.state.log_history if "loss" in e]
+    our_logs = [e for e in ours.state.log_history if "loss" in e]
+    assert ours.state.global_step == hf.state.global_step == 12
+    assert [e["epoch"] for e in our_logs] == pytest.approx([e["epoch"] for e in hf_logs])
+    assert [e["loss"] for e in our_logs] == pytest.approx([e["loss"] for e in hf_logs], rel=1e-5)
+    assert [e["epoch"] for e in our_logs][4:6] == pytest.approx([5 / 12, 1 + 1 / 12])
+
+
+def test_iterable_dataset_short_last_window_of_a_pass_makes_its_own_update(tmp_path):
+    """Documents a difference: with GA=2 and 5 micro-batches per pass, our windows per pass are 2,2,1 (a window
+    never crosses an epoch boundary, as for sized data). HF never steps on the lone 5th micro-batch: its gradient
+    stays accumulated and joins the first update of the next pass (3 micro-batches, logged with it)."""
+    from lightning.pytorch.callbacks import Callback
+
+    class WindowSizes(Callback):
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.sizes.append(len(batch))
+
+    recorder = WindowSizes()
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=5,
+        logging_steps=1, save_strategy="no",
+    )
+    trainer = hf_lightning.Trainer(
+        model=tiny_bert(), args=args, train_dataset=classification_dataset(n=20).to_iterable_dataset(),
+        callbacks=[recorder], lightning_kwargs=dict(LIGHTNING_KWARGS),
+    )
+    trainer.train()
+    assert recorder.sizes == [2, 2, 1, 2, 2]
+    epochs = [e["epoch"] for e in trainer.state.log_history if "loss" in e]
+    assert epochs == pytest.approx([2 / 10, 4 / 10, 5 / 10, 1 + 2 / 10, 1 + 4 / 10])
+
+
+def test_iterable_dataset_without_max_steps_raises_hfs_error(tmp_path):
+    data = classification_dataset(n=8).to_iterable_dataset()
+    with pytest.raises(ValueError, match="max_steps has to be specified"):
+        transformers.Trainer(
+            model=tiny_bert(), train_dataset=data,
+            args=transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="none"),
+        )
+    with pytest.raises(ValueError, match="does not implement __len__.*max_steps has to be specified"):
+        our_trainer(tiny_bert(), data, tmp_path)
+
+    # the Lightning-native path (no facade) reports it when fitting
+    import lightning.pytorch as pl
+
+    from hf_lightning import HFTrainerFlow, TransformerModule
+
+    args = TrainingArguments(output_dir=str(tmp_path / "native"), save_strategy="no")
+    trainer = pl.Trainer(callbacks=[HFTrainerFlow(args)], max_epochs=-1, **LIGHTNING_KWARGS)
+    with pytest.raises(ValueError, match="max_steps"):
+        trainer.fit(TransformerModule(tiny_bert(), args), datamodule=TransformerDataModule(train_dataset=data, args=args))
+
+
+# ----- dataloader_drop_last -----
+def test_drop_last_micro_batch_counts_equal_hf(tmp_path):
+    for n, batch_size, drop_last in itertools.product((7, 8, 10, 13), (2, 4), (False, True)):
+        hf_args = transformers.TrainingArguments(
+            output_dir=str(tmp_path), per_device_train_batch_size=batch_size, dataloader_drop_last=drop_last,
+            use_cpu=True, report_to="none",
+        )
+        data = classification_dataset(n=n)
+        hf_len = len(transformers.Trainer(model=tiny_bert(), args=hf_args, train_dataset=data).get_train_dataloader())
+        ours = TransformerDataModule(
+            train_dataset=data, args=TrainingArguments(per_device_train_batch_size=batch_size, dataloader_drop_last=drop_last)
+        )
+        assert ours.num_train_microbatches() == hf_len, (n, batch_size, drop_last)
+
+
+def test_drop_last_training_never_sees_the_dropped_samples_and_matches_hf_order(tmp_path):
+    common = dict(per_device_train_batch_size=4, num_train_epochs=2, dataloader_drop_last=True, seed=1)
+    hf_data, our_data = CountingDataset(10), CountingDataset(10)
+    hf_args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "hf"), use_cpu=True, report_to="none", save_strategy="no", **common
+    )
+    hf = transformers.Trainer(model=tiny_bert(), args=hf_args, train_dataset=hf_data)
+    hf.train()
+    ours = our_trainer(tiny_bert(), our_data, tmp_path, **common)
+    ours.train()
+    assert ours.state.global_step == hf.state.global_step == 4  # 2 full batches per epoch, the 2 leftovers dropped
+    assert len(our_data.seen) == 16
+    assert our_data.seen == hf_data.seen
