@@ -35,11 +35,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -55,10 +55,12 @@ from common import (  # noqa: E402
     Case,
     RunResult,
     StepTimer,
-    fresh_process_state,
+    add_common_flags,
     make_result,
     median,
+    median_others_share,
     rotate,
+    run_isolated,
 )
 
 Runner = Callable[[Case, int, int, str], RunResult]
@@ -113,6 +115,7 @@ def run_hf(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
         train_dataset=case.build_dataset(steps * case.batch_size),
         callbacks=[timer],
     )
+    trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # prints the final summary (untimed)
     start = time.perf_counter()
     out = trainer.train()
     total = time.perf_counter() - start
@@ -162,29 +165,31 @@ def run_raw(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
 RUNNERS: dict[str, Runner] = {"ours": run_ours, "raw": run_raw, "hf": run_hf}
 
 
-def run_case(
-    case: Case, steps: int, warmup: int, repeats: int, threads: int, runners: list[str]
-) -> dict[str, list[RunResult]]:
+def run_case(case: Case, steps: int, warmup: int, opts: argparse.Namespace) -> dict[str, list[RunResult]]:
     """All repeats of one case, the runners interleaved (order rotated every repeat)."""
-    results: dict[str, list[RunResult]] = {name: [] for name in runners}
+    results: dict[str, list[RunResult]] = {name: [] for name in opts.runners}
+    repeats, threads = opts.repeats, opts.threads
     for rep in range(repeats):
-        for name in rotate(runners, rep):
-            fresh_process_state(threads)
-            with tempfile.TemporaryDirectory() as tmp:
-                result = RUNNERS[name](case, steps, warmup, tmp)
+        for name in rotate(opts.runners, rep):
+            run = functools.partial(RUNNERS[name], case, steps, warmup)
+            result = run_isolated(run, threads, opts.quiet_wait, opts.max_others)
             if torch.get_num_threads() != threads:
                 print(f"  warning: {name} changed the thread count to {torch.get_num_threads()}", flush=True)
             results[name].append(result)
             print(
                 f"  [{case.name} rep {rep + 1}/{repeats}] {name:4s} steady {result.steady_ups:7.2f} upd/s  "
-                f"median-step {result.median_step_ups:7.2f} upd/s  train() {result.total_s:6.2f} s  "
-                f"steps {result.steps}  loss {result.loss:.4f}  load {os.getloadavg()[0]:.2f}",
+                f"median-step {result.median_step_ups:7.2f}  cpu {result.cpu_ups:7.2f}  train() {result.total_s:6.2f} s  "
+                f"steps {result.steps}  loss {result.loss:.4f}  others {_share(result.others_share)}",
                 flush=True,
             )
     return results
 
 
-METRICS = {"steady": "steady_ups", "median-step": "median_step_ups"}
+def _share(value: float | None) -> str:
+    return "  n/a" if value is None else f"{value:5.0%}"
+
+
+METRICS = {"steady": "steady_ups", "median-step": "median_step_ups", "cpu-time": "cpu_ups"}
 """Reported rates: name -> `RunResult` attribute (see `common.py`); targets are judged on `steady`."""
 
 
@@ -207,6 +212,7 @@ def summarize(case: Case, results: dict[str, list[RunResult]]) -> dict[str, Any]
         "description": case.description,
         "updates_per_s": {m: rates[m] for m in METRICS},
         "train_wall_s": {name: median([r.total_s for r in runs]) for name, runs in results.items()},
+        "others_share": median_others_share(results),
         "ratios": ratios,
         "targets": TARGETS.get(case.name, {}),
         "targets_met": verdicts,
@@ -217,12 +223,13 @@ def summarize(case: Case, results: dict[str, list[RunResult]]) -> dict[str, Any]
 def print_summary(summary: dict[str, Any]) -> None:
     """Human-readable summary of one case: medians, ratios, target verdicts."""
     rates = summary["updates_per_s"]
-    print(f"\n== {summary['case']}: median over repeats ==")
-    print(f"{'runner':8s} {'steady upd/s':>13s} {'median-step upd/s':>18s} {'train() s':>10s}")
+    print(f"\n== {summary['case']}: median over repeats (other processes used {_share(summary['others_share'])} "
+          "of the CPU, median over runs) ==")
+    print(f"{'runner':8s} {'steady upd/s':>13s} {'median-step upd/s':>18s} {'upd/CPU-s':>10s} {'train() s':>10s}")
     for name in rates["steady"]:
         print(
             f"{name:8s} {rates['steady'][name]:13.2f} {rates['median-step'][name]:18.2f} "
-            f"{summary['train_wall_s'][name]:10.2f}"
+            f"{rates['cpu-time'][name]:10.2f} {summary['train_wall_s'][name]:10.2f}"
         )
     for metric, ratios in summary["ratios"].items():
         for key, value in ratios.items():
@@ -238,7 +245,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=None, help="updates per run (default: per case, bert 200, gpt2 30)")
     parser.add_argument("--warmup", type=int, default=None, help="updates excluded from the steady rate (default: per case)")
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads before every run")
+    add_common_flags(parser)
     parser.add_argument("--runners", nargs="+", choices=list(RUNNERS), default=list(RUNNERS),
                         help="subset of runners (e.g. `--runners ours` to profile one)")
     parser.add_argument("--json", default=None, help="write the summaries to this JSON file")
@@ -247,11 +254,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def quiet() -> None:
     """Silence the trainers' info logs and warnings so the report stays readable."""
-    warnings.filterwarnings("ignore")
-    logging.getLogger("lightning").setLevel(logging.ERROR)
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    import lightning.pytorch  # noqa: F401 - sets its loggers to INFO on import; lower them afterwards
     import transformers
 
+    warnings.filterwarnings("ignore")
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.ERROR)
     transformers.logging.set_verbosity_error()
 
 
@@ -266,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         warmup = args.warmup if args.warmup is not None else case.default_warmup
         print(f"\n## {case.description}: {steps} updates ({warmup} warmup), {args.repeats} repeats, "
               f"{args.threads} threads, torch {torch.__version__}", flush=True)
-        summary = summarize(case, run_case(case, steps, warmup, args.repeats, args.threads, args.runners))
+        summary = summarize(case, run_case(case, steps, warmup, args))
         print_summary(summary)
         summaries.append(summary)
     if args.json:

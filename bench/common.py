@@ -15,13 +15,18 @@ callbacks) is included. Two secondary numbers are kept:
 - the *median-step* rate `1 / median(t[i] - t[i-1])` over the same updates: insensitive to the occasional update
   stretched by another process taking the CPU (the benchmark machine is shared), but blind to work done only
   every k-th update;
+- the *CPU-time* rate `(steps - warmup) / (process CPU seconds over those updates)`: time this process was
+  pre-empted does not count, so on a shared machine it is the most stable of the three (exact with
+  `--threads 1`, where all the work runs on the calling thread; with more threads it also counts OpenMP spinning);
 - the wall time of the whole `train()` call (setup included).
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,9 +42,14 @@ __all__ = [
     "RunResult",
     "StepTimer",
     "TARGET_CASES",
+    "ContentionMeter",
+    "add_common_flags",
     "fresh_process_state",
+    "run_isolated",
+    "wait_for_quiet",
     "make_result",
     "median",
+    "median_others_share",
     "rotate",
 ]
 
@@ -159,10 +169,12 @@ class StepTimer(TrainerCallback):
 
     def __init__(self) -> None:
         self.times: list[float] = []
+        self.cpu_times: list[float] = []
 
     def mark(self) -> None:
-        """Record the end of one update."""
+        """Record the end of one update (wall clock and this process's CPU time)."""
         self.times.append(time.perf_counter())
+        self.cpu_times.append(time.process_time())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.mark()
@@ -182,6 +194,11 @@ class StepTimer(TrainerCallback):
         steps = [b - a for a, b in zip(self.times[warmup - 1 :], self.times[warmup:])]
         return 1.0 / statistics.median(steps)
 
+    def cpu_rate(self, warmup: int) -> float:
+        """Updates per CPU-second of this process after `warmup` (all its threads): ignores time spent pre-empted."""
+        self._check(warmup)
+        return (len(self.cpu_times) - warmup) / (self.cpu_times[-1] - self.cpu_times[warmup - 1])
+
 
 @dataclass
 class RunResult:
@@ -191,18 +208,22 @@ class RunResult:
         runner: runner name.
         steady_ups: steady-state optimizer updates per second (`StepTimer.steady_rate`).
         median_step_ups: `1 / median(update duration)` (`StepTimer.median_step_rate`).
+        cpu_ups: updates per CPU-second of the process (`StepTimer.cpu_rate`).
         total_s: wall time of the whole training call (setup included).
         steps: updates actually done.
         loss: mean training loss reported by the runner (a sanity check that all did the same work).
+        others_share: share of the machine's CPU used by other processes during the run (`ContentionMeter`).
         extra: anything else a benchmark wants to keep.
     """
 
     runner: str
     steady_ups: float
     median_step_ups: float
+    cpu_ups: float
     total_s: float
     steps: int
     loss: float
+    others_share: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -210,8 +231,89 @@ def make_result(runner: str, timer: StepTimer, warmup: int, total_s: float, step
     """A `RunResult` from a finished run's step timer."""
     return RunResult(
         runner=runner, steady_ups=timer.steady_rate(warmup), median_step_ups=timer.median_step_rate(warmup),
-        total_s=total_s, steps=steps, loss=loss,
+        cpu_ups=timer.cpu_rate(warmup), total_s=total_s, steps=steps, loss=loss,
     )
+
+
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds spent busy by the whole machine since boot (all cores, `/proc/stat`), or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class ContentionMeter:
+    """How much of the machine *other* processes used while a block ran: `(machine busy - ours) / (wall * cores)`.
+
+    0 means the benchmark had the machine to itself; 0.5 on 2 cores means others kept one core busy throughout.
+    """
+
+    def __init__(self) -> None:
+        self.others_share: float | None = None
+
+    def __enter__(self) -> ContentionMeter:
+        self._busy, self._ours, self._wall = _busy_cpu_seconds(), time.process_time(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        busy = _busy_cpu_seconds()
+        if busy is None or self._busy is None:
+            return
+        wall = time.perf_counter() - self._wall
+        ours = time.process_time() - self._ours
+        self.others_share = max(0.0, (busy - self._busy - ours) / (wall * (os.cpu_count() or 1)))
+
+
+def wait_for_quiet(max_others_share: float, timeout_s: float, window_s: float = 1.0) -> float | None:
+    """Wait (at most `timeout_s`) until other processes use less than `max_others_share` of the machine over a
+    `window_s` window; returns the last share seen (None when it cannot be measured or `timeout_s` is 0)."""
+    if timeout_s <= 0:
+        return None
+    deadline = time.monotonic() + timeout_s
+    share = None
+    while time.monotonic() < deadline:
+        with ContentionMeter() as meter:
+            time.sleep(window_s)
+        share = meter.others_share
+        if share is None or share < max_others_share:
+            break
+    return share
+
+
+def run_isolated(
+    run: Callable[[str], RunResult], threads: int, quiet_wait_s: float = 0.0, max_others_share: float = 0.1
+) -> RunResult:
+    """One benchmark run: wait for a quiet machine (optional), reset the process state, run in a fresh temp dir,
+    and record how much CPU other processes took meanwhile."""
+    wait_for_quiet(max_others_share, quiet_wait_s)
+    fresh_process_state(threads)
+    with tempfile.TemporaryDirectory() as tmp, ContentionMeter() as meter:
+        result = run(tmp)
+    result.others_share = meter.others_share
+    return result
+
+
+def add_common_flags(parser: Any, default_threads: int = 2) -> None:
+    """`--threads`, `--quiet-wait`, `--max-others`: the process and machine settings every benchmark takes."""
+    parser.add_argument("--threads", type=int, default=default_threads, help="torch.set_num_threads before every run")
+    parser.add_argument(
+        "--quiet-wait", type=float, default=0.0,
+        help="before each run, wait up to this many seconds for other processes to go below --max-others",
+    )
+    parser.add_argument(
+        "--max-others", type=float, default=0.1,
+        help="share of the machine's CPU other processes may use for the machine to count as quiet",
+    )
+
+
+def median_others_share(results: dict[str, list[RunResult]]) -> float | None:
+    """Median over all runs of the CPU share other processes used (None when it could not be measured)."""
+    shares = [r.others_share for runs in results.values() for r in runs if r.others_share is not None]
+    return median(shares) if shares else None
 
 
 def fresh_process_state(threads: int) -> None:

@@ -139,7 +139,10 @@ class TransformerModule(pl.LightningModule):
             if num_items_in_batch is not None:
                 tokens = count_label_tokens(inputs, self._shift_labels)
                 if tokens is not None:
-                    loss = loss * (tokens.to(loss.dtype) / torch.as_tensor(num_items_in_batch, device=loss.device))
+                    share = tokens.to(loss.dtype) / torch.as_tensor(num_items_in_batch, device=loss.device)
+                    # A micro-batch without label tokens has a NaN mean loss (0/0) in most models; its share of the
+                    # window is 0 (HF's sum/N gives 0). `where` keeps the NaN out of the value and the gradients.
+                    loss = torch.where(tokens > 0, loss * share, torch.zeros_like(loss))
         return (loss, outputs) if return_outputs else loss
 
     def prediction_step(

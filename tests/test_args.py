@@ -38,7 +38,8 @@ def our_error(**kwargs) -> str:
             dict(eval_strategy="steps", logging_strategy="no", logging_steps=0), id="eval-steps-without-interval"
         ),
         pytest.param(
-            dict(load_best_model_at_end=True, eval_strategy="steps", eval_steps=3, save_steps=5), id="not-round-multiple"
+            dict(load_best_model_at_end=True, eval_strategy="steps", eval_steps=3, save_steps=5),
+            id="not-round-multiple",
         ),
         pytest.param(
             dict(load_best_model_at_end=True, eval_strategy="steps", eval_steps=0.1, save_steps=0.25),
@@ -121,8 +122,8 @@ def test_several_errors_are_reported_together():
         dict(eval_strategy="steps", eval_steps=0, logging_steps=3),
         dict(eval_strategy="steps", logging_steps=10.0, save_steps=20.0),
         dict(load_best_model_at_end=True, eval_strategy="steps", eval_steps=5, save_steps=10),
-        dict(load_best_model_at_end=True, eval_strategy="epoch", save_strategy="epoch", metric_for_best_model="accuracy"),
-        dict(load_best_model_at_end=True, eval_strategy="epoch", save_strategy="epoch", metric_for_best_model="eval_loss"),
+        dict(load_best_model_at_end=True, eval_strategy="epoch", save_strategy="epoch", metric_for_best_model="acc"),
+        dict(load_best_model_at_end=True, eval_strategy="epoch", save_strategy="epoch", metric_for_best_model="e_loss"),
         dict(metric_for_best_model="f1"),
         dict(metric_for_best_model="loss", greater_is_better=True),
         dict(lr_scheduler_type="reduce_lr_on_plateau", eval_strategy="epoch"),
@@ -187,7 +188,8 @@ def test_conversion_copies_supported_fields(tmp_path):
 
 
 def test_conversion_accepts_hf_none_and_json_scheduler_kwargs(tmp_path):
-    assert from_hf_training_arguments(transformers.TrainingArguments(output_dir=str(tmp_path))).lr_scheduler_kwargs == {}
+    default = transformers.TrainingArguments(output_dir=str(tmp_path))
+    assert default.lr_scheduler_kwargs is None and from_hf_training_arguments(default).lr_scheduler_kwargs == {}
     hf = transformers.TrainingArguments(
         output_dir=str(tmp_path), lr_scheduler_type="cosine_with_restarts", lr_scheduler_kwargs='{"num_cycles": 3}'
     )
@@ -252,7 +254,10 @@ def test_eval_strategy_without_eval_dataset_raises_hfs_error():
         hf_lightning.Trainer(
             model=tiny_bert(), args=TrainingArguments(eval_strategy="steps"), train_dataset=classification_dataset(n=8)
         )
-    tail = "but you didn't pass an `eval_dataset` to `Trainer`. Either set `args.eval_strategy` to `no` or pass an `eval_dataset`."
+    tail = (
+        "but you didn't pass an `eval_dataset` to `Trainer`. Either set `args.eval_strategy` to `no` or pass an "
+        "`eval_dataset`."
+    )
     assert tail in str(hf_info.value)
     assert str(info.value).startswith("You have set `args.eval_strategy` to steps") and tail in str(info.value)
 

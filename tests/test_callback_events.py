@@ -136,3 +136,45 @@ def test_early_stopping_callback_stops_at_the_same_step(tmp_path):
             return json.load(f)["stateful_callbacks"]
 
     assert exported("ours") == exported("hf")
+
+
+class _EvaluateAt(transformers.TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            control.should_evaluate = True
+
+
+@pytest.mark.parametrize("side", ["hf", "ours"])
+def test_should_evaluate_without_eval_dataset_raises_like_hf(tmp_path, side):
+    trainer_cls, args_cls = ((transformers.Trainer, transformers.TrainingArguments) if side == "hf"
+                             else (hf_lightning.Trainer, hf_lightning.TrainingArguments))
+    args = args_cls(output_dir=str(tmp_path), max_steps=3, save_strategy="no", **COMMON)
+    trainer = trainer_cls(model=tiny_bert(), args=args, train_dataset=classification_dataset(16),
+                          callbacks=[_EvaluateAt()])
+    with pytest.raises(ValueError, match="evaluation requires an eval_dataset"):
+        trainer.train()
+
+
+def test_a_returned_control_replaces_it_for_later_callbacks_and_the_trainer(tmp_path):
+    """HF's handler: a non-None return value becomes the control object from then on."""
+
+    class Replace(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                fresh = transformers.TrainerControl()
+                fresh.should_training_stop = True
+                return fresh
+            return None
+
+    seen = []
+
+    class Later(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            seen.append((state.global_step, control.should_training_stop))
+
+    args = hf_lightning.TrainingArguments(output_dir=str(tmp_path), max_steps=5, save_strategy="no", **COMMON)
+    trainer = hf_lightning.Trainer(model=tiny_bert(), args=args, train_dataset=classification_dataset(32),
+                                   callbacks=[Replace(), Later()])
+    trainer.train()
+    assert seen == [(1, False), (2, True)]
+    assert trainer.state.global_step == 2

@@ -304,9 +304,14 @@ def test_iterable_dataset_without_max_steps_raises_hfs_error(tmp_path):
     from hf_lightning import HFTrainerFlow, TransformerModule
 
     args = TrainingArguments(output_dir=str(tmp_path / "native"), save_strategy="no")
-    trainer = pl.Trainer(callbacks=[HFTrainerFlow(args)], max_epochs=-1, **LIGHTNING_KWARGS)
+    trainer = pl.Trainer(
+        callbacks=[HFTrainerFlow(args)], max_epochs=-1, enable_checkpointing=False, default_root_dir=str(tmp_path),
+        **LIGHTNING_KWARGS,
+    )
     with pytest.raises(ValueError, match="max_steps"):
-        trainer.fit(TransformerModule(tiny_bert(), args), datamodule=TransformerDataModule(train_dataset=data, args=args))
+        trainer.fit(
+            TransformerModule(tiny_bert(), args), datamodule=TransformerDataModule(train_dataset=data, args=args)
+        )
 
 
 # ----- dataloader_drop_last -----
@@ -318,9 +323,8 @@ def test_drop_last_micro_batch_counts_equal_hf(tmp_path):
         )
         data = classification_dataset(n=n)
         hf_len = len(transformers.Trainer(model=tiny_bert(), args=hf_args, train_dataset=data).get_train_dataloader())
-        ours = TransformerDataModule(
-            train_dataset=data, args=TrainingArguments(per_device_train_batch_size=batch_size, dataloader_drop_last=drop_last)
-        )
+        our_args = TrainingArguments(per_device_train_batch_size=batch_size, dataloader_drop_last=drop_last)
+        ours = TransformerDataModule(train_dataset=data, args=our_args)
         assert ours.num_train_microbatches() == hf_len, (n, batch_size, drop_last)
 
 

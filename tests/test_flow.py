@@ -23,22 +23,36 @@ import transformers
 import hf_lightning
 from helpers import classification_dataset, tiny_bert
 
-EXACT_KEYS = ("loss", "grad_norm", "learning_rate", "epoch", "train_loss", "total_flos")
 SKIPPED_SUFFIXES = ("_runtime", "_per_second")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one intra-op thread is faster, and much faster on a loaded 2-core machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _eval_data(eval_dataset: Any) -> Any:
     return classification_dataset(16, seed=1) if eval_dataset == "default" else eval_dataset
 
 
-def run_hf(tmp_path, n: int = 36, eval_dataset: Any = "default", callbacks=(), trainer_class=None, **kwargs):
+def _train_data(n: int, iterable: bool) -> Any:
+    data = classification_dataset(n)
+    return data.to_iterable_dataset() if iterable else data
+
+
+def run_hf(tmp_path, n: int = 36, eval_dataset: Any = "default", callbacks=(), trainer_class=None, iterable=False,
+           **kwargs):
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf"), use_cpu=True, disable_tqdm=True, report_to="none", learning_rate=1e-3,
         per_device_train_batch_size=4, **kwargs,
     )
     trainer_class = trainer_class or transformers.Trainer
     trainer = trainer_class(
-        model=tiny_bert(), args=args, train_dataset=classification_dataset(n),
+        model=tiny_bert(), args=args, train_dataset=_train_data(n, iterable),
         eval_dataset=_eval_data(eval_dataset), callbacks=list(callbacks),
     )
     trainer.model_accepts_loss_kwargs = False
@@ -46,14 +60,15 @@ def run_hf(tmp_path, n: int = 36, eval_dataset: Any = "default", callbacks=(), t
     return trainer
 
 
-def run_ours(tmp_path, n: int = 36, eval_dataset: Any = "default", callbacks=(), trainer_class=None, **kwargs):
+def run_ours(tmp_path, n: int = 36, eval_dataset: Any = "default", callbacks=(), trainer_class=None, iterable=False,
+             **kwargs):
     args = hf_lightning.TrainingArguments(
         output_dir=str(tmp_path / "ours"), use_cpu=True, disable_tqdm=True, report_to="none", learning_rate=1e-3,
         per_device_train_batch_size=4, **kwargs,
     )
     trainer_class = trainer_class or hf_lightning.Trainer
     trainer = trainer_class(
-        model=tiny_bert(), args=args, train_dataset=classification_dataset(n),
+        model=tiny_bert(), args=args, train_dataset=_train_data(n, iterable),
         eval_dataset=_eval_data(eval_dataset), callbacks=list(callbacks),
     )
     trainer.train()
@@ -119,7 +134,6 @@ def test_epoch_strategies_ga3_partial_last_epoch(tmp_path):
     assert checkpoint_names(tmp_path / "ours") == ["checkpoint-4", "checkpoint-6"]
 
 
-@pytest.mark.slow
 def test_fractional_intervals_and_best_strategy(tmp_path):
     """Float intervals resolved against max_steps; `save_strategy="best"` saves only on a new best eval_loss."""
     assert_parity(
@@ -136,6 +150,69 @@ def test_eval_dataset_dict_logs_one_entry_per_dataset(tmp_path):
     )
     eval_entries = [e for e in ours.state.log_history if "step" in e and any(k.startswith("eval_") for k in e)]
     assert [next(iter(e)) for e in eval_entries] == ["eval_alpha_loss", "eval_beta_loss"] * 2
+
+
+def test_unsized_train_data_epochs_are_passes(tmp_path):
+    """An IterableDataset (5 batches per pass) with max_steps=12: `epoch` counts passes plus (batch+1)/(max_steps*GA)
+    ([probe2]), and the epoch-end pass runs at the end of every pass."""
+    _, ours = assert_parity(tmp_path, n=20, iterable=True, max_steps=12, logging_strategy="epoch",
+                            eval_strategy="steps", eval_steps=5, save_strategy="no")
+    epochs = [e["epoch"] for e in ours.state.log_history if "loss" in e]
+    assert epochs == pytest.approx([5 / 12, 1 + 5 / 12, 2 + 2 / 12])
+
+
+def test_hand_built_lightning_trainer_gets_the_same_history(tmp_path):
+    """The Lightning-native path (flow callback + module + datamodule in a plain `lightning.Trainer`, with its default
+    sanity check and epoch-end validation left on) logs exactly what the facade logs."""
+    import lightning.pytorch as pl
+
+    kwargs = dict(gradient_accumulation_steps=2, num_train_epochs=2, logging_steps=2, eval_strategy="steps",
+                  eval_steps=3, save_strategy="no")
+    facade = run_ours(tmp_path, **kwargs)
+    args = hf_lightning.TrainingArguments(
+        output_dir=str(tmp_path / "native"), use_cpu=True, report_to="none", learning_rate=1e-3,
+        per_device_train_batch_size=4, **kwargs,
+    )
+    datamodule = hf_lightning.TransformerDataModule(
+        train_dataset=classification_dataset(36), eval_dataset=classification_dataset(16, seed=1), args=args
+    )
+    flow = hf_lightning.HFTrainerFlow(args)
+    trainer = pl.Trainer(callbacks=[flow], accelerator="cpu", logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, use_distributed_sampler=False, default_root_dir=str(tmp_path))
+    transformers.set_seed(args.seed)
+    trainer.fit(hf_lightning.TransformerModule(tiny_bert(), args), datamodule=datamodule)
+    assert_same_history(facade.state.log_history, flow.state.log_history)
+
+
+# ----- progress bar -----
+def test_progress_bar_shows_logged_loss_and_evaluation_progress(tmp_path):
+    """The train bar counts updates and shows the last logged `loss`; every evaluation opens Lightning's val bar."""
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    class CountingBar(TQDMProgressBar):
+        def __init__(self) -> None:
+            super().__init__()
+            self.val_bars = 0
+
+        def init_validation_tqdm(self):
+            self.val_bars += 1
+            return super().init_validation_tqdm()
+
+    bar = CountingBar()
+    args = hf_lightning.TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, disable_tqdm=False, report_to="none", per_device_train_batch_size=4,
+        gradient_accumulation_steps=2, max_steps=7, logging_steps=2, eval_strategy="steps", eval_steps=3,
+        eval_on_start=True, save_strategy="no",
+    )
+    trainer = hf_lightning.Trainer(model=tiny_bert(), args=args, train_dataset=classification_dataset(36),
+                                   eval_dataset=classification_dataset(16, seed=1), callbacks=[bar])
+    trainer.train()
+    lightning_trainer = trainer.lightning_trainer
+    assert lightning_trainer.progress_bar_callback is bar
+    assert bar.train_progress_bar.total == 5  # 9 micro-batches with GA=2: 5 updates per epoch
+    last_loss = [e["loss"] for e in trainer.state.log_history if "loss" in e][-1]
+    assert lightning_trainer.progress_bar_metrics["loss"] == pytest.approx(last_loss)
+    assert bar.val_bars == 4  # eval_on_start, steps 3 and 6, and the final one at 7
 
 
 # ----- logging_nan_inf_filter -----
@@ -178,6 +255,16 @@ def test_logging_nan_inf_filter(tmp_path, nan_filter):
     assert_same_history(hf_trainer.state.log_history, ours.state.log_history)
     losses = [e["loss"] for e in ours.state.log_history if "loss" in e]
     assert all(math.isfinite(v) for v in losses) == nan_filter
+
+
+@pytest.mark.xfail(reason="HF filters each micro-batch loss; TransformerModule.training_step returns only the window "
+                          "sum (needs `micro_losses` in its output, which HFTrainerFlow already reads)", strict=True)
+def test_logging_nan_inf_filter_per_micro_batch_with_accumulation(tmp_path):
+    kwargs = dict(n=32, max_steps=4, logging_steps=2, save_strategy="no", eval_dataset=None,
+                  gradient_accumulation_steps=2)
+    hf_trainer = run_hf(tmp_path, trainer_class=NanHFTrainer, **kwargs)
+    ours = run_ours(tmp_path, trainer_class=NanTrainer, **kwargs)
+    assert_same_history(hf_trainer.state.log_history, ours.state.log_history)
 
 
 # ----- TrainerControl set by HF callbacks -----

@@ -148,3 +148,35 @@ def test_hf_trainer_bert_loss_grows_with_ga_while_ours_does_not(tmp_path):
         assert ours_ga2[step]["grad_norm"] == pytest.approx(ours_ga1[step]["grad_norm"], rel=1e-4)
         # at GA=1 there is nothing to accumulate: both trainers agree
         assert ours_ga1[step]["loss"] == pytest.approx(hf_ga1[step]["loss"], rel=1e-5)
+
+
+def test_micro_batch_without_label_tokens_contributes_nothing(tmp_path):
+    """A micro-batch whose labels are all -100 (e.g. a prompt-only row) has a NaN mean loss (0/0) in the model; its
+    share of the window is 0, so the window loss and gradients stay those of the other micro-batches (HF's sum / N).
+    Regression: the NaN made the logged loss of the update 0.0 (dropped by the NaN filter)."""
+    from datasets import Dataset
+
+    rows = lm_dataset(n=8).to_dict()
+    rows["labels"][1] = [-100] * len(rows["labels"][1])
+    dataset = Dataset.from_dict(rows)
+    model = tiny_gpt2(dropout=0.0)
+    model.loss_type = "ForCausalLM"  # HF counts shifted labels for it (see test_train_parity.py)
+    common = dict(
+        per_device_train_batch_size=1, gradient_accumulation_steps=2, max_steps=4, logging_steps=1,
+        train_sampling_strategy="sequential", save_strategy="no", optim="adamw_torch", learning_rate=1e-3,
+    )
+    hf_args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), use_cpu=True, report_to="none", **common)
+    hf = transformers.Trainer(model=copy.deepcopy(model), args=hf_args, train_dataset=dataset)
+    hf.train()
+    ours = hf_lightning.Trainer(
+        model=copy.deepcopy(model), args=hf_lightning.TrainingArguments(output_dir=str(tmp_path / "ours"), **common),
+        train_dataset=dataset, lightning_kwargs=dict(LIGHTNING_KWARGS),
+    )
+    ours.train()
+    hf_logs = [e for e in hf.state.log_history if "loss" in e]
+    our_logs = [e for e in ours.state.log_history if "loss" in e]
+    ref_loss, _ = reference_window(model, dataset, 0, 2)  # the model's own mean over the window's label tokens
+    assert our_logs[0]["loss"] == pytest.approx(ref_loss, rel=1e-5)
+    for hf_entry, our_entry in zip(hf_logs, our_logs, strict=True):
+        assert our_entry["loss"] == pytest.approx(hf_entry["loss"], rel=1e-5)
+        assert our_entry["grad_norm"] == pytest.approx(hf_entry["grad_norm"], rel=1e-5)

@@ -158,8 +158,12 @@ def test_override_in_a_lightning_native_fit_with_the_flow_callback(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path / "native"), save_strategy="no", **common)
     transformers.set_seed(args.seed)
     flow = HFTrainerFlow(args)
-    trainer = pl.Trainer(callbacks=[flow], use_distributed_sampler=False, **LIGHTNING_KWARGS)
-    trainer.fit(OurWeightedModule(copy.deepcopy(model), args), datamodule=TransformerDataModule(train_dataset=data, args=args))
+    trainer = pl.Trainer(
+        callbacks=[flow], use_distributed_sampler=False, enable_checkpointing=False, default_root_dir=str(tmp_path),
+        **LIGHTNING_KWARGS,
+    )
+    module = OurWeightedModule(copy.deepcopy(model), args)
+    trainer.fit(module, datamodule=TransformerDataModule(train_dataset=data, args=args))
     assert trainer.global_step == 3
     assert [e["loss"] for e in train_logs(flow)] == pytest.approx([e["loss"] for e in train_logs(hf)], rel=1e-5)
 

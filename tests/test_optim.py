@@ -115,7 +115,8 @@ def test_optim_names_build_hfs_class_and_hyper_parameters(optim, optim_args):
 
 
 def test_optim_args_false_is_false():
-    optimizer = build_optimizer(TinyClassifier(), TrainingArguments(optim="sgd", optim_args="momentum=0.9,nesterov=false"))
+    args = TrainingArguments(optim="sgd", optim_args="momentum=0.9,nesterov=false")
+    optimizer = build_optimizer(TinyClassifier(), args)
     assert optimizer.defaults["nesterov"] is False and optimizer.defaults["momentum"] == 0.9
 
 

@@ -68,7 +68,6 @@ class HFTrainerFlow(Callback):
         self._eval_finished: set[int] = set()
         self._eval_current = -1
         self._epoch_index = 0
-        self._micro_done = 0
         self._train_start = 0.0
 
     @property
@@ -125,7 +124,6 @@ class HFTrainerFlow(Callback):
     # ----- per update -----
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_index = trainer.current_epoch
-        self._micro_done = 0
         if hasattr(pl_module, "epoch_stop_requested"):
             pl_module.epoch_stop_requested = False
         self.control = self.handler.call("on_epoch_begin", self.args, self.state, self.control)
@@ -145,14 +143,15 @@ class HFTrainerFlow(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """The end of one update: HF's bookkeeping, `on_step_end`, the step pass and, at an epoch's end, the epoch pass."""
+        """The end of an update: HF's bookkeeping, `on_step_end`, the step pass, and at an epoch's end the epoch pass."""
         assert self.plan is not None
         window = [batch] if isinstance(batch, Mapping) else list(batch)
         self.loss.add(self._micro_losses(outputs), self.state.global_step)
         self.flos.add_window(getattr(pl_module, "model", None), window)
-        self._micro_done += len(window)
+        # every earlier window of the epoch is full, so this also holds after a mid-epoch resume
+        micro_done = batch_idx * self.args.gradient_accumulation_steps + len(window)
         self.state.global_step = trainer.global_step
-        self.state.epoch = epoch_progress(self._epoch_index, self._micro_done, self.plan.microbatches_per_epoch)
+        self.state.epoch = epoch_progress(self._epoch_index, micro_done, self.plan.microbatches_per_epoch)
         self._merge(step_end_flags(self.state.global_step, self.args, self.plan))
         self.control = self.handler.call("on_step_end", self.args, self.state, self.control)
         self._maybe_log_save_evaluate(trainer, pl_module)
@@ -234,7 +233,10 @@ class HFTrainerFlow(Callback):
         """`Trainer._evaluate` + `_determine_best_metric`: run Lightning's validation loop now; True on a new best."""
         datamodule = trainer.datamodule
         if datamodule is not None and not getattr(datamodule, "eval_datasets", True):
-            raise ValueError("Trainer: evaluation requires an eval_dataset (control.should_evaluate was set).")
+            raise ValueError(
+                "Trainer: evaluation requires an eval_dataset. `control.should_evaluate` was set at step "
+                f"{self.state.global_step} but no eval_dataset was given."
+            )
         loop = trainer.fit_loop.epoch_loop.val_loop
         first_loop_iter = trainer._logger_connector._first_loop_iter
         trainer.validating = True  # what Lightning's epoch loop does around its own validation run
@@ -243,12 +245,16 @@ class HFTrainerFlow(Callback):
         finally:
             trainer.training = True
             trainer._logger_connector._first_loop_iter = first_loop_iter
+        if not self.last_eval_metrics:  # nothing was evaluated, so no `on_evaluate` cleared the request
+            self.control.should_evaluate = False
         if not during_training:
             return False
         self.saver.step_plateau_scheduler(trainer, self.last_eval_metrics)
         return self.saver.update_best(self.state, self.last_eval_metrics)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.sanity_checking:  # Lightning's pre-training sanity check is not an HF evaluation
+            return
         self._eval_finished = set()
         self._eval_current = -1
         self.last_eval_metrics = {}
@@ -256,10 +262,11 @@ class HFTrainerFlow(Callback):
     def on_validation_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        """A new eval dataset starts: finish the previous one first, as HF evaluates datasets one after another."""
-        if dataloader_idx != self._eval_current:
-            if self._eval_current >= 0:
-                self._finish_eval_dataset(trainer, pl_module, self._eval_current)
+        """A new eval dataset starts: finish the previous ones first, as HF evaluates datasets one after another."""
+        if not trainer.sanity_checking and dataloader_idx != self._eval_current:
+            for idx in range(dataloader_idx):
+                if idx not in self._eval_finished:
+                    self._finish_eval_dataset(trainer, pl_module, idx)
             self._eval_current = dataloader_idx
             loaders = trainer.val_dataloaders
             self.handler.eval_dataloader = loaders[dataloader_idx] if isinstance(loaders, list) else loaders
@@ -268,17 +275,32 @@ class HFTrainerFlow(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
         dataloader_idx: int = 0,
     ) -> None:
-        self.control = self.handler.call("on_prediction_step", self.args, self.state, self.control)
+        if not trainer.sanity_checking:
+            self.control = self.handler.call("on_prediction_step", self.args, self.state, self.control)
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Finish the datasets not finished yet: one log entry and one `on_evaluate` per dataset."""
-        for idx in sorted(getattr(pl_module, "eval_accumulators", {})):
+        if trainer.sanity_checking:
+            return
+        count = max(len(trainer.num_val_batches), 1 + max(getattr(pl_module, "eval_accumulators", {}) or [-1]))
+        for idx in range(count):
             if idx not in self._eval_finished:
                 self._finish_eval_dataset(trainer, pl_module, idx)
 
+    def _eval_accumulator(self, trainer: pl.Trainer, pl_module: pl.LightningModule, idx: int) -> Any:
+        """The module's accumulator of eval dataset `idx`; an empty one on a process whose shard had no batch (a tiny
+        eval set over many processes), so that every process joins the gather."""
+        accumulators = getattr(pl_module, "eval_accumulators", None)
+        if accumulators is None or idx in accumulators or trainer.world_size == 1:
+            return None if accumulators is None else accumulators.get(idx)
+        from hf_lightning.evaluation import EvalAccumulator
+
+        loss_only = self.args.prediction_loss_only or getattr(pl_module, "compute_metrics", None) is None
+        return accumulators.setdefault(idx, EvalAccumulator(pl_module, loss_only))
+
     def _finish_eval_dataset(self, trainer: pl.Trainer, pl_module: pl.LightningModule, idx: int) -> None:
         """HF `evaluate()` for one dataset (T:2843-2894): metrics with `eval[_name]_` keys, `log`, `on_evaluate`."""
-        accumulator = getattr(pl_module, "eval_accumulators", {}).get(idx)
+        accumulator = self._eval_accumulator(trainer, pl_module, idx)
         self._eval_finished.add(idx)
         if accumulator is None:
             return

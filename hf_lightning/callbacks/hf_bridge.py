@@ -57,8 +57,25 @@ class HFCallbackHandler:
         self.eval_dataloader: Any = None
 
     def add_callback(self, callback: Any) -> None:
-        """Append a callback (an instance or a class)."""
+        """Append a callback (an instance or a class); a second one of the same class is allowed, as in HF."""
         self.callbacks.append(callback() if isinstance(callback, type) else callback)
+
+    def pop_callback(self, callback: Any) -> Any:
+        """Remove and return the first callback of that class (or that instance); None if there is none."""
+        for existing in self.callbacks:
+            if (isinstance(callback, type) and isinstance(existing, callback)) or existing is callback:
+                self.callbacks.remove(existing)
+                return existing
+        return None
+
+    def remove_callback(self, callback: Any) -> None:
+        """Remove the first callback of that class (or that instance)."""
+        self.pop_callback(callback)
+
+    @property
+    def callback_list(self) -> str:
+        """The callbacks' class names, one per line (HF's `CallbackHandler.callback_list`)."""
+        return "\n".join(type(cb).__name__ for cb in self.callbacks)
 
     def call(self, event: str, args: Any, state: Any, control: Any, **extra: Any) -> Any:
         """Reset HF's flags for `event`, then run every callback's method; returns the (possibly replaced) control."""

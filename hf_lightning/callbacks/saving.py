@@ -109,16 +109,18 @@ class CheckpointSaver:
                                    f"{list(metrics)}.")
                 config.scheduler.step(metrics[key])
 
-    def save(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, exportable: Sequence[Any] = ()) -> None:
+    def save(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, exportable: Sequence[Any] = ()
+    ) -> None:
         """`_save_checkpoint`: write `checkpoint-<global_step>` on rank 0, move the best pointer, rotate.
 
         `exportable`: HF callbacks (and the `TrainerControl`) whose `ExportableState` goes into `trainer_state.json`.
         """
         step = state.global_step
         if self.args.save_strategy in ("steps", "epoch", "best") and state.best_global_step:
-            best = Path(self.output_dir) / f"{CHECKPOINT_PREFIX}-{state.best_global_step}"
-            if best.exists() or state.best_global_step == step:
-                state.best_model_checkpoint = os.path.join(self.output_dir, f"{CHECKPOINT_PREFIX}-{state.best_global_step}")
+            best = os.path.join(self.output_dir, f"{CHECKPOINT_PREFIX}-{state.best_global_step}")
+            if os.path.exists(best) or state.best_global_step == step:
+                state.best_model_checkpoint = best
         export_callback_states(state, exportable)
         if trainer.is_global_zero:
             optimizer = trainer.optimizers[0] if trainer.optimizers else None

@@ -125,9 +125,9 @@ class WindowBatchSampler(Sampler[list[int]]):
 
     @property
     def sampler(self) -> WindowBatchSampler:
-        """Lightning's `_set_sampler_epoch` only calls `set_epoch` on `loader.sampler` and `loader.batch_sampler.sampler`
-        (never on the batch sampler itself): exposing ourselves as `.sampler` is what makes every epoch reshuffle.
-        Without it every epoch repeated epoch 0's order (found by the HF parity test)."""
+        """Lightning's `_set_sampler_epoch` only calls `set_epoch` on `loader.sampler` and
+        `loader.batch_sampler.sampler` (never on the batch sampler itself): exposing ourselves as `.sampler` is what
+        makes every epoch reshuffle. Without it every epoch repeated epoch 0's order (found by the HF parity test)."""
         return self
 
     def microbatches(self, epoch: int | None = None) -> list[list[int]]:
