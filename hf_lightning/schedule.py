@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hf_lightning.args import TrainingArguments
@@ -131,6 +131,13 @@ class Flags:
     should_evaluate: bool = False
     should_save: bool = False
     should_training_stop: bool = False
+
+    def merge_into(self, control: Any) -> None:
+        """Raise these flags on a `TrainerControl`. `DefaultFlowCallback` runs first in HF's handler and only ever
+        sets flags to True, so flags already raised (by the user's callbacks earlier in the step) stay raised."""
+        for name in ("should_log", "should_evaluate", "should_save", "should_training_stop"):
+            if getattr(self, name):
+                setattr(control, name, True)
 
 
 def step_end_flags(global_step: int, args: TrainingArguments, plan: TrainingPlan) -> Flags:

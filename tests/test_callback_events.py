@@ -63,11 +63,13 @@ COMMON = dict(
 )
 
 
-def _run(trainer_cls: Any, args_cls: Any, output_dir: str, callbacks: list, compute_metrics=None, **kwargs: Any):
+def _run(trainer_cls: Any, args_cls: Any, output_dir: str, callbacks: list, compute_metrics=None,
+         eval_dataset: Any = None, **kwargs: Any):
     args = args_cls(output_dir=output_dir, **COMMON, **kwargs)
     trainer = trainer_cls(
         model=tiny_bert(), args=args, train_dataset=classification_dataset(20),
-        eval_dataset=classification_dataset(10, seed=1), callbacks=callbacks, compute_metrics=compute_metrics,
+        eval_dataset=eval_dataset if eval_dataset is not None else classification_dataset(10, seed=1),
+        callbacks=callbacks, compute_metrics=compute_metrics,
     )
     if isinstance(trainer, transformers.Trainer):
         trainer.model_accepts_loss_kwargs = False  # see tests/test_flow.py
@@ -75,9 +77,17 @@ def _run(trainer_cls: Any, args_cls: Any, output_dir: str, callbacks: list, comp
     return trainer
 
 
-def test_recorded_event_sequence_matches_hf(tmp_path):
-    run_kwargs = dict(gradient_accumulation_steps=2, num_train_epochs=2, logging_steps=2, eval_strategy="steps",
-                      eval_steps=2, save_strategy="steps", save_steps=3)
+STEPS_RUN = dict(gradient_accumulation_steps=2, num_train_epochs=2, logging_steps=2, eval_strategy="steps",
+                 eval_steps=2, save_strategy="steps", save_steps=3)
+EPOCH_RUN = dict(gradient_accumulation_steps=3, num_train_epochs=1.5, logging_strategy="epoch", eval_strategy="epoch",
+                 save_strategy="epoch", eval_on_start=True, logging_first_step=True)
+
+
+@pytest.mark.parametrize("run_kwargs", [STEPS_RUN, EPOCH_RUN], ids=["steps", "epoch-eval_on_start-two_eval_sets"])
+def test_recorded_event_sequence_matches_hf(tmp_path, run_kwargs):
+    if run_kwargs is EPOCH_RUN:  # one `evaluate()` per dataset: prediction steps, on_log, on_evaluate, then the next
+        run_kwargs = dict(run_kwargs, eval_dataset={"x": classification_dataset(10, seed=1),
+                                                    "y": classification_dataset(9, seed=3)})
     hf_rec, our_rec = Recorder(), Recorder()
     hf = _run(transformers.Trainer, transformers.TrainingArguments, str(tmp_path / "hf"), [hf_rec], **run_kwargs)
     ours = _run(hf_lightning.Trainer, hf_lightning.TrainingArguments, str(tmp_path / "ours"), [our_rec],
@@ -90,9 +100,10 @@ def test_recorded_event_sequence_matches_hf(tmp_path):
     hf_names = [(name, step) for name, step, _ in hf_rec.events]
     our_names = [(name, step) for name, step, _ in our_rec.events]
     assert our_names == hf_names
-    # 5 micro-batches per epoch with GA=2: two `on_substep_end` per epoch (the last window has one batch).
-    assert sum(name == "on_substep_end" for name, _ in our_names) == 4
-    assert our_names[-3:] == [("on_prediction_step", 6), ("on_prediction_step", 6), ("on_predict", 6)]
+    if run_kwargs is STEPS_RUN:
+        # 5 micro-batches per epoch with GA=2: two `on_substep_end` per epoch (the last window has one batch).
+        assert sum(name == "on_substep_end" for name, _ in our_names) == 4
+        assert our_names[-3:] == [("on_prediction_step", 6), ("on_prediction_step", 6), ("on_predict", 6)]
     # The same keyword arguments are set at every event (model, optimizer, scheduler, loaders, metrics=, logs=).
     assert [kw for *_, kw in our_rec.events] == [kw for *_, kw in hf_rec.events]
     for name, names in our_rec.kwarg_names.items():

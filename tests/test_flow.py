@@ -44,12 +44,14 @@ def _train_data(n: int, iterable: bool) -> Any:
     return data.to_iterable_dataset() if iterable else data
 
 
+def _args(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {"use_cpu": True, "disable_tqdm": True, "report_to": "none", "learning_rate": 1e-3,
+            "per_device_train_batch_size": 4, **kwargs}
+
+
 def run_hf(tmp_path, n: int = 36, eval_dataset: Any = "default", callbacks=(), trainer_class=None, iterable=False,
            **kwargs):
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf"), use_cpu=True, disable_tqdm=True, report_to="none", learning_rate=1e-3,
-        per_device_train_batch_size=4, **kwargs,
-    )
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), **_args(kwargs))
     trainer_class = trainer_class or transformers.Trainer
     trainer = trainer_class(
         model=tiny_bert(), args=args, train_dataset=_train_data(n, iterable),
@@ -62,10 +64,7 @@ def run_hf(tmp_path, n: int = 36, eval_dataset: Any = "default", callbacks=(), t
 
 def run_ours(tmp_path, n: int = 36, eval_dataset: Any = "default", callbacks=(), trainer_class=None, iterable=False,
              **kwargs):
-    args = hf_lightning.TrainingArguments(
-        output_dir=str(tmp_path / "ours"), use_cpu=True, disable_tqdm=True, report_to="none", learning_rate=1e-3,
-        per_device_train_batch_size=4, **kwargs,
-    )
+    args = hf_lightning.TrainingArguments(output_dir=str(tmp_path / "ours"), **_args(kwargs))
     trainer_class = trainer_class or hf_lightning.Trainer
     trainer = trainer_class(
         model=tiny_bert(), args=args, train_dataset=_train_data(n, iterable),
@@ -140,6 +139,23 @@ def test_fractional_intervals_and_best_strategy(tmp_path):
         tmp_path, n=48, num_train_epochs=2, logging_steps=0.1, eval_strategy="steps", eval_steps=0.25,
         save_strategy="best", metric_for_best_model="loss",
     )
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_best_model_tracking_and_rotation(tmp_path, limit):
+    """Best metric at every evaluation, the best pointer at save time, rotation keeping the best, the
+    `save_total_limit=1` end-of-training cleanup, and the best model loaded at the end."""
+    hf_trainer, ours = assert_parity(
+        tmp_path, n=32, num_train_epochs=2, logging_steps=2, eval_strategy="steps", eval_steps=2, save_steps=2,
+        save_total_limit=limit, load_best_model_at_end=True, metric_for_best_model="loss",
+    )
+    assert hf_trainer.state.best_model_checkpoint is not None
+    best = os.path.basename(hf_trainer.state.best_model_checkpoint)
+    assert os.path.basename(ours.state.best_model_checkpoint) == best == "checkpoint-2"
+    assert checkpoint_names(tmp_path / "ours") == (["checkpoint-2"] if limit == 1 else ["checkpoint-16", best])
+    assert ours.state.best_metric == pytest.approx(hf_trainer.state.best_metric, rel=1e-6)
+    for name, tensor in hf_trainer.model.state_dict().items():
+        torch.testing.assert_close(ours.model.state_dict()[name], tensor, rtol=1e-4, atol=1e-5)
 
 
 def test_eval_dataset_dict_logs_one_entry_per_dataset(tmp_path):

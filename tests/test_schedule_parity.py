@@ -58,17 +58,11 @@ class _OurRules(transformers.TrainerCallback):
     def __init__(self, args: TrainingArguments, plan: Any) -> None:
         self.args, self.plan = args, plan
 
-    @staticmethod
-    def _merge(control: TrainerControl, flags: Any) -> None:
-        for name in ("should_log", "should_evaluate", "should_save", "should_training_stop"):
-            if getattr(flags, name):
-                setattr(control, name, True)
-
     def on_step_end(self, args, state, control, **kwargs):
-        self._merge(control, step_end_flags(state.global_step, self.args, self.plan))
+        step_end_flags(state.global_step, self.args, self.plan).merge_into(control)
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        self._merge(control, epoch_end_flags(state.epoch, self.args))
+        epoch_end_flags(state.epoch, self.args).merge_into(control)
 
 
 def _run_loop(args: Any, handler: Any, totals: dict[str, Any], epoch_of: Any) -> dict[str, list]:

@@ -47,6 +47,7 @@ def test_tensorboard_tags_at_hf_steps(tmp_path):
         eval_dataset=classification_dataset(16, seed=1),
     )
     trainer.train()
+    trainer.evaluate()  # HF's TensorBoardCallback writes this one too, at the final step
     scalars = _scalars(str(tmp_path))
 
     def steps(tag: str) -> list[int]:
@@ -55,8 +56,8 @@ def test_tensorboard_tags_at_hf_steps(tmp_path):
     assert steps("train/loss") == [2, 4, 6]
     assert steps("train/learning_rate") == [2, 4, 6]
     assert steps("train/grad_norm") == [2, 4, 6]
-    assert steps("eval/loss") == [3, 6, 7]  # the forced final evaluation at max_steps
-    assert sorted(steps("train/epoch")) == [2, 3, 4, 6, 6, 7, 7]  # every entry carries `epoch`
+    assert steps("eval/loss") == [3, 6, 7, 7]  # the forced final evaluation at max_steps, then `evaluate()`
+    assert sorted(steps("train/epoch")) == [2, 3, 4, 6, 6, 7, 7, 7]  # every entry carries `epoch`
     assert steps("train/train_loss") == [7]
     history = trainer.state.log_history
     logged = [(e["step"], e["loss"]) for e in history if "loss" in e]

@@ -71,6 +71,7 @@ def assert_same_logs(hf_trainer, our_trainer, expected_updates: int) -> None:
     hf_summary, our_summary = hf_trainer.state.log_history[-1], our_trainer.state.log_history[-1]
     assert our_summary["train_loss"] == pytest.approx(hf_summary["train_loss"], rel=1e-5)
     assert our_summary["epoch"] == pytest.approx(hf_summary["epoch"])
+    assert our_summary["total_flos"] == hf_summary["total_flos"] > 0
 
 
 def assert_same_weights(hf_model, our_model, atol: float) -> None:

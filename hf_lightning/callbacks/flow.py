@@ -32,8 +32,6 @@ from hf_lightning.schedule import TrainingPlan, epoch_end_flags, epoch_progress,
 
 __all__ = ["HFTrainerFlow", "tensorboard_tag"]
 
-_FLAG_NAMES = ("should_log", "should_evaluate", "should_save", "should_training_stop")
-
 
 class HFTrainerFlow(Callback):
     """Drives logging, evaluation and checkpointing at the HF Trainer's steps, and feeds HF `TrainerCallback`s.
@@ -143,7 +141,7 @@ class HFTrainerFlow(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        """The end of an update: HF's bookkeeping, `on_step_end`, the step pass, and at an epoch's end the epoch pass."""
+        """After an update: HF's bookkeeping, `on_step_end`, the step pass, and at an epoch's end the epoch pass."""
         assert self.plan is not None
         window = [batch] if isinstance(batch, Mapping) else list(batch)
         self.loss.add(self._micro_losses(outputs), self.state.global_step)
@@ -152,14 +150,14 @@ class HFTrainerFlow(Callback):
         micro_done = batch_idx * self.args.gradient_accumulation_steps + len(window)
         self.state.global_step = trainer.global_step
         self.state.epoch = epoch_progress(self._epoch_index, micro_done, self.plan.microbatches_per_epoch)
-        self._merge(step_end_flags(self.state.global_step, self.args, self.plan))
+        step_end_flags(self.state.global_step, self.args, self.plan).merge_into(self.control)
         self.control = self.handler.call("on_step_end", self.args, self.state, self.control)
         self._maybe_log_save_evaluate(trainer, pl_module)
         # HF leaves the epoch when a flag says so after the pass (T:1963-1966); max_steps sets should_training_stop.
         epoch_stop = self.control.should_epoch_stop or self.control.should_training_stop
         last_batch = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
         if last_batch or epoch_stop or self.state.global_step >= self.plan.max_steps:
-            self._merge(epoch_end_flags(self.state.epoch, self.args))
+            epoch_end_flags(self.state.epoch, self.args).merge_into(self.control)
             self.control = self.handler.call("on_epoch_end", self.args, self.state, self.control)
             self._maybe_log_save_evaluate(trainer, pl_module)
             if self.control.should_training_stop:
@@ -177,12 +175,6 @@ class HFTrainerFlow(Callback):
                 return torch.as_tensor(outputs["micro_losses"])
             return torch.as_tensor(outputs["loss"])
         return torch.as_tensor(outputs)
-
-    def _merge(self, flags: Any) -> None:
-        """`DefaultFlowCallback` runs first in HF's handler and only ever raises flags."""
-        for name in _FLAG_NAMES:
-            if getattr(flags, name):
-                setattr(self.control, name, True)
 
     def _maybe_log_save_evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """`Trainer._maybe_log_save_evaluate` (T:2230-2278): log, then evaluate, then save."""
