@@ -10,26 +10,38 @@ same freshly initialised model (identical weights, built from a config under a f
   `disable_tqdm=True` and `lightning_kwargs={"accelerator": "cpu", "enable_progress_bar": False, "logger": False}`.
 - `raw`:  a hand-written loop: `DataLoader` over the dataset in HF's seeded order (`randperm(n, seed + epoch)`),
   `default_data_collator`, forward, backward, `clip_grad_norm_(1.0)`, `optimizer.step()`, `scheduler.step()`,
-  `zero_grad()`; AdamW (fused, HF's default `adamw_torch_fused`, HF's two parameter groups) + linear schedule.
-- `hf`:   `transformers.Trainer` with the same arguments as `ours` (minus `lightning_kwargs`).
+  `zero_grad()`; AdamW (fused, HF's default `adamw_torch_fused`, HF's two parameter groups) + linear schedule;
+  `config.use_cache=False` as both trainers set it (GPT-2 would otherwise build a KV cache in every forward).
+- `hf`:   `transformers.Trainer` with the same arguments as `ours` (minus `lightning_kwargs`; its
+  `PrinterCallback`, which only prints the final summary after the timed span, is removed to keep the output clean).
 
-The dataset holds exactly `steps * batch_size` samples, so every run is one epoch with full batches.
+The dataset holds exactly `steps * batch_size` samples, so every run is one epoch with full batches. A third case,
+`overhead` (a nano BERT whose update is almost only framework code), is not a target case: it isolates each
+trainer's per-update cost (see also `profile_overhead.py`).
 
 Timing
 ------
 Steady state (see `common.py`): `perf_counter()` at the end of each update (HF `on_step_end` for `ours` and `hf`,
-after `zero_grad()` for `raw`); rate = `(steps - warmup) / (t[last] - t[warmup])`. Trainer construction, `fit`
-setup and the first `warmup` updates are excluded; everything between updates is included. The wall time of the
-whole `train()` call (setup included) is reported too, as a secondary number. `torch.set_num_threads(--threads)`
-and `gc.collect()` run before every run. The three runners are interleaved: each repeat runs all three, in an order
-rotated by one per repeat so no runner always goes first. Reported: medians over repeats, ratios of the medians.
+after `zero_grad()` for `raw`); rate = `(steps - warmup) / (t[last] - t[warmup])` (under `--lockstep`, the sum
+of the timed updates' own durations, waiting excluded). Trainer construction, `fit`
+setup and the first `warmup` updates are excluded; everything between updates is included. Also reported: the
+median-step rate, the CPU-time rate and the wall time of the whole `train()` call (setup included), see
+`common.py`. Before every run: optionally wait for a quiet machine (`--quiet-wait`), `torch.set_num_threads(--threads)`
+(1 by default, see `common.add_common_flags`), `gc.collect()`; during it, the CPU share that other processes took
+is measured and printed (`others`). The three runners are interleaved: each repeat runs all three, in an order
+rotated by one per repeat so no runner always goes first; with `--lockstep` the runners of a repeat run as separate
+processes taking turns one update at a time (`lockstep.py`), which cancels the host's speed drift. `--heap-malloc`
+re-runs under glibc settings that avoid the page faults of >= 32 MiB tensors (`common.use_heap_malloc`). Reported:
+medians over repeats, ratios of the medians, and the per-repeat paired ratios (median and quartiles).
 
-Targets: (gpt2) ours >= 0.98x raw and ours >= 1.0x HF; (bert) ours >= 1.1x HF.
+Targets (judged on the steady-state rate): (gpt2) ours >= 0.98x raw and ours >= 1.0x HF; (bert) ours >= 1.1x HF.
 
 Usage::
 
-    python bench/bench_throughput.py                       # both cases, 5 repeats, default steps
-    python bench/bench_throughput.py --case gpt2 --repeats 3 --steps 40 --warmup 5
+    python bench/bench_throughput.py                       # bert + gpt2, 5 repeats, default steps, 1 thread
+    python bench/bench_throughput.py --case gpt2 --repeats 3 --steps 40 --warmup 5 --threads 2
+    python bench/bench_throughput.py --quiet-wait 120 --json out.json   # shared machine: wait for quiet runs
+    python bench/bench_throughput.py --repeats 7 --lockstep             # the most precise ratios on a noisy host
 """
 
 from __future__ import annotations
@@ -59,9 +71,14 @@ from common import (  # noqa: E402
     make_result,
     median,
     median_others_share,
+    paired_ratios,
     rotate,
     run_isolated,
+    run_mode,
+    use_heap_malloc,
+    wait_for_quiet,
 )
+from lockstep import run_lockstep  # noqa: E402
 
 Runner = Callable[[Case, int, int, str], RunResult]
 
@@ -90,7 +107,7 @@ def run_ours(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
     """`hf_lightning.Trainer` (the facade) on the case."""
     import hf_lightning
 
-    timer = StepTimer()
+    timer = StepTimer(steps)
     trainer = hf_lightning.Trainer(
         model=case.build_model(),
         args=hf_lightning.TrainingArguments(**_common_args(case, steps, output_dir)),
@@ -108,7 +125,7 @@ def run_hf(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
     """`transformers.Trainer` on the case."""
     import transformers
 
-    timer = StepTimer()
+    timer = StepTimer(steps)
     trainer = transformers.Trainer(
         model=case.build_model(),
         args=transformers.TrainingArguments(**_common_args(case, steps, output_dir)),
@@ -140,8 +157,10 @@ def run_raw(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
 
     set_seed(SEED)
     model = case.build_model()
+    if hasattr(model.config, "use_cache"):
+        model.config.use_cache = False  # what both trainers do (HF 5 forces `args.use_cache=False` onto the config)
     dataset = case.build_dataset(steps * case.batch_size)
-    timer = StepTimer()
+    timer = StepTimer(steps)
     start = time.perf_counter()
     model.train()
     optimizer = _raw_optimizer(model, lr=5e-5)
@@ -149,6 +168,7 @@ def run_raw(case: Case, steps: int, warmup: int, output_dir: str) -> RunResult:
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(SEED)).tolist()
     loader = DataLoader(dataset, batch_size=case.batch_size, sampler=order, collate_fn=default_data_collator)
     losses: list[torch.Tensor] = []
+    timer.begin()
     for batch in loader:
         loss = model(**batch).loss
         loss.backward()
@@ -170,11 +190,14 @@ def run_case(case: Case, steps: int, warmup: int, opts: argparse.Namespace) -> d
     results: dict[str, list[RunResult]] = {name: [] for name in opts.runners}
     repeats, threads = opts.repeats, opts.threads
     for rep in range(repeats):
-        for name in rotate(opts.runners, rep):
-            run = functools.partial(RUNNERS[name], case, steps, warmup)
-            result = run_isolated(run, threads, opts.quiet_wait, opts.max_others)
-            if torch.get_num_threads() != threads:
-                print(f"  warning: {name} changed the thread count to {torch.get_num_threads()}", flush=True)
+        order = rotate(opts.runners, rep)
+        runs = [functools.partial(RUNNERS[name], case, steps, warmup) for name in order]
+        if opts.lockstep:
+            wait_for_quiet(opts.max_others, opts.quiet_wait)
+            rep_results = run_lockstep(runs, threads)
+        else:
+            rep_results = [run_isolated(run, threads, opts.quiet_wait, opts.max_others) for run in runs]
+        for name, result in zip(order, rep_results):
             results[name].append(result)
             print(
                 f"  [{case.name} rep {rep + 1}/{repeats}] {name:4s} steady {result.steady_ups:7.2f} upd/s  "
@@ -204,6 +227,11 @@ def summarize(case: Case, results: dict[str, list[RunResult]]) -> dict[str, Any]
         metric: {f"ours/{other}": values["ours"] / values[other] for other in ("raw", "hf") if {"ours", other} <= set(values)}
         for metric, values in rates.items()
     }
+    paired = {
+        f"ours/{other}": paired_ratios([r.steady_ups for r in results["ours"]], [r.steady_ups for r in results[other]])
+        for other in ("raw", "hf")
+        if "ours" in results and other in results
+    }
     verdicts = {
         key: ratios["steady"][key] >= bound for key, bound in TARGETS.get(case.name, {}).items() if key in ratios["steady"]
     }
@@ -214,6 +242,7 @@ def summarize(case: Case, results: dict[str, list[RunResult]]) -> dict[str, Any]
         "train_wall_s": {name: median([r.total_s for r in runs]) for name, runs in results.items()},
         "others_share": median_others_share(results),
         "ratios": ratios,
+        "paired_steady_ratios": paired,
         "targets": TARGETS.get(case.name, {}),
         "targets_met": verdicts,
         "runs": {name: [vars(r) for r in runs] for name, runs in results.items()},
@@ -236,6 +265,11 @@ def print_summary(summary: dict[str, Any]) -> None:
             target = summary["targets"].get(key) if metric == "steady" else None
             verdict = "" if target is None else f"   target >= {target:.2f}: {'MET' if value >= target else 'MISSED'}"
             print(f"  {key:9s} [{metric}] {value:.3f}x{verdict}")
+    for key, stats in summary["paired_steady_ratios"].items():
+        print(
+            f"  {key:9s} [steady, per-repeat pairs] median {stats['median']:.3f}x, "
+            f"quartiles {stats['q1']:.3f}x - {stats['q3']:.3f}x (n={stats['n']})"
+        )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -265,6 +299,8 @@ def quiet() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.heap_malloc:
+        use_heap_malloc()
     quiet()
     torch.set_num_threads(args.threads)
     summaries = []
@@ -273,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
         steps = args.steps or case.default_steps
         warmup = args.warmup if args.warmup is not None else case.default_warmup
         print(f"\n## {case.description}: {steps} updates ({warmup} warmup), {args.repeats} repeats, "
-              f"{args.threads} threads, torch {torch.__version__}", flush=True)
+              f"{args.threads} threads, {run_mode(args)}, torch {torch.__version__}", flush=True)
         summary = summarize(case, run_case(case, steps, warmup, args))
         print_summary(summary)
         summaries.append(summary)

@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmarks: the two model/data cases, a step timer, run records and summary statistics.
+"""Shared pieces of the benchmarks: the model/data cases, a step timer, run isolation and summary statistics.
 
 Timing method (used by every benchmark here)
 --------------------------------------------
@@ -8,16 +8,19 @@ same point of the update), the hand-written loop right after `zero_grad()`. The 
 
     (steps - warmup) / (t_end_of_last_update - t_end_of_update_number_warmup)
 
+(in general: the number of updates after the warm-up over the sum of their durations, an update lasting from the
+end of the previous one, or from the moment its process got the turn under `lockstep.py`, to its own end),
+
 so setup (trainer construction, `fit` setup, optimizer creation, the first loader iterator) and the first `warmup`
 updates are excluded, and everything that happens between two updates (data loading, collation, loop hooks,
-callbacks) is included. Two secondary numbers are kept:
+callbacks) is included. Three secondary numbers are kept:
 
 - the *median-step* rate `1 / median(t[i] - t[i-1])` over the same updates: insensitive to the occasional update
   stretched by another process taking the CPU (the benchmark machine is shared), but blind to work done only
   every k-th update;
 - the *CPU-time* rate `(steps - warmup) / (process CPU seconds over those updates)`: time this process was
-  pre-empted does not count, so on a shared machine it is the most stable of the three (exact with
-  `--threads 1`, where all the work runs on the calling thread; with more threads it also counts OpenMP spinning);
+  pre-empted by other processes of the machine does not count (a slower host still does); with `--threads 1` all
+  the work runs on the calling thread, with more threads it also counts OpenMP spinning;
 - the wall time of the whole `train()` call (setup included).
 """
 
@@ -30,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -41,15 +44,19 @@ __all__ = [
     "Case",
     "RunResult",
     "StepTimer",
+    "TurnGate",
     "TARGET_CASES",
     "ContentionMeter",
     "add_common_flags",
     "fresh_process_state",
+    "use_heap_malloc",
     "run_isolated",
+    "run_mode",
     "wait_for_quiet",
     "make_result",
     "median",
     "median_others_share",
+    "paired_ratios",
     "rotate",
 ]
 
@@ -164,40 +171,83 @@ TARGET_CASES = ("bert", "gpt2")
 """The cases `--case all` runs."""
 
 
-class StepTimer(TrainerCallback):
-    """Records `perf_counter()` at the end of every optimizer update (HF's `on_step_end`, or `mark()` by hand)."""
+class TurnGate(Protocol):
+    """Turn-taking between benchmark processes that run in lock-step (see `lockstep.py`)."""
 
-    def __init__(self) -> None:
+    def wait_turn(self) -> None:
+        """Block until it is this process's turn to run one update."""
+
+    def pass_turn(self, last: bool) -> None:
+        """Hand the turn to the next process; unless `last`, block until it comes back."""
+
+
+ACTIVE_GATE: TurnGate | None = None
+"""Set by `lockstep.py` in its worker processes; every `StepTimer` created there takes turns through it."""
+
+
+class StepTimer(TrainerCallback):
+    """Times every optimizer update: from its start (`begin()` / the previous update's end) to its end (`mark()`).
+
+    HF-style trainers drive it as a `TrainerCallback` (`on_train_begin` -> `begin`, `on_step_end` -> `mark`); a
+    hand-written loop calls `begin()` before its loop and `mark()` after each update. Under `lockstep.py` the update
+    starts when this process gets its turn, so the time spent waiting for other processes is not counted.
+    """
+
+    def __init__(self, steps: int | None = None) -> None:
+        self.steps = steps
+        self.gate = ACTIVE_GATE
+        self.starts: list[float] = []
         self.times: list[float] = []
+        self.cpu_starts: list[float] = []
         self.cpu_times: list[float] = []
 
+    def _start(self) -> None:
+        self.starts.append(time.perf_counter())
+        self.cpu_starts.append(time.process_time())
+
+    def begin(self) -> None:
+        """The first update is about to start (waits for this process's turn under lock-step)."""
+        if self.gate is not None:
+            self.gate.wait_turn()
+        self._start()
+
     def mark(self) -> None:
-        """Record the end of one update (wall clock and this process's CPU time)."""
+        """Record the end of one update (wall clock and this process's CPU time); the next one starts now."""
         self.times.append(time.perf_counter())
         self.cpu_times.append(time.process_time())
+        last = self.steps is not None and len(self.times) >= self.steps
+        if self.gate is not None:
+            self.gate.pass_turn(last)
+        if not last:
+            self._start()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.begin()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.mark()
 
-    def _check(self, warmup: int) -> None:
-        if not 1 <= warmup < len(self.times):
-            raise ValueError(f"warmup must be in [1, {len(self.times) - 1}] for {len(self.times)} timed updates.")
+    def _durations(self, warmup: int, cpu: bool = False) -> list[float]:
+        """Durations of the updates after the first `warmup` ones."""
+        if not 1 <= warmup < len(self.times) or len(self.starts) < len(self.times):
+            raise ValueError(f"warmup must be in [1, {len(self.times) - 1}] for {len(self.times)} timed updates "
+                             f"(and begin() must have been called).")
+        starts, ends = (self.cpu_starts, self.cpu_times) if cpu else (self.starts, self.times)
+        return [end - start for start, end in zip(starts[warmup:], ends[warmup:])]
 
     def steady_rate(self, warmup: int) -> float:
         """Updates per second after the first `warmup` updates: `(steps - warmup) / elapsed` (the module docstring)."""
-        self._check(warmup)
-        return (len(self.times) - warmup) / (self.times[-1] - self.times[warmup - 1])
+        durations = self._durations(warmup)
+        return len(durations) / sum(durations)
 
     def median_step_rate(self, warmup: int) -> float:
         """`1 / median(duration of one update)` after `warmup`: robust to pre-emption by other processes."""
-        self._check(warmup)
-        steps = [b - a for a, b in zip(self.times[warmup - 1 :], self.times[warmup:])]
-        return 1.0 / statistics.median(steps)
+        return 1.0 / statistics.median(self._durations(warmup))
 
     def cpu_rate(self, warmup: int) -> float:
         """Updates per CPU-second of this process after `warmup` (all its threads): ignores time spent pre-empted."""
-        self._check(warmup)
-        return (len(self.cpu_times) - warmup) / (self.cpu_times[-1] - self.cpu_times[warmup - 1])
+        durations = self._durations(warmup, cpu=True)
+        return len(durations) / sum(durations)
 
 
 @dataclass
@@ -297,8 +347,14 @@ def run_isolated(
     return result
 
 
-def add_common_flags(parser: Any, default_threads: int = 2) -> None:
-    """`--threads`, `--quiet-wait`, `--max-others`: the process and machine settings every benchmark takes."""
+def add_common_flags(parser: Any, default_threads: int = 1) -> None:
+    """`--threads`, `--quiet-wait`, `--max-others`: the process and machine settings every benchmark takes.
+
+    One intra-op thread by default: on the 2-core machine these numbers come from, other processes often hold a
+    core, and two OpenMP threads then stall at every parallel region waiting for the descheduled one (a tiny BERT
+    step went from 8 ms to 2 s); with one thread the runners are compared on the same, stable footing. Pass
+    `--threads 2` on a quiet machine.
+    """
     parser.add_argument("--threads", type=int, default=default_threads, help="torch.set_num_threads before every run")
     parser.add_argument(
         "--quiet-wait", type=float, default=0.0,
@@ -308,12 +364,66 @@ def add_common_flags(parser: Any, default_threads: int = 2) -> None:
         "--max-others", type=float, default=0.1,
         help="share of the machine's CPU other processes may use for the machine to count as quiet",
     )
+    parser.add_argument(
+        "--heap-malloc", action="store_true",
+        help="re-run under glibc settings that serve large tensors from a never-trimmed heap (see use_heap_malloc)",
+    )
+    parser.add_argument(
+        "--lockstep", action="store_true",
+        help="run the runners of a repeat in lock-step, one process each, taking turns per update (see lockstep.py)",
+    )
 
 
 def median_others_share(results: dict[str, list[RunResult]]) -> float | None:
     """Median over all runs of the CPU share other processes used (None when it could not be measured)."""
     shares = [r.others_share for runs in results.values() for r in runs if r.others_share is not None]
     return median(shares) if shares else None
+
+
+def paired_ratios(numerators: Sequence[float], denominators: Sequence[float]) -> dict[str, float]:
+    """Per-repeat ratios of two interleaved series (repeat i of one over repeat i of the other): median and quartiles.
+
+    Runs of the same repeat are minutes apart at most, so pairing them cancels slow drifts of the machine's speed
+    that a ratio of two medians keeps.
+    """
+    ratios = sorted(a / b for a, b in zip(numerators, denominators))
+    if len(ratios) < 2:
+        return {"median": ratios[0], "q1": ratios[0], "q3": ratios[0], "n": len(ratios)}
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return {"median": statistics.median(ratios), "q1": q1, "q3": q3, "n": len(ratios)}
+
+
+def run_mode(args: Any) -> str:
+    """One line naming the options that change what is measured (for report headers)."""
+    mode = "lock-step" if args.lockstep else "sequential"
+    malloc = "heap malloc" if args.heap_malloc else "glibc default malloc"
+    return f"{mode} runs, {malloc}"
+
+
+HEAP_MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(1 << 34),  # no mmap for large blocks: they come from (and return to) the heap
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 36),  # never give the heap's free top back to the kernel
+    "MALLOC_TOP_PAD_": str(1 << 30),
+}
+"""glibc tunables for `--heap-malloc`."""
+
+
+def use_heap_malloc() -> None:
+    """Re-execute this script with `HEAP_MALLOC_ENV` (glibc reads these only at process start) unless already set.
+
+    With glibc's defaults every tensor of 32 MiB or more (the GPT-2 case's logits, their gradient, the log-softmax
+    output...) is a fresh `mmap` whose pages the kernel faults in and zeroes on first touch: about 40 000 page faults
+    and 60-120 ms of system time per GPT-2 update here (10-17% of it), varying from run to run. Served from the heap,
+    those blocks are reused and the faults disappear: same work for every runner, far less variance (what a
+    production allocator such as jemalloc or tcmalloc gives too).
+    """
+    if all(os.environ.get(k) == v for k, v in HEAP_MALLOC_ENV.items()):
+        return
+    import sys
+
+    os.environ.update(HEAP_MALLOC_ENV)
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, *sys.argv])
 
 
 def fresh_process_state(threads: int) -> None:

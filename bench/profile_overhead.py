@@ -40,7 +40,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 from bench_throughput import RUNNERS, quiet  # noqa: E402
-from common import CASES, add_common_flags, median, rotate, run_isolated  # noqa: E402
+from common import CASES, add_common_flags, median, rotate, run_isolated, use_heap_malloc  # noqa: E402
 
 
 class SectionProbe:
@@ -176,6 +176,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=None)
     add_common_flags(parser, default_threads=1)
     args = parser.parse_args(argv)
+    if args.lockstep:
+        parser.error("--lockstep is not supported here: sections are timed within one process, runs in sequence.")
+    if args.heap_malloc:
+        use_heap_malloc()
     quiet()
     case = CASES[args.case]
     steps = args.steps or case.default_steps
