@@ -28,12 +28,8 @@ HANDLER_KWARGS = {"model", "processing_class", "optimizer", "lr_scheduler", "tra
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and much faster on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test here runs single-threaded (see conftest.one_thread)."""
 
 
 class Recorder(transformers.TrainerCallback):

@@ -27,12 +27,8 @@ SKIPPED_SUFFIXES = ("_runtime", "_per_second")
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread is faster, and much faster on a loaded 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test here runs single-threaded (see conftest.one_thread)."""
 
 
 def _eval_data(eval_dataset: Any) -> Any:

@@ -18,11 +18,8 @@ from helpers import classification_dataset, tiny_bert
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_thread):
+    """Every test here runs single-threaded (see conftest.one_thread)."""
 
 
 def _scalars(output_dir: str) -> dict[str, list[tuple[int, float]]]:
