@@ -154,6 +154,20 @@ class Trainer:
         else:
             self._lightning_callbacks.append(callback)
 
+    def pop_callback(self, callback: Any) -> Any:
+        """Remove and return the first callback of that class (or that instance), HF or Lightning; None if absent."""
+        if _is_hf_callback(callback):
+            return self.flow.handler.pop_callback(callback)
+        for existing in self._lightning_callbacks:
+            if existing is callback or (isinstance(callback, type) and isinstance(existing, callback)):
+                self._lightning_callbacks.remove(existing)
+                return existing
+        return None
+
+    def remove_callback(self, callback: Any) -> None:
+        """Remove the first callback of that class (or that instance), HF or Lightning."""
+        self.pop_callback(callback)
+
     # ----- the HF methods -----
     def train(self, resume_from_checkpoint: str | bool | None = None) -> Any:
         """Train; returns `TrainOutput(global_step, training_loss, metrics)`.

@@ -91,6 +91,7 @@ class TransformerModule(pl.LightningModule):
             model.gradient_checkpointing_enable()
         self.epoch_stop_requested = False
         self.last_grad_norm: torch.Tensor | None = None
+        self._trainable: list[nn.Parameter] | None = None
         self.last_learning_rate: float | None = None
         self.eval_accumulators: dict[int, EvalAccumulator] = {}
         self.eval_ignore_keys: list[str] | None = None
@@ -182,29 +183,38 @@ class TransformerModule(pl.LightningModule):
             return self.trainer.strategy.reduce(total, reduce_op="sum"), True
         return total, False
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        """One optimizer update over a window of micro-batches."""
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """One optimizer update over a window of micro-batches.
+
+        Returns the update's loss; with several micro-batches, `{"loss": sum, "micro_losses": per micro-batch}` so
+        the logging callback can apply HF's `logging_nan_inf_filter` to each micro-batch loss as HF does.
+        """
         window = [batch] if isinstance(batch, Mapping) else list(batch)
-        num_items, is_global = self._window_num_items(window)
-        scaled = self._loss_is_scaled(num_items)
+        if len(window) == 1 and self._plain_model_loss and self.trainer.world_size == 1:
+            # One micro-batch on one process: the token-weighted window mean is the model's own mean loss, so
+            # skip the count and the rescale (they cost a few kernels per update on small models).
+            num_items, is_global, scaled = None, False, True
+        else:
+            num_items, is_global = self._window_num_items(window)
+            scaled = self._loss_is_scaled(num_items)
         world_factor = self.trainer.world_size if (scaled and is_global) else 1
         optimizer = self.optimizers()
-        total = torch.zeros((), device=self.device)
+        micro_losses: list[torch.Tensor] = []
         strategy = self.trainer.strategy
 
         def closure() -> None:
-            nonlocal total
+            micro_losses.clear()  # a closure is called once, but an optimizer may call it again (LBFGS)
             for i, micro in enumerate(window):
                 last = i == len(window) - 1
                 # Gradients are all-reduced once per update: skip the sync on every micro-batch but the last.
                 blocked = not last and hasattr(strategy, "block_backward_sync")
                 with strategy.block_backward_sync() if blocked else nullcontext():
                     loss = self.compute_loss(self.model, dict(micro), num_items_in_batch=num_items)
-                    if not scaled:
+                    if not scaled and len(window) > 1:
                         loss = loss / len(window)
                     self.manual_backward(loss * world_factor)
                 # HF logs the per-process share times the world size, averaged over processes: the global mean.
-                total = total + loss.detach() * world_factor
+                micro_losses.append(loss.detach() * world_factor)
                 if not last:
                     self._hf_event("on_substep_end")
 
@@ -218,7 +228,10 @@ class TransformerModule(pl.LightningModule):
         if scheduler is not None and not skipped and not self._is_plateau(scheduler):
             scheduler.step()
         optimizer.zero_grad()
-        return total
+        if len(micro_losses) == 1:
+            return micro_losses[0]
+        stacked = torch.stack(micro_losses)
+        return {"loss": stacked.sum(), "micro_losses": stacked}
 
     @staticmethod
     def _is_plateau(scheduler: Any) -> bool:
@@ -235,12 +248,29 @@ class TransformerModule(pl.LightningModule):
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
             scaler.unscale_(optimizer)  # fused optimizers unscale inside step(); clipping needs true gradients now
-        params = [p for p in self.model.parameters() if p.grad is not None]
         if self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:
-            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)
-        elif params:
-            self.last_grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            # `clip_grad_norm_` itself skips parameters without a gradient
+            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(self._trainable_params(), self.args.max_grad_norm)
+        else:
+            grads = [p.grad for p in self._trainable_params() if p.grad is not None]
+            if grads:
+                self.last_grad_norm = torch.nn.utils.get_total_norm(grads)
         self._hf_event("on_pre_optimizer_step")
+
+    def _trainable_params(self) -> list[nn.Parameter]:
+        """The parameters that can get a gradient, listed once per fit (walking the module tree costs per update)."""
+        if self._trainable is None:
+            self._trainable = [p for p in self.model.parameters() if p.requires_grad]
+        return self._trainable
+
+    @property
+    def _plain_model_loss(self) -> bool:
+        """Whether the loss is the built-in `compute_loss` taking the model's own loss (no override, smoother...)."""
+        return (
+            type(self).compute_loss is TransformerModule.compute_loss
+            and self.compute_loss_func is None
+            and self.label_smoother is None
+        )
 
     def _hf_event(self, name: str) -> None:
         """Forward a step-internal HF event to callbacks that translate them (see `callbacks/hf_bridge.py`)."""
@@ -261,6 +291,7 @@ class TransformerModule(pl.LightningModule):
     def on_train_start(self) -> None:
         """`from_pretrained` returns a model in eval mode; HF trains with dropout on, so do we."""
         self.model.train()
+        self._trainable = None  # parameters may have been frozen or replaced since the last fit
 
     def configure_optimizers(self) -> Any:
         """HF's optimizer and scheduler, or the user's pair; the scheduler steps once per update."""

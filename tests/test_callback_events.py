@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import transformers
@@ -185,3 +186,36 @@ def test_a_returned_control_replaces_it_for_later_callbacks_and_the_trainer(tmp_
     trainer.train()
     assert seen == [(1, False), (2, True)]
     assert trainer.state.global_step == 2
+
+
+class _CountingLightningCallback(pl.Callback):
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def on_train_batch_end(self, *args: Any, **kwargs: Any) -> None:
+        self.batches += 1
+
+
+def test_add_pop_and_remove_callback_for_both_kinds(tmp_path):
+    """HF's `add_callback` / `pop_callback` / `remove_callback`, by class or instance, for HF and Lightning callbacks."""
+    args = hf_lightning.TrainingArguments(output_dir=str(tmp_path), max_steps=3, save_strategy="no", **COMMON)
+    kept, popped = Recorder(), Recorder()
+    kept_pl, removed_pl = _CountingLightningCallback(), _CountingLightningCallback()
+    trainer = hf_lightning.Trainer(
+        model=tiny_bert(), args=args, train_dataset=classification_dataset(n=16),
+        lightning_kwargs={"enable_progress_bar": False, "logger": False},
+    )
+    trainer.add_callback(kept)
+    trainer.add_callback(popped)
+    trainer.add_callback(kept_pl)
+    trainer.add_callback(removed_pl)
+    assert trainer.pop_callback(popped) is popped  # by instance
+    assert trainer.pop_callback(popped) is None
+    trainer.remove_callback(removed_pl)
+    assert trainer.pop_callback(hf_lightning.TrainingArguments) is None  # not a callback class held: None, as HF
+    trainer.train()
+    assert [e[0] for e in kept.events].count("on_step_end") == 3
+    assert popped.events == []
+    assert (kept_pl.batches, removed_pl.batches) == (3, 0)
+    assert trainer.pop_callback(Recorder) is kept  # by class
+    assert trainer.pop_callback(_CountingLightningCallback) is kept_pl
