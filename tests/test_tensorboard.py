@@ -63,3 +63,25 @@ def test_tensorboard_tags_at_hf_steps(tmp_path):
     assert [(s, pytest.approx(v, rel=1e-6)) for s, v in scalars["eval/loss"]] == evals
     # nothing is written at Lightning's off-by-one steps
     assert not [tag for tag in scalars if not tag.startswith(("train/", "eval/"))]
+
+
+def test_other_lightning_loggers_plug_in_through_logger(tmp_path):
+    """A user's `logger=` (here CSV next to TensorBoard) replaces the default and gets the same entries and steps."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    args = hf_lightning.TrainingArguments(
+        output_dir=str(tmp_path), use_cpu=True, disable_tqdm=True, per_device_train_batch_size=4, max_steps=6,
+        logging_steps=2, save_strategy="no", learning_rate=1e-3,
+    )
+    loggers = [CSVLogger(str(tmp_path), name="csv", version=0),
+               TensorBoardLogger(str(tmp_path), name="runs", version="mine", default_hp_metric=False)]
+    trainer = hf_lightning.Trainer(model=tiny_bert(), args=args, train_dataset=classification_dataset(24),
+                                   lightning_kwargs={"logger": loggers})
+    trainer.train()
+    with open(tmp_path / "csv" / "version_0" / "metrics.csv") as f:
+        rows = [row for row in csv.DictReader(f) if row.get("train/loss")]
+    logged = [(e["step"], e["loss"]) for e in trainer.state.log_history if "loss" in e]
+    assert [(int(r["step"]), pytest.approx(float(r["train/loss"]), rel=1e-6)) for r in rows] == logged
+    assert [s for s, _ in _scalars(str(tmp_path))["train/loss"]] == [2, 4, 6]
