@@ -67,7 +67,7 @@ class TrainLossTracker:
         since = 1 + global_step_before - self.last_logged_step
         for loss in micro_losses:
             if self.nan_inf_filter:
-                self.window = torch.where(torch.isfinite(loss), self.window + loss, self.window + self.window / since)
+                self.window = self.window + torch.where(torch.isfinite(loss), loss, self.window / since)
             else:
                 self.window = self.window + loss
 
