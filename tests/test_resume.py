@@ -1,0 +1,89 @@
+"""Exact resume: a run resumed from any of its checkpoints equals the uninterrupted run, bit for bit.
+
+Tiny GPT-2 with dropout on, shuffled data, GA=2 with a short last window (9 micro-batches per epoch -> 5 updates),
+an evaluation every 3 updates, a checkpoint every update. The run is resumed mid-epoch, at an epoch boundary and
+mid-epoch of the second epoch, each time into a fresh output directory with a differently initialised model (so
+nothing but the checkpoint can carry the state): every later log entry (loss, grad_norm, learning_rate, epoch,
+eval_loss), every later checkpoint (weights, optimizer, scheduler, trainer_state.json) and the final weights match.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import hf_lightning
+from helpers import lm_dataset, tiny_gpt2
+
+LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
+VOLATILE = ("runtime", "per_second", "train_loss", "total_flos")  # timings; the summary covers only the new steps
+
+
+def make_args(output_dir: Path, **overrides) -> hf_lightning.TrainingArguments:
+    settings = dict(
+        output_dir=str(output_dir), per_device_train_batch_size=2, gradient_accumulation_steps=2,
+        num_train_epochs=2, learning_rate=1e-2, warmup_steps=2, logging_steps=1, eval_strategy="steps",
+        eval_steps=3, save_strategy="steps", save_steps=1, per_device_eval_batch_size=4, seed=7, report_to="none",
+        disable_tqdm=True,
+    )
+    settings.update(overrides)
+    return hf_lightning.TrainingArguments(**settings)
+
+
+def train(output_dir: Path, resume: str | bool | None = None, model_seed: int = 0, **overrides):
+    trainer = hf_lightning.Trainer(
+        model=tiny_gpt2(dropout=0.1, seed=model_seed), args=make_args(output_dir, **overrides),
+        train_dataset=lm_dataset(n=18), eval_dataset=lm_dataset(n=6, seed=1), lightning_kwargs=dict(LIGHTNING_KWARGS),
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def stable(entries: list[dict]) -> list[dict]:
+    return [{k: v for k, v in e.items() if not any(word in k for word in VOLATILE)} for e in entries
+            if "train_runtime" not in e]
+
+
+def assert_same_checkpoint(a: Path, b: Path) -> None:
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    oa, ob = torch.load(a / "optimizer.pt"), torch.load(b / "optimizer.pt")
+    for key in oa["state"]:
+        for name, value in oa["state"][key].items():
+            assert torch.equal(torch.as_tensor(value), torch.as_tensor(ob["state"][key][name])), (a.name, key, name)
+    assert torch.load(a / "scheduler.pt") == torch.load(b / "scheduler.pt")
+    sa, sb = (json.loads((p / "trainer_state.json").read_text()) for p in (a, b))
+    assert stable(sa.pop("log_history")) == stable(sb.pop("log_history"))
+    for state in (sa, sb):
+        state.pop("best_model_checkpoint")
+        state.pop("total_flos")
+    assert sa == sb
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("full")
+    trainer = train(root / "out")
+    return root / "out", trainer
+
+
+@pytest.mark.parametrize("step", [3, 5, 7])  # mid-epoch (an eval step), epoch boundary, mid-epoch of epoch 2
+def test_resume_is_bit_identical(uninterrupted, tmp_path, step, one_thread):
+    full_dir, full = uninterrupted
+    source = tmp_path / "source" / f"checkpoint-{step}"
+    shutil.copytree(full_dir / f"checkpoint-{step}", source)
+    resumed = train(tmp_path / "resumed", resume=str(source), model_seed=123)
+    after = [e for e in full.state.log_history if e["step"] > step]
+    assert stable([e for e in resumed.state.log_history if e["step"] > step]) == stable(after)
+    assert resumed.state.global_step == full.state.global_step == 10
+    for later in range(step + 1, 11):
+        assert_same_checkpoint(full_dir / f"checkpoint-{later}", tmp_path / "resumed" / f"checkpoint-{later}")
+    wa, wb = full.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
