@@ -190,8 +190,10 @@ class Trainer:
             resume_from_checkpoint = self.args.resume_from_checkpoint
         if not resume_from_checkpoint:
             return None
+        from hf_lightning.checkpointing.io import recover_interrupted_replacements
         from hf_lightning.checkpointing.resume import resolve_checkpoint
 
+        recover_interrupted_replacements(self.args.resolved_output_dir)
         return resolve_checkpoint(self.args.resolved_output_dir, resume_from_checkpoint)
 
     def evaluate(

@@ -84,6 +84,11 @@ class HFTrainerFlow(Callback):
         datamodule = trainer.datamodule
         micro = datamodule.num_train_microbatches() if hasattr(datamodule, "num_train_microbatches") else None
         self.plan = plan_training(self.args, micro)
+        from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
+
+        problem = unreachable_best_checkpoint(self.args, self.plan.eval_steps, self.plan.save_steps, self.plan.max_steps)
+        if problem:
+            raise ValueError(problem)
         trainer.fit_loop.epoch_loop.max_steps = self.plan.max_steps
         trainer.fit_loop.max_epochs = self.plan.num_train_epochs if self.plan.sized else -1
         # Evaluations are started by this callback at HF's steps; Lightning's own trigger (every epoch by default,

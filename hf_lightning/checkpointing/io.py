@@ -133,7 +133,10 @@ def recover_interrupted_replacements(output_dir: str | Path) -> list[Path]:
         step = old.name[len(TMP_PREFIX) + 1 : -len(_OLD_SUFFIX)]
         final = root / f"{CHECKPOINT_PREFIX}-{step}"
         if step.isdigit() and old.is_dir() and not final.exists():
-            os.replace(old, final)
+            try:
+                os.replace(old, final)
+            except FileNotFoundError:  # another process of the same run recovered it first
+                continue
             recovered.append(final)
     return recovered
 
