@@ -87,3 +87,23 @@ def test_resume_is_bit_identical(uninterrupted, tmp_path, step, one_thread):
         assert_same_checkpoint(full_dir / f"checkpoint-{later}", tmp_path / "resumed" / f"checkpoint-{later}")
     wa, wb = full.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_hand_built_lightning_trainer_resumes_exactly(uninterrupted, tmp_path, one_thread):
+    """The Lightning-native path: `flow.resume_from_checkpoint` before `fit` (Lightning's sanity check left on)."""
+    import lightning.pytorch as pl
+
+    full_dir, full = uninterrupted
+    source = tmp_path / "source" / "checkpoint-7"
+    shutil.copytree(full_dir / "checkpoint-7", source)
+    args = make_args(tmp_path / "native")
+    datamodule = hf_lightning.TransformerDataModule(train_dataset=lm_dataset(n=18), eval_dataset=lm_dataset(n=6, seed=1),
+                                                    args=args)
+    flow = hf_lightning.HFTrainerFlow(args)
+    flow.resume_from_checkpoint = str(source)
+    trainer = pl.Trainer(callbacks=[flow], accelerator="cpu", logger=False, enable_progress_bar=False,
+                         use_distributed_sampler=False, default_root_dir=str(tmp_path))
+    trainer.fit(hf_lightning.TransformerModule(tiny_gpt2(dropout=0.1, seed=5), args), datamodule=datamodule)
+    after = [e for e in full.state.log_history if e["step"] > 7]
+    assert stable([e for e in flow.state.log_history if e["step"] > 7]) == stable(after)
+    assert_same_checkpoint(full_dir / "checkpoint-10", tmp_path / "native" / "checkpoint-10")
