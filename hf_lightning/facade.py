@@ -175,7 +175,7 @@ class Trainer:
             self.model = self.model_init()
             self.module = self._build_module(self.model)
             self.flow.handler.model = self.model
-        self.flow.resume_from_checkpoint = self._resolve_resume(resume_from_checkpoint)
+        self.flow.resume_from_checkpoint = self._resolve_resume(resume_from_checkpoint) or False
         self.lightning_trainer = self._lightning_trainer()
         try:  # the flow restores the HF-layout folder itself (checkpointing/restore.py), not via ckpt_path
             self.lightning_trainer.fit(self.module, datamodule=self.datamodule)

@@ -157,7 +157,8 @@ class CheckpointRestorer:
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         if scaler is not None and files.scaler is not None:
             scaler.load_state_dict(torch.load(files.scaler, map_location="cpu", weights_only=True))
-        saved = torch.load(files.lightning_state, weights_only=False) if files.lightning_state else None
+        # weights_only, as Lightning loads its own checkpoints: a checkpoint folder is not trusted code
+        saved = torch.load(files.lightning_state, weights_only=True) if files.lightning_state else None
         if saved is not None and saved.get("world_size", trainer.world_size) != trainer.world_size:
             saved = None  # positions of another world size do not apply: fall back to HF's rule
         position = resume_position(global_step, updates_per_epoch, saved)
@@ -244,7 +245,8 @@ class CheckpointRestorer:
 
 
 def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> CheckpointRestorer | None:
-    """At `on_fit_start`: restore `flow.resume_from_checkpoint` (a path or True), or refuse to overwrite another
+    """At `on_fit_start`: restore `flow.resume_from_checkpoint` (a path or True; when None,
+    `args.resume_from_checkpoint`), or refuse to overwrite another
     run's checkpoints in `output_dir`. Returns the restorer whose later hooks the flow calls, or None."""
     args = flow.args
     output_dir = args.resolved_output_dir
@@ -252,6 +254,8 @@ def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
         recover_interrupted_replacements(output_dir)
     trainer.strategy.barrier("hf_lightning_recover")
     resume = flow.resume_from_checkpoint
+    if resume is None:  # a Lightning-native run (e.g. from a config file) may set it in the arguments
+        resume = args.resume_from_checkpoint
     if not resume:
         conflict = existing_checkpoint_conflict(output_dir, None, args.save_strategy != "no")
         if conflict:
