@@ -40,8 +40,20 @@ def _losses(history: list[dict], after: int = 0) -> list[tuple]:
             if "loss" in e and e["step"] > after]
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run of the kill scenario, in this process."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("reference")
+    trainer = _script_module().make_trainer(str(out), {})
+    trainer.train()
+    torch.set_num_threads(threads)
+    return out, trainer
+
+
 @pytest.mark.parametrize("point", ["files", "rename"])
-def test_sigkill_mid_save_leaves_no_valid_looking_folder_and_loses_nothing(tmp_path, point, one_thread):
+def test_sigkill_mid_save_leaves_no_valid_looking_folder_and_loses_nothing(tmp_path, point, reference, one_thread):
     out = tmp_path / "out"
     proc = _run("kill", str(out), point, cwd=tmp_path)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
@@ -51,14 +63,12 @@ def test_sigkill_mid_save_leaves_no_valid_looking_folder_and_loses_nothing(tmp_p
     assert last_checkpoint(out) == str(out / "checkpoint-2")
     assert [Path(c.path).name for c in list_checkpoints(out)] == ["checkpoint-2"]
     # resuming from what survived reproduces the uninterrupted run exactly (and replaces the leftover)
-    script = _script_module()
-    resumed = script.make_trainer(str(out), {})
+    reference_dir, reference_run = reference
+    resumed = _script_module().make_trainer(str(out), {})
     resumed.train(resume_from_checkpoint=True)
-    reference = script.make_trainer(str(tmp_path / "reference"), {})
-    reference.train()
     assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
-    assert _losses(resumed.state.log_history) == _losses(reference.state.log_history)
-    a, b = (load_file(str(d / "checkpoint-6" / "model.safetensors")) for d in (out, tmp_path / "reference"))
+    assert _losses(resumed.state.log_history) == _losses(reference_run.state.log_history)
+    a, b = (load_file(str(d / "checkpoint-6" / "model.safetensors")) for d in (out, reference_dir))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
