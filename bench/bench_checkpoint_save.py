@@ -15,7 +15,7 @@ Each timed save goes to a new step number (so no save replaces an existing folde
 timing, outside the timed region. Reported: the median time per save of each side and the ratio ours / hf
 (target: <= 1.0, "not slower"), plus the per-repeat paired ratios' median.
 
-Usage: python bench/bench_checkpoint_save.py [--repeats 15] [--threads 1] [--json out.json]
+Usage: python bench/bench_checkpoint_save.py [--repeats 25] [--threads 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def save_ours(trainer, step: int, keep: bool = False) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
     options = parser.parse_args()
