@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import TrainerCallback
 
 import hf_lightning
 from helpers import lm_dataset, tiny_gpt2
@@ -107,3 +108,29 @@ def test_hand_built_lightning_trainer_resumes_exactly(uninterrupted, tmp_path, o
     after = [e for e in full.state.log_history if e["step"] > 7]
     assert stable([e for e in flow.state.log_history if e["step"] > 7]) == stable(after)
     assert_same_checkpoint(full_dir / "checkpoint-10", tmp_path / "native" / "checkpoint-10")
+
+
+class StopEpochAt2(TrainerCallback):
+    """An HF callback ending the first epoch after update 2 (of 5): later epochs start earlier than HF's rule says."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2:
+            control.should_epoch_stop = True
+
+
+def test_resume_after_an_early_epoch_stop(tmp_path, one_thread):
+    """The checkpoint records that its epoch ended early, so the resumed run starts the next epoch as the
+    uninterrupted one did (HF's `global_step // updates_per_epoch` would continue epoch 0)."""
+    def run(out, resume=None, seed=0):
+        trainer = hf_lightning.Trainer(
+            model=tiny_gpt2(dropout=0.1, seed=seed), args=make_args(out, eval_strategy="no", max_steps=6),
+            train_dataset=lm_dataset(n=18), callbacks=[StopEpochAt2()], lightning_kwargs=dict(LIGHTNING_KWARGS))
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    full = run(tmp_path / "full")
+    epochs = [e["epoch"] for e in full.state.log_history if "loss" in e]
+    assert epochs[1] < 1 and epochs[2] > 1  # update 3 is in epoch 1
+    resumed = run(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-2"), seed=9)
+    assert stable([e for e in resumed.state.log_history if e["step"] > 2]) == stable(
+        [e for e in full.state.log_history if e["step"] > 2])

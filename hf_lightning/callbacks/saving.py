@@ -134,7 +134,9 @@ class CheckpointSaver:
             if os.path.exists(best) or state.best_global_step == step:
                 state.best_model_checkpoint = best
         export_callback_states(state, exportable)
-        self._write(trainer, pl_module, state, step)
+        control = next((c for c in exportable if type(c).__name__ == "TrainerControl"), None)
+        epoch_ending = bool(control is not None and control.should_epoch_stop)
+        self._write(trainer, pl_module, state, step, epoch_ending)
         trainer.strategy.barrier("hf_lightning_save")
         if trainer.is_global_zero:
             doomed = select_for_deletion(list_checkpoints(self.output_dir), self.args.save_total_limit,
@@ -143,7 +145,8 @@ class CheckpointSaver:
                 shutil.rmtree(path, ignore_errors=True)
         trainer.strategy.barrier("hf_lightning_rotate")
 
-    def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int) -> None:
+    def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int,
+               epoch_ending: bool = False) -> None:
         """Write `tmp-checkpoint-<step>` from every rank, then rename it on rank 0 once all ranks are done.
 
         Rank 0 writes the shared files, every rank its own RNG file; under FSDP2 the full weights are gathered and
@@ -173,7 +176,7 @@ class CheckpointSaver:
                 write_training_files(
                     tmp, optimizer=None if sharded else optimizer, scheduler=scheduler,
                     scaler=getattr(trainer.precision_plugin, "scaler", None),
-                    lightning_state=capture_lightning_state(trainer),
+                    lightning_state=capture_lightning_state(trainer, epoch_ending),
                 )
             write_rng_state(tmp, world, rank)
         if zero:

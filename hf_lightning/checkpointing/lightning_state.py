@@ -37,8 +37,12 @@ def _stateful_callbacks(trainer: pl.Trainer) -> list[Any]:
     return [cb for cb in trainer.callbacks if type(cb).__name__ != "HFTrainerFlow"]
 
 
-def capture_lightning_state(trainer: pl.Trainer) -> dict[str, Any]:
-    """What `lightning_state.pt` holds, taken in `on_train_batch_end` of the update being saved."""
+def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False) -> dict[str, Any]:
+    """What `lightning_state.pt` holds, taken in `on_train_batch_end` of the update being saved.
+
+    `epoch_ending`: the epoch ends after this update although batches remain (an HF `should_epoch_stop`), so a
+    resumed run starts the next epoch, as the uninterrupted one does.
+    """
     epoch_loop = trainer.fit_loop.epoch_loop
     callbacks = {}
     for callback in _stateful_callbacks(trainer):
@@ -51,7 +55,7 @@ def capture_lightning_state(trainer: pl.Trainer) -> dict[str, Any]:
         "global_step": trainer.global_step,
         "epoch": trainer.current_epoch,
         "windows_done": int(epoch_loop.batch_progress.current.ready),
-        "epoch_finished": bool(epoch_loop.batch_progress.is_last_batch),
+        "epoch_finished": bool(epoch_loop.batch_progress.is_last_batch) or epoch_ending,
         "world_size": trainer.world_size,
         "callbacks": callbacks,
         "datamodule": datamodule.state_dict() if datamodule is not None else {},
