@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -98,8 +97,9 @@ def test_hand_built_lightning_trainer_resumes_exactly(uninterrupted, tmp_path, o
     source = tmp_path / "source" / "checkpoint-7"
     shutil.copytree(full_dir / "checkpoint-7", source)
     args = make_args(tmp_path / "native")
-    datamodule = hf_lightning.TransformerDataModule(train_dataset=lm_dataset(n=18), eval_dataset=lm_dataset(n=6, seed=1),
-                                                    args=args)
+    datamodule = hf_lightning.TransformerDataModule(
+        train_dataset=lm_dataset(n=18), eval_dataset=lm_dataset(n=6, seed=1), args=args
+    )
     flow = hf_lightning.HFTrainerFlow(args)
     flow.resume_from_checkpoint = str(source)
     trainer = pl.Trainer(callbacks=[flow], accelerator="cpu", logger=False, enable_progress_bar=False,

@@ -9,7 +9,6 @@ import shutil
 import time
 
 import lightning.pytorch as pl
-import torch
 from torch.utils.data import Dataset
 
 import hf_lightning

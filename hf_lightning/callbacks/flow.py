@@ -86,7 +86,8 @@ class HFTrainerFlow(Callback):
         self.plan = plan_training(self.args, micro)
         from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
 
-        problem = unreachable_best_checkpoint(self.args, self.plan.eval_steps, self.plan.save_steps, self.plan.max_steps)
+        plan = self.plan
+        problem = unreachable_best_checkpoint(self.args, plan.eval_steps, plan.save_steps, plan.max_steps)
         if problem:
             raise ValueError(problem)
         trainer.fit_loop.epoch_loop.max_steps = self.plan.max_steps

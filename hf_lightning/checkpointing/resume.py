@@ -28,7 +28,9 @@ __all__ = ["CheckpointFiles", "check_checkpoint", "existing_checkpoint_conflict"
            "list_checkpoint_steps", "resolve_checkpoint"]
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+)
 
 
 def list_checkpoint_steps(folder: str | Path) -> dict[int, Path]:
