@@ -31,7 +31,9 @@ class CountingDataset(Dataset):
 
 
 class StartupTimer(pl.Callback):
-    def on_fit_start(self, trainer, pl_module) -> None:
+    """From `setup` (before the restore in `HFTrainerFlow.on_fit_start`) to the first resumed update."""
+
+    def setup(self, trainer, pl_module, stage) -> None:
         self.start = time.perf_counter()
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

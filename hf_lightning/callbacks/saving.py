@@ -2,8 +2,10 @@
 
 - `update_best` is `Trainer._determine_best_metric` (T:3424-3460): strict comparison, `eval_` prefix rule, the
   error listing available metrics; `best_global_step` only moves for save strategies that write checkpoints.
-- `save` is `Trainer._save_checkpoint` (T:3355-3422): write (rank 0, atomically), point `best_model_checkpoint` at
-  `checkpoint-<best_global_step>` if that folder exists, then rotate with HF's rule (ranks agree first).
+- `save` is `Trainer._save_checkpoint` (T:3355-3422): point `best_model_checkpoint` at
+  `checkpoint-<best_global_step>` if that folder exists, write `tmp-checkpoint-<step>` (rank 0 the shared files,
+  every rank its RNG file, all ranks the FSDP2 collectives), rename it on rank 0 once all ranks are done, then
+  rotate with HF's rule on rank 0 after a barrier.
 - `finish` loads the best model (`load_best_model_at_end`) and applies the `save_total_limit == 1` cleanup.
 """
 
