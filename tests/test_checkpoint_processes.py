@@ -81,8 +81,9 @@ def test_two_process_save_and_exact_resume(tmp_path, strategy):
     assert data["world_size"] == 2 and data["sharded"] == (strategy == "fsdp2")
     full, resumed = data["full"], data["resumed"]
     assert [e[0] for e in _losses(full)] == [1, 2, 3, 4, 5, 6]
-    assert _losses(resumed, after=2) == _losses(full, after=2)  # bit-identical continuation
-    folder = tmp_path / "full" / "checkpoint-2"
+    assert _losses(resumed, after=4) == _losses(full, after=4)  # bit-identical continuation
+    assert sorted(os.listdir(tmp_path / "full")) == ["checkpoint-4", "checkpoint-6"]  # rotated on rank 0
+    folder = tmp_path / "full" / "checkpoint-4"
     files = set(os.listdir(folder))
     # one RNG file per rank (HF's names), shared files once, written by rank 0
     assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "trainer_state.json", "scheduler.pt"} <= files

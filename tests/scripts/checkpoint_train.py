@@ -6,9 +6,9 @@ Usage:
       update 4: KILL_POINT "files" (model files written, RNG / trainer_state not yet) or "rename" (the temporary
       folder is complete, the rename has not happened).
   python checkpoint_train.py resume OUT_DIR STRATEGY RESULT_JSON
-      STRATEGY "ddp" or "fsdp2" on 2 CPU processes (gloo): an uninterrupted run of 6 updates, then a run resumed from
-      its checkpoint-2 (mid-epoch) in another output directory; rank 0 writes both log histories and the final
-      weights' checksums to RESULT_JSON.
+      STRATEGY "ddp" or "fsdp2" on 2 CPU processes (gloo): an uninterrupted run of 6 updates (save_total_limit=2),
+      then a run resumed from its checkpoint-4 (mid-epoch) in another output directory; rank 0 writes both log
+      histories to RESULT_JSON.
 """
 
 import json
@@ -88,10 +88,10 @@ def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
 
         return {"devices": 2, "strategy": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}
 
-    full = make_trainer(os.path.join(out_dir, "full"), kwargs(), module_class)
+    full = make_trainer(os.path.join(out_dir, "full"), kwargs(), module_class, save_total_limit=2)
     full.train()
     resumed = make_trainer(os.path.join(out_dir, "resumed"), kwargs(), module_class, model_seed=77)
-    resumed.train(resume_from_checkpoint=os.path.join(out_dir, "full", "checkpoint-2"))
+    resumed.train(resume_from_checkpoint=os.path.join(out_dir, "full", "checkpoint-4"))
     resumed.save_model(os.path.join(out_dir, "final_model"))  # a collective under FSDP2
     if resumed.lightning_trainer.is_global_zero:
         with open(result_json, "w") as f:
