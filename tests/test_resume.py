@@ -134,3 +134,19 @@ def test_resume_after_an_early_epoch_stop(tmp_path, one_thread):
     resumed = run(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-2"), seed=9)
     assert stable([e for e in resumed.state.log_history if e["step"] > 2]) == stable(
         [e for e in full.state.log_history if e["step"] > 2])
+
+
+def test_resume_with_an_iterable_dataset_skips_by_reading(tmp_path, one_thread):
+    """An `IterableDataset` has no random access: the trained windows are read and dropped (as HF does)."""
+    def run(out, resume=None, seed=0):
+        trainer = hf_lightning.Trainer(
+            model=tiny_gpt2(dropout=0.1, seed=seed), args=make_args(out, eval_strategy="no", max_steps=6),
+            train_dataset=lm_dataset(n=40).to_iterable_dataset(), lightning_kwargs=dict(LIGHTNING_KWARGS))
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    full = run(tmp_path / "full")
+    resumed = run(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-3"), seed=9)
+    assert stable([e for e in resumed.state.log_history if e["step"] > 3]) == stable(
+        [e for e in full.state.log_history if e["step"] > 3])
+    assert_same_checkpoint(tmp_path / "full" / "checkpoint-6", tmp_path / "resumed" / "checkpoint-6")
