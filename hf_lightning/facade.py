@@ -172,8 +172,14 @@ class Trainer:
     def train(self, resume_from_checkpoint: str | bool | None = None) -> Any:
         """Train; returns `TrainOutput(global_step, training_loss, metrics)`.
 
+        Args:
+            resume_from_checkpoint: a checkpoint folder (ours or `transformers.Trainer`'s), or True for the latest
+                `checkpoint-<n>` in `output_dir`; None/False falls back to `args.resume_from_checkpoint`.
+
         Raises:
-            ValueError: `resume_from_checkpoint=True` with no checkpoint in `output_dir`.
+            ValueError: `resume_from_checkpoint=True` with no checkpoint in `output_dir`; `output_dir` holds
+                checkpoints of another run (see README "Checkpoints and resume").
+            FileNotFoundError: the checkpoint folder does not exist or is incomplete (names the missing file).
         """
         from transformers import set_seed
         from transformers.trainer_utils import TrainOutput
@@ -183,9 +189,12 @@ class Trainer:
             self.model = self.model_init()
             self.module = self._build_module(self.model)
             self.flow.handler.model = self.model
-        ckpt_path = self._resolve_resume(resume_from_checkpoint)
+        self.flow.resume_from_checkpoint = self._resolve_resume(resume_from_checkpoint) or False
         self.lightning_trainer = self._lightning_trainer()
-        self.lightning_trainer.fit(self.module, datamodule=self.datamodule, ckpt_path=ckpt_path)
+        try:  # the flow restores the HF-layout folder itself (checkpointing/restore.py), not via ckpt_path
+            self.lightning_trainer.fit(self.module, datamodule=self.datamodule)
+        finally:
+            self.flow.resume_from_checkpoint = None
         metrics = dict(getattr(self.flow, "train_metrics", {}))
         metrics["epoch"] = self.state.epoch
         return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
@@ -195,8 +204,10 @@ class Trainer:
             resume_from_checkpoint = self.args.resume_from_checkpoint
         if not resume_from_checkpoint:
             return None
+        from hf_lightning.checkpointing.io import recover_interrupted_replacements
         from hf_lightning.checkpointing.resume import resolve_checkpoint
 
+        recover_interrupted_replacements(self.args.resolved_output_dir)
         return resolve_checkpoint(self.args.resolved_output_dir, resume_from_checkpoint)
 
     def evaluate(
@@ -245,6 +256,12 @@ class Trainer:
 
         from hf_lightning.checkpointing.io import save_model_files
 
+        from hf_lightning.checkpointing.distributed import full_model_state_dict
+
         target = output_dir or self.args.resolved_output_dir
-        save_model_files(self.model, target, self.processing_class)
+        full_state = full_model_state_dict(self.model)  # FSDP2: a collective on every rank
+        trainer = getattr(self, "lightning_trainer", None)
+        if trainer is not None and not trainer.is_global_zero:
+            return
+        save_model_files(self.model, target, self.processing_class, state_dict=full_state)
         torch.save(self.args, f"{target}/training_args.bin")

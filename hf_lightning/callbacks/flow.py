@@ -67,6 +67,9 @@ class HFTrainerFlow(Callback):
         self._eval_current = -1
         self._epoch_index = 0
         self._train_start = 0.0
+        self.resume_from_checkpoint: str | bool | None = None
+        """A checkpoint folder (or True: the latest in `output_dir`) to resume from at the next `fit`."""
+        self._restorer: Any = None
 
     @property
     def state_key(self) -> str:
@@ -81,11 +84,23 @@ class HFTrainerFlow(Callback):
         datamodule = trainer.datamodule
         micro = datamodule.num_train_microbatches() if hasattr(datamodule, "num_train_microbatches") else None
         self.plan = plan_training(self.args, micro)
+        from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
+
+        plan = self.plan
+        problem = unreachable_best_checkpoint(self.args, plan.eval_steps, plan.save_steps, plan.max_steps)
+        if problem:
+            raise ValueError(problem)
         trainer.fit_loop.epoch_loop.max_steps = self.plan.max_steps
         trainer.fit_loop.max_epochs = self.plan.num_train_epochs if self.plan.sized else -1
         # Evaluations are started by this callback at HF's steps; Lightning's own trigger (every epoch by default,
         # counted in batches) is switched off. Private API of lightning 2.6 (pinned).
         trainer.fit_loop.epoch_loop._should_check_val_fx = lambda data_fetcher: False  # type: ignore[method-assign]
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Resume from `resume_from_checkpoint`, or refuse to overwrite another run's checkpoints (restore.py)."""
+        from hf_lightning.checkpointing.restore import start_fit
+
+        self._restorer = start_fit(self, trainer, pl_module)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fresh `TrainerState` (T:1682-1689), HF `on_train_begin`, then `eval_on_start` (T:1655-1656)."""
@@ -108,6 +123,8 @@ class HFTrainerFlow(Callback):
             stateful_callbacks=exportable,
         )
         self.state.global_step = trainer.global_step
+        if self._restorer is not None:
+            self._restorer.restore_trainer_state(self, trainer, self.plan.max_steps, self.plan.num_train_epochs)
         self.loss.start(pl_module.device, trainer.global_step)
         self.flos.current = 0.0
         self._train_start = time.time()
@@ -122,6 +139,8 @@ class HFTrainerFlow(Callback):
     # ----- per update -----
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_index = trainer.current_epoch
+        if self._restorer is not None:
+            self._restorer.on_train_epoch_start()  # RNG states of a resumed run, once
         if hasattr(pl_module, "epoch_stop_requested"):
             pl_module.epoch_stop_requested = False
         self.control = self.handler.call("on_epoch_begin", self.args, self.state, self.control)

@@ -2,8 +2,10 @@
 
 - `update_best` is `Trainer._determine_best_metric` (T:3424-3460): strict comparison, `eval_` prefix rule, the
   error listing available metrics; `best_global_step` only moves for save strategies that write checkpoints.
-- `save` is `Trainer._save_checkpoint` (T:3355-3422): write (rank 0, atomically), point `best_model_checkpoint` at
-  `checkpoint-<best_global_step>` if that folder exists, then rotate with HF's rule (ranks agree first).
+- `save` is `Trainer._save_checkpoint` (T:3355-3422): point `best_model_checkpoint` at
+  `checkpoint-<best_global_step>` if that folder exists, write `tmp-checkpoint-<step>` (rank 0 the shared files,
+  every rank its RNG file, all ranks the FSDP2 collectives), rename it on rank 0 once all ranks are done, then
+  rotate with HF's rule on rank 0 after a barrier.
 - `finish` loads the best model (`load_best_model_at_end`) and applies the `save_total_limit == 1` cleanup.
 """
 
@@ -19,7 +21,19 @@ import lightning.pytorch as pl
 import numpy as np
 
 from hf_lightning.args import TrainingArguments
-from hf_lightning.checkpointing.io import CHECKPOINT_PREFIX, write_checkpoint
+from hf_lightning.checkpointing import distributed as dist_state
+from hf_lightning.checkpointing.io import (
+    CHECKPOINT_PREFIX,
+    SHARDED_OPTIMIZER_DIR,
+    TMP_PREFIX,
+    TRAINER_STATE_NAME,
+    finalize_checkpoint,
+    prepare_tmp_folder,
+    save_model_files,
+    write_rng_state,
+    write_training_files,
+)
+from hf_lightning.checkpointing.lightning_state import capture_lightning_state
 from hf_lightning.checkpointing.rotation import CheckpointInfo, final_cleanup, parse_step, select_for_deletion
 
 __all__ = ["CheckpointSaver", "export_callback_states", "metric_key"]
@@ -122,14 +136,9 @@ class CheckpointSaver:
             if os.path.exists(best) or state.best_global_step == step:
                 state.best_model_checkpoint = best
         export_callback_states(state, exportable)
-        if trainer.is_global_zero:
-            optimizer = trainer.optimizers[0] if trainer.optimizers else None
-            scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
-            write_checkpoint(
-                self.output_dir, step, pl_module.model, state=state, args=self.args,
-                processing_class=self.processing_class, optimizer=getattr(optimizer, "optimizer", optimizer),
-                scheduler=scheduler,
-            )
+        control = next((c for c in exportable if type(c).__name__ == "TrainerControl"), None)
+        epoch_ending = bool(control is not None and control.should_epoch_stop)
+        self._write(trainer, pl_module, state, step, epoch_ending)
         trainer.strategy.barrier("hf_lightning_save")
         if trainer.is_global_zero:
             doomed = select_for_deletion(list_checkpoints(self.output_dir), self.args.save_total_limit,
@@ -137,6 +146,46 @@ class CheckpointSaver:
             for path in doomed:
                 shutil.rmtree(path, ignore_errors=True)
         trainer.strategy.barrier("hf_lightning_rotate")
+
+    def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int,
+               epoch_ending: bool = False) -> None:
+        """Write `tmp-checkpoint-<step>` from every rank, then rename it on rank 0 once all ranks are done.
+
+        Rank 0 writes the shared files, every rank its own RNG file; under FSDP2 the full weights are gathered and
+        the optimizer shards written by all ranks (collectives). Only the rename makes the folder a checkpoint.
+        """
+        import torch
+
+        model = pl_module.model
+        world, rank, zero = trainer.world_size, trainer.global_rank, trainer.is_global_zero
+        strategy = trainer.strategy
+        tmp = Path(self.output_dir) / f"{TMP_PREFIX}-{step}"
+        if zero:
+            prepare_tmp_folder(self.output_dir, step)
+        strategy.barrier("hf_lightning_save_begin")
+        full_state = dist_state.full_model_state_dict(model)  # collective under FSDP2, None otherwise
+        if zero:
+            save_model_files(model, tmp, self.processing_class, state_dict=full_state)
+            torch.save(self.args, tmp / "training_args.bin")
+        if not self.args.save_only_model:
+            optimizer = trainer.optimizers[0] if trainer.optimizers else None
+            optimizer = getattr(optimizer, "optimizer", optimizer)
+            sharded = optimizer is not None and dist_state.is_sharded(model)
+            if sharded:
+                dist_state.save_sharded_optimizer(model, optimizer, tmp / SHARDED_OPTIMIZER_DIR)
+            if zero:
+                scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
+                write_training_files(
+                    tmp, optimizer=None if sharded else optimizer, scheduler=scheduler,
+                    scaler=getattr(trainer.precision_plugin, "scaler", None),
+                    lightning_state=capture_lightning_state(trainer, epoch_ending),
+                )
+            write_rng_state(tmp, world, rank)
+        if zero:
+            state.save_to_json(str(tmp / TRAINER_STATE_NAME))
+        strategy.barrier("hf_lightning_save_written")
+        if zero:
+            finalize_checkpoint(self.output_dir, step)
 
     def finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any) -> None:
         """Load the best checkpoint's weights (`load_best_model_at_end`) and the `save_total_limit == 1` cleanup."""
@@ -150,9 +199,11 @@ class CheckpointSaver:
 
     @staticmethod
     def _load_weights(model: Any, folder: str) -> None:
-        from safetensors.torch import load_file
+        from hf_lightning.checkpointing.restore import load_weights
+        from hf_lightning.checkpointing.resume import WEIGHT_FILES
 
-        weights = Path(folder) / "model.safetensors"
-        if not weights.exists():
-            raise FileNotFoundError(f"load_best_model_at_end: {weights} is missing.")
-        model.load_state_dict(load_file(str(weights)), strict=False)
+        weights = next((Path(folder) / n for n in WEIGHT_FILES if (Path(folder) / n).is_file()), None)
+        if weights is None:
+            raise FileNotFoundError(f"load_best_model_at_end: no weights file in {folder} (expected one of "
+                                    f"{list(WEIGHT_FILES)}).")
+        load_weights(model, weights, what="load_best_model_at_end")

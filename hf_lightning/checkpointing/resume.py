@@ -1,39 +1,149 @@
-"""Finding the checkpoint to resume from (`resume_from_checkpoint=True` or a path), with HF's rules and errors."""
+"""Finding and checking the checkpoint to resume from, and the output-directory rule.
+
+- `resolve_checkpoint`: `resume_from_checkpoint=True` (the latest complete `checkpoint-<n>` of `output_dir`, HF's
+  `get_last_checkpoint`) or a path; errors for a missing folder and for an incomplete one (naming the missing file).
+- `existing_checkpoint_conflict`: an `output_dir` that already holds checkpoints of another run is never silently
+  overwritten or rotated away. A fresh run (no resume) refuses to start when `output_dir` has `checkpoint-*`
+  folders, and a resumed run refuses when `output_dir` has checkpoints *newer* than the one it resumes from (they
+  would be overwritten by the new run's saves and rotated away). HF 5 has no `overwrite_output_dir`; the way out is
+  `resume_from_checkpoint=True`, another `output_dir`, or deleting the folders.
+
+Temporary folders (`tmp-checkpoint-*`, a save that did not finish) never match `checkpoint-<n>`, so they are ignored.
+"""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["last_checkpoint", "resolve_checkpoint"]
+from hf_lightning.checkpointing.io import (
+    LIGHTNING_STATE_NAME,
+    SHARDED_OPTIMIZER_DIR,
+    TRAINER_STATE_NAME,
+    rng_file_name,
+)
+
+__all__ = ["CheckpointFiles", "check_checkpoint", "existing_checkpoint_conflict", "last_checkpoint",
+           "list_checkpoint_steps", "resolve_checkpoint"]
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+WEIGHT_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
+)
+
+
+def list_checkpoint_steps(folder: str | Path) -> dict[int, Path]:
+    """`{step: path}` of the `checkpoint-<n>` folders of `folder` (exact names only, as HF's resume lookup)."""
+    root = Path(folder)
+    if not root.is_dir():
+        return {}
+    return {int(m.group(1)): p for p in root.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))}
 
 
 def last_checkpoint(folder: str | Path) -> str | None:
     """HF `get_last_checkpoint` (TU:270-279): the `checkpoint-<n>` folder with the largest n, or None."""
-    root = Path(folder)
-    if not root.is_dir():
-        return None
-    steps = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
-    return str(max(steps)[1]) if steps else None
+    steps = list_checkpoint_steps(folder)
+    return str(steps[max(steps)]) if steps else None
 
 
-def resolve_checkpoint(output_dir: str, resume_from_checkpoint: str | bool) -> str:
-    """The checkpoint folder to resume from.
+@dataclass(frozen=True)
+class CheckpointFiles:
+    """What a checkpoint folder offers for resuming."""
+
+    path: Path
+    weights: Path
+    optimizer: Path | None
+    sharded_optimizer: Path | None
+    scheduler: Path | None
+    scaler: Path | None
+    rng: Path | None
+    lightning_state: Path | None
+
+    @property
+    def model_only(self) -> bool:
+        """Written with `save_only_model` (or by hand): weights and state only, no optimizer to restore."""
+        return self.optimizer is None and self.sharded_optimizer is None and self.scheduler is None
+
+
+def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> CheckpointFiles:
+    """The files of checkpoint folder `path`.
 
     Raises:
-        ValueError: `True` with no checkpoint in `output_dir`.
-        FileNotFoundError: a path that does not exist.
+        FileNotFoundError: the folder does not exist; no weights file; no `trainer_state.json`; one of
+            `optimizer.pt` / `scheduler.pt` without the other (a half-copied checkpoint).
+    """
+    folder = Path(path)
+    where = f"resume_from_checkpoint={str(folder)!r}"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{where}: no such checkpoint folder.")
+    weights = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
+    if weights is None:
+        raise FileNotFoundError(
+            f"{where}: incomplete checkpoint, the model weights file is missing (expected one of {list(WEIGHT_FILES)})."
+        )
+    if not (folder / TRAINER_STATE_NAME).is_file():
+        raise FileNotFoundError(f"{where}: incomplete checkpoint, {TRAINER_STATE_NAME} is missing.")
+
+    def optional(name: str) -> Path | None:
+        return folder / name if (folder / name).exists() else None
+
+    optimizer, scheduler = optional("optimizer.pt"), optional("scheduler.pt")
+    sharded = optional(SHARDED_OPTIMIZER_DIR)
+    if (optimizer or sharded) and scheduler is None:
+        raise FileNotFoundError(f"{where}: incomplete checkpoint, scheduler.pt is missing (optimizer state exists).")
+    if scheduler and not (optimizer or sharded):
+        raise FileNotFoundError(f"{where}: incomplete checkpoint, optimizer.pt is missing (scheduler.pt exists).")
+    return CheckpointFiles(
+        path=folder, weights=weights, optimizer=optimizer, sharded_optimizer=sharded, scheduler=scheduler,
+        scaler=optional("scaler.pt"), rng=optional(rng_file_name(world_size, rank)),
+        lightning_state=optional(LIGHTNING_STATE_NAME),
+    )
+
+
+def resolve_checkpoint(output_dir: str, resume_from_checkpoint: str | bool, world_size: int = 1, rank: int = 0
+                       ) -> str:
+    """The checkpoint folder to resume from, checked for completeness.
+
+    Raises:
+        ValueError: `True` with no checkpoint in `output_dir` (HF's message).
+        FileNotFoundError: a path that does not exist, or an incomplete checkpoint (see `check_checkpoint`).
     """
     if resume_from_checkpoint is True:
         found = last_checkpoint(output_dir)
         if found is None:
             raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
         resume_from_checkpoint = found
-    path = Path(str(resume_from_checkpoint))
-    if not path.is_dir():
-        raise FileNotFoundError(f"resume_from_checkpoint={str(path)!r}: no such checkpoint folder.")
-    raise NotImplementedError(
-        f"resume_from_checkpoint={str(path)!r}: resuming from an HF-layout checkpoint is not implemented yet."
-    )
+    return str(check_checkpoint(str(resume_from_checkpoint), world_size, rank).path)
+
+
+def existing_checkpoint_conflict(output_dir: str | Path, resume_step: int | None, saving: bool) -> str | None:
+    """The error message when this run would overwrite or rotate away checkpoints it did not write, else None.
+
+    Args:
+        output_dir: where this run writes checkpoints.
+        resume_step: the global step resumed from, None for a fresh run.
+        saving: whether this run writes checkpoints at all (`save_strategy != "no"`).
+    """
+    if not saving:
+        return None
+    steps = sorted(list_checkpoint_steps(output_dir))
+    if resume_step is None and steps:
+        return (
+            f"output_dir={str(output_dir)!r} already holds checkpoints of another run ({_names(steps)}); this run "
+            "would overwrite or rotate them away. Pass resume_from_checkpoint=True to continue that run, or choose "
+            "another output_dir, or delete those folders."
+        )
+    newer = [s for s in steps if resume_step is not None and s > resume_step]
+    if newer:
+        return (
+            f"output_dir={str(output_dir)!r} holds checkpoints newer than the resumed step {resume_step} "
+            f"({_names(newer)}); the resumed run would overwrite or rotate them away. Resume from the latest one "
+            "(resume_from_checkpoint=True), choose another output_dir, or delete those folders."
+        )
+    return None
+
+
+def _names(steps: list[int]) -> str:
+    names = [f"checkpoint-{s}" for s in steps]
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")

@@ -26,23 +26,26 @@ class CheckpointInfo:
 
 
 def order_checkpoints(checkpoints: list[CheckpointInfo], use_mtime: bool = True) -> list[CheckpointInfo]:
-    """Oldest first: by mtime, or by step when mtimes span under 1 s (names without a step are then dropped)."""
-    if use_mtime and checkpoints:
-        by_time = sorted(checkpoints, key=lambda c: c.mtime)
-        if by_time[-1].mtime - by_time[0].mtime >= 1.0:
+    """Oldest first: by mtime, or by step when mtimes span under 1 s (names without a step are then dropped).
+
+    Ties are broken by path, as HF sorts `(key, path)` tuples.
+    """
+    if use_mtime:
+        by_time = sorted(checkpoints, key=lambda c: (c.mtime, c.path))
+        if len(by_time) <= 1 or by_time[-1].mtime - by_time[0].mtime >= 1.0:
             return by_time
     numbered = [c for c in checkpoints if c.step is not None]
-    return sorted(numbered, key=lambda c: c.step)  # type: ignore[arg-type, return-value]
+    return sorted(numbered, key=lambda c: (c.step, c.path))
 
 
 def select_for_deletion(
     checkpoints: list[CheckpointInfo], limit: int | None, best: str | None, use_mtime: bool = True
 ) -> list[str]:
     """The folders HF's `rotate_checkpoints` deletes after a save, oldest first."""
-    if limit is None or limit <= 0 or len(checkpoints) <= limit:
+    if limit is None or limit <= 0:
         return []
     ordered = order_checkpoints(checkpoints, use_mtime)
-    if not ordered:
+    if len(ordered) <= limit:  # HF counts after ordering (the numeric fallback drops names without a step)
         return []
     protected = {ordered[-1].path}
     if best is not None:

@@ -49,6 +49,7 @@ class _WindowedIterable:
     def __init__(self, loader: DataLoader, accumulation: int) -> None:
         self.loader = loader
         self.accumulation = accumulation
+        self.skip = 0
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the dataset (a shuffled `datasets.IterableDataset` reshuffles with `seed + epoch`), as
@@ -64,7 +65,11 @@ class _WindowedIterable:
 
     def __iter__(self) -> Iterator[list[Any]]:
         window: list[Any] = []
+        skip, self.skip = self.skip * self.accumulation, 0
         for batch in self.loader:
+            if skip:
+                skip -= 1
+                continue
             window.append(batch)
             if len(window) == self.accumulation:
                 yield window
@@ -107,6 +112,8 @@ class TransformerDataModule(pl.LightningDataModule):
         self.data_collator = data_collator if data_collator is not None else default_collator(processing_class)
         self._allowed_columns: list[str] | None = None
         self.train_sampler: WindowBatchSampler | None = None
+        self.resume_position: tuple[int, int] | None = None
+        """`(epoch, windows)`: the next train loader starts at that window of that epoch (set on resume, used once)."""
 
     @staticmethod
     def _named(eval_dataset: Any) -> dict[str, Any] | None:
@@ -195,7 +202,11 @@ class TransformerDataModule(pl.LightningDataModule):
                 dataset, batch_size=args.per_device_train_batch_size, collate_fn=collate,
                 drop_last=args.dataloader_drop_last, **self._loader_kwargs(),
             )
-            return _WindowedIterable(loader, args.gradient_accumulation_steps)
+            windowed = _WindowedIterable(loader, args.gradient_accumulation_steps)
+            if self.resume_position is not None:  # an iterable dataset can only skip by reading (as HF)
+                windowed.set_epoch(self.resume_position[0])
+                windowed.skip, self.resume_position = self.resume_position[1], None
+            return windowed
         self.train_sampler = WindowBatchSampler(
             num_samples=len(self.train_dataset),
             batch_size=args.per_device_train_batch_size,
@@ -206,6 +217,11 @@ class TransformerDataModule(pl.LightningDataModule):
             world_size=world,
             rank=rank,
         )
+        if self.resume_position is not None:
+            # O(1) resume: the sampler slices the epoch's order at the window, no skipped batch is loaded
+            epoch, self.train_sampler.skip_windows = self.resume_position
+            self.train_sampler.set_epoch(epoch)
+            self.resume_position = None
         return DataLoader(
             self.train_dataset,
             batch_sampler=self.train_sampler,

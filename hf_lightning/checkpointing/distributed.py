@@ -1,0 +1,69 @@
+"""Model and optimizer state under sharding (FSDP2 / `ModelParallelStrategy`) and without it.
+
+Under FSDP2 parameters are `DTensor` shards: `save_pretrained` needs the full state dict, gathered with
+`torch.distributed.checkpoint.state_dict.get_model_state_dict(full_state_dict=True)` (a collective: every rank calls
+it, rank 0 gets the tensors). The optimizer state stays sharded and is written with `torch.distributed.checkpoint`
+into `optimizer_sharded/` of the checkpoint (every rank writes its part). Without sharding these functions fall back
+to the plain `state_dict()` calls, so callers need not distinguish.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["full_model_state_dict", "is_sharded", "load_model_state", "load_sharded_optimizer",
+           "save_sharded_optimizer"]
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """Whether the model's parameters are FSDP2 `DTensor` shards."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _options(**kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(**kwargs)
+
+
+def full_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The gathered full state dict on rank 0 for a sharded model (a collective), else None (use the model's own)."""
+    if not is_sharded(model):
+        return None
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True))
+
+
+def load_model_state(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    """Load a full state dict (every rank passes the whole dict) into a sharded or plain model, `strict=False`."""
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        set_model_state_dict(model, state_dict, options=_options(full_state_dict=True, strict=False))
+        return
+    model.load_state_dict(state_dict, strict=False)
+
+
+def save_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path) -> None:
+    """Every rank writes its optimizer shard into `folder` (torch.distributed.checkpoint; a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(folder))
+
+
+def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path) -> None:
+    """Every rank reads its optimizer shard back from `folder` (a collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_optimizer_state_dict(model, optimizer, state["optimizer"])

@@ -1,0 +1,272 @@
+"""Resuming a run from an HF-layout checkpoint folder (ours or one written by `transformers.Trainer`).
+
+`HFTrainerFlow` drives it through three hooks, in HF's order (T:1559-1710, 1809-1882):
+
+1. `on_fit_start` (optimizers exist, the fit loop has not started): model weights (shapes checked), optimizer,
+   scheduler, grad scaler, Lightning callback states, the loop position and the data sampler's start window.
+2. `on_train_start`: `trainer_state.json` replaces the fresh `TrainerState` (`max_steps` / `num_train_epochs` from
+   this run), HF callback states if `restore_callback_states_from_checkpoint`.
+3. the first `on_train_epoch_start`: the RNG states. At that point the train loader iterator of the resumed epoch
+   exists mid-epoch (so its seed draw is behind us, as HF loads after the first fetch) and does not yet exist at an
+   epoch boundary (so its seed draw follows, as HF loads before `iter`): both match the uninterrupted run.
+
+`start_fit` is the entry point; without a checkpoint it only applies the output-directory rule.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+from hf_lightning.checkpointing import distributed as dist_state
+from hf_lightning.checkpointing.io import TRAINER_STATE_NAME, recover_interrupted_replacements
+from hf_lightning.checkpointing.lightning_state import (
+    ResumePosition,
+    apply_loop_position,
+    restore_callback_states,
+    resume_position,
+)
+from hf_lightning.checkpointing.resume import (
+    CheckpointFiles,
+    check_checkpoint,
+    existing_checkpoint_conflict,
+    last_checkpoint,
+)
+
+__all__ = ["CheckpointRestorer", "load_weights", "read_weights", "start_fit", "weight_mismatches"]
+
+log = logging.getLogger(__name__)
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file: `model.safetensors`, a sharded `*.index.json`, or `pytorch_model.bin`."""
+    path = Path(path)
+    if path.name.endswith(".index.json"):
+        shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+        merged: dict[str, torch.Tensor] = {}
+        for shard in shards:
+            merged.update(read_weights(path.parent / shard))
+        return merged
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def weight_mismatches(model_shapes: dict[str, tuple[int, ...]], saved_shapes: dict[str, tuple[int, ...]]
+                      ) -> list[str]:
+    """Why saved weights do not fit a model: parameters whose shapes differ, or no common parameter at all.
+
+    Parameters missing from the checkpoint are allowed (tied weights are saved once), as HF's `strict=False`.
+    """
+    problems = [
+        f"{name}: checkpoint {list(saved_shapes[name])} vs model {list(shape)}"
+        for name, shape in model_shapes.items()
+        if name in saved_shapes and tuple(saved_shapes[name]) != tuple(shape)
+    ]
+    if not problems and saved_shapes and not set(saved_shapes) & set(model_shapes):
+        problems.append(
+            f"no parameter name in common (checkpoint has e.g. {sorted(saved_shapes)[:3]}, "
+            f"the model e.g. {sorted(model_shapes)[:3]})"
+        )
+    return problems
+
+
+def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_checkpoint") -> None:
+    """Load a checkpoint's weights into `model` (plain or FSDP2-sharded) after checking they belong to it.
+
+    Raises:
+        ValueError: the checkpoint belongs to a different model (names the parameters whose shapes differ).
+    """
+    saved = read_weights(path)
+    model_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    problems = weight_mismatches(model_shapes, {k: tuple(v.shape) for k, v in saved.items()})
+    if problems:
+        listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise ValueError(f"{what}: {path} belongs to a different model: {listed}.")
+    missing = sorted(set(model_shapes) - set(saved))
+    if missing:
+        log.info("Weights not in %s (kept as initialised, e.g. tied): %s", path, missing[:10])
+    dist_state.load_model_state(model, saved)
+
+
+def _torch_load(path: Path) -> Any:
+    from transformers.trainer_pt_utils import safe_globals
+
+    with safe_globals():  # numpy's RNG state in HF's rng files needs these allow-listed for weights_only
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _warn_on_changed_intervals(plan: Any, state: Any, batch_size: int) -> None:
+    """HF's `compare_trainer_and_checkpoint_args` warning (TU:1133-1169), against this run's resolved intervals."""
+    changed = [
+        f"{name}: {getattr(plan, name)} (from args) != {getattr(state, name)} (from trainer_state.json)"
+        for name in ("logging_steps", "eval_steps", "save_steps")
+        if plan is not None and getattr(state, name, None) is not None and getattr(plan, name) != getattr(state, name)
+    ]
+    if state.train_batch_size is not None and state.train_batch_size != batch_size:
+        changed.append(f"per_device_train_batch_size: {batch_size} (from args) != {state.train_batch_size} "
+                       "(from trainer_state.json)")
+    if changed:
+        log.warning("The following arguments do not match the ones in the checkpoint's trainer_state.json (the "
+                    "checkpoint's intervals are used, as HF does):\n\t" + "\n\t".join(changed))
+
+
+class CheckpointRestorer:
+    """Restores one checkpoint into a starting Lightning run (see the module docstring for the order).
+
+    Args:
+        path: the checkpoint folder (already resolved).
+        args: this run's training arguments.
+    """
+
+    def __init__(self, path: str, args: Any) -> None:
+        self.path = path
+        self.args = args
+        self.files: CheckpointFiles | None = None
+        self.position: ResumePosition | None = None
+        self._rng_pending = False
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, updates_per_epoch: int | None) -> None:
+        """Weights, optimizer, scheduler, scaler, Lightning callback states, loop position, sampler start."""
+        files = check_checkpoint(self.path, trainer.world_size, trainer.global_rank)
+        self.files = files
+        global_step = int(json.loads((files.path / TRAINER_STATE_NAME).read_text())["global_step"])
+        conflict = existing_checkpoint_conflict(self.args.resolved_output_dir, global_step,
+                                                self.args.save_strategy != "no")
+        if conflict:
+            raise ValueError(conflict)
+        model = pl_module.model
+        load_weights(model, files.weights)
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        if optimizer is not None and files.sharded_optimizer is not None:
+            dist_state.load_sharded_optimizer(model, optimizer, files.sharded_optimizer)
+        elif optimizer is not None and files.optimizer is not None:
+            optimizer.load_state_dict(torch.load(files.optimizer, map_location="cpu", weights_only=True))
+        if files.scheduler is not None and trainer.lr_scheduler_configs:
+            trainer.lr_scheduler_configs[0].scheduler.load_state_dict(_torch_load(files.scheduler))
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        if scaler is not None and files.scaler is not None:
+            scaler.load_state_dict(torch.load(files.scaler, map_location="cpu", weights_only=True))
+        # weights_only, as Lightning loads its own checkpoints: a checkpoint folder is not trusted code
+        saved = torch.load(files.lightning_state, weights_only=True) if files.lightning_state else None
+        if saved is not None and saved.get("world_size", trainer.world_size) != trainer.world_size:
+            saved = None  # positions of another world size do not apply: fall back to HF's rule
+        position = resume_position(global_step, updates_per_epoch, saved)
+        if self.args.ignore_data_skip:  # HF replays the resumed epoch from its first batch (T:1706-1709)
+            position = ResumePosition(position.epoch, 0, global_step)
+        self.position = position
+        apply_loop_position(trainer, position)
+        if saved is not None:
+            restore_callback_states(trainer, saved)
+        datamodule = trainer.datamodule
+        if position.windows and not hasattr(datamodule, "resume_position"):
+            raise ValueError(
+                f"resume_from_checkpoint={self.path!r} resumes mid-epoch ({position.windows} updates into epoch "
+                f"{position.epoch}); skipping the trained batches needs hf_lightning's TransformerDataModule."
+            )
+        if datamodule is not None and hasattr(datamodule, "resume_position"):
+            datamodule.resume_position = (position.epoch, position.windows)
+        self._rng_pending = True
+
+    def restore_trainer_state(self, flow: Any, trainer: pl.Trainer, max_steps: int, num_train_epochs: int) -> None:
+        """Replace `flow.state` by the checkpoint's `TrainerState`, as HF (T:1694-1710, CB:183-186)."""
+        import dataclasses
+
+        from transformers import TrainerState
+
+        assert self.files is not None
+        state = TrainerState.load_from_json(str(self.files.path / TRAINER_STATE_NAME))
+        if state.best_model_checkpoint is not None and not os.path.isdir(state.best_model_checkpoint):
+            log.warning("The best checkpoint %s recorded in the resumed state does not exist anymore. Ignoring it for "
+                        "this run.", state.best_model_checkpoint)
+            state.best_model_checkpoint = None
+        _warn_on_changed_intervals(flow.plan, state, self.args.per_device_train_batch_size)
+        if flow.plan is not None:  # HF keeps the checkpoint's intervals (spec 7.2): the loaded state drives them
+            flow.plan = dataclasses.replace(flow.plan, logging_steps=state.logging_steps, eval_steps=state.eval_steps,
+                                            save_steps=state.save_steps)
+        state.max_steps, state.num_train_epochs = max_steps, num_train_epochs
+        state.is_local_process_zero = trainer.local_rank == 0
+        state.is_world_process_zero = trainer.is_global_zero
+        flow.state = state
+        if self.args.restore_callback_states_from_checkpoint:
+            self._restore_hf_callbacks(flow, state)
+
+    @staticmethod
+    def _restore_hf_callbacks(flow: Any, state: Any) -> None:
+        """HF `_load_callback_state` (T:4020-4057): rebuild each stored `ExportableState` from its args/attributes."""
+        from transformers import TrainerControl
+
+        originals = [*flow.handler.callbacks, flow.control]
+        for name, data in state.stateful_callbacks.items():
+            matching = [cb for cb in originals if type(cb).__name__ == name]
+            for callback, entry in zip(matching, data if isinstance(data, list) else [data]):
+                rebuilt = type(callback)(**entry.get("args", {}))
+                for attribute, value in entry.get("attributes", {}).items():
+                    setattr(rebuilt, attribute, value)
+                if isinstance(callback, TrainerControl):
+                    flow.control = rebuilt
+                else:
+                    flow.handler.remove_callback(type(rebuilt))
+                    flow.handler.add_callback(rebuilt)
+
+    def on_train_epoch_start(self) -> None:
+        """Load this rank's RNG states once, at the start of the resumed epoch (see the module docstring)."""
+        if not self._rng_pending:
+            return
+        self._rng_pending = False
+        assert self.files is not None
+        if self.files.rng is None:
+            log.info("No RNG file in %s for this process: reproducibility is not guaranteed.", self.files.path)
+            return
+        import random
+
+        import numpy as np
+
+        states = _torch_load(self.files.rng)
+        random.setstate(states["python"])
+        np.random.set_state(states["numpy"])
+        torch.random.set_rng_state(states["cpu"])
+        if torch.cuda.is_available() and "cuda" in states:
+            cuda = states["cuda"]
+            if isinstance(cuda, (list, tuple)):
+                torch.cuda.random.set_rng_state_all(cuda)
+            else:
+                torch.cuda.random.set_rng_state(cuda)
+
+
+def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> CheckpointRestorer | None:
+    """At `on_fit_start`: restore `flow.resume_from_checkpoint` (a path or True; when None,
+    `args.resume_from_checkpoint`), or refuse to overwrite another
+    run's checkpoints in `output_dir`. Returns the restorer whose later hooks the flow calls, or None."""
+    args = flow.args
+    output_dir = args.resolved_output_dir
+    if trainer.is_global_zero:
+        recover_interrupted_replacements(output_dir)
+    trainer.strategy.barrier("hf_lightning_recover")
+    resume = flow.resume_from_checkpoint
+    if resume is None:  # a Lightning-native run (e.g. from a config file) may set it in the arguments
+        resume = args.resume_from_checkpoint
+    if not resume:
+        conflict = existing_checkpoint_conflict(output_dir, None, args.save_strategy != "no")
+        if conflict:
+            raise ValueError(conflict)
+        return None
+    if resume is True:
+        found = last_checkpoint(output_dir)
+        if found is None:
+            raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
+        resume = found
+    restorer = CheckpointRestorer(str(resume), args)
+    plan = flow.plan
+    restorer.on_fit_start(trainer, pl_module, plan.updates_per_epoch if plan is not None and plan.sized else None)
+    return restorer

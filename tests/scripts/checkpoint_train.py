@@ -1,0 +1,108 @@
+"""Checkpoint / resume scenarios in a subprocess, for tests/test_checkpoint_processes.py.
+
+Usage:
+  python checkpoint_train.py kill OUT_DIR KILL_POINT
+      Train a tiny GPT-2 (save every 2 updates, 6 updates) and SIGKILL this process in the middle of the save at
+      update 4: KILL_POINT "files" (model files written, RNG / trainer_state not yet) or "rename" (the temporary
+      folder is complete, the rename has not happened).
+  python checkpoint_train.py resume OUT_DIR STRATEGY RESULT_JSON
+      STRATEGY "ddp" or "fsdp2" on 2 CPU processes (gloo): an uninterrupted run of 6 updates (save_total_limit=2),
+      then a run resumed from its checkpoint-4 (mid-epoch) in another output directory; rank 0 writes both log
+      histories to RESULT_JSON.
+"""
+
+import json
+import os
+import signal
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+
+from helpers import lm_dataset, tiny_gpt2  # noqa: E402
+
+import hf_lightning  # noqa: E402
+from hf_lightning import TransformerModule  # noqa: E402
+
+
+class FSDP2Module(TransformerModule):
+    """Shards every GPT-2 block, then the root, with FSDP2 (`fully_shard`) in `configure_model`."""
+
+    def configure_model(self) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        if any(type(p).__name__ == "DTensor" for p in self.model.parameters()):
+            return
+        mesh = self.device_mesh["data_parallel"]
+        for block in self.model.transformer.h:
+            fully_shard(block, mesh=mesh)
+        fully_shard(self.model, mesh=mesh)
+
+
+def make_trainer(output_dir: str, lightning_kwargs: dict, module_class=None, **overrides) -> hf_lightning.Trainer:
+    settings = dict(output_dir=output_dir, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+                    max_steps=6, learning_rate=1e-2, warmup_steps=1, logging_steps=1, save_strategy="steps",
+                    save_steps=2, seed=5, report_to="none", disable_tqdm=True, optim="adamw_torch",
+                    max_grad_norm=1.0)
+    settings.update(overrides)
+    trainer = hf_lightning.Trainer(
+        model=tiny_gpt2(dropout=0.1, seed=settings.pop("model_seed", 0)),
+        args=hf_lightning.TrainingArguments(**settings), train_dataset=lm_dataset(n=24),
+        lightning_kwargs={"accelerator": "cpu", "logger": False, "enable_progress_bar": False, **lightning_kwargs},
+    )
+    if module_class is not None:
+        trainer.module_class = module_class
+        trainer.module = trainer._build_module(trainer.model)
+    return trainer
+
+
+def kill(out_dir: str, point: str) -> None:
+    from hf_lightning.callbacks import saving
+    from hf_lightning.checkpointing import io
+
+    def die(*_args, **_kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def at_update_4(real):
+        def wrapped(*args, **kwargs):
+            if any(str(a).endswith("-4") for a in args) or kwargs.get("step") == 4 or 4 in args:
+                die()
+            return real(*args, **kwargs)
+        return wrapped
+
+    if point == "files":
+        saving.write_rng_state = at_update_4(io.write_rng_state)
+    else:
+        saving.finalize_checkpoint = at_update_4(io.finalize_checkpoint)
+    make_trainer(out_dir, {}).train()
+
+
+def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
+    module_class = FSDP2Module if strategy_name == "fsdp2" else None
+
+    def kwargs() -> dict:  # a strategy object belongs to one Lightning trainer: a fresh one per run
+        if strategy_name != "fsdp2":
+            return {"devices": 2, "strategy": "ddp"}
+        from lightning.pytorch.strategies import ModelParallelStrategy
+
+        return {"devices": 2, "strategy": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}
+
+    full = make_trainer(os.path.join(out_dir, "full"), kwargs(), module_class, save_total_limit=2)
+    full.train()
+    resumed = make_trainer(os.path.join(out_dir, "resumed"), kwargs(), module_class, model_seed=77)
+    resumed.train(resume_from_checkpoint=os.path.join(out_dir, "full", "checkpoint-4"))
+    resumed.save_model(os.path.join(out_dir, "final_model"))  # a collective under FSDP2
+    if resumed.lightning_trainer.is_global_zero:
+        with open(result_json, "w") as f:
+            json.dump({"full": full.state.log_history, "resumed": resumed.state.log_history,
+                       "world_size": resumed.lightning_trainer.world_size,
+                       "sharded": any(type(p).__name__ == "DTensor" for p in resumed.model.parameters())}, f)
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    if sys.argv[1] == "kill":
+        kill(sys.argv[2], sys.argv[3])
+    else:
+        resume(sys.argv[2], sys.argv[3], sys.argv[4])

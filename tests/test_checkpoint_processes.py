@@ -1,0 +1,102 @@
+"""Checkpoints across real processes: a SIGKILL in the middle of a save, and 2-process DDP / FSDP2 (CPU, gloo) saves
+and exact resumes. The scenarios run tests/scripts/checkpoint_train.py as subprocesses."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_lightning.callbacks.saving import list_checkpoints
+from hf_lightning.checkpointing.resume import last_checkpoint
+
+SCRIPT = Path(__file__).parent / "scripts" / "checkpoint_train.py"
+
+
+def _script_module():
+    spec = importlib.util.spec_from_file_location("checkpoint_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
+                                                                        os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def _losses(history: list[dict], after: int = 0) -> list[tuple]:
+    return [(e["step"], e["loss"], e["grad_norm"], e["learning_rate"], e["epoch"]) for e in history
+            if "loss" in e and e["step"] > after]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run of the kill scenario, in this process."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("reference")
+    trainer = _script_module().make_trainer(str(out), {})
+    trainer.train()
+    torch.set_num_threads(threads)
+    return out, trainer
+
+
+@pytest.mark.parametrize("point", ["files", "rename"])
+def test_sigkill_mid_save_leaves_no_valid_looking_folder_and_loses_nothing(tmp_path, point, reference, one_thread):
+    out = tmp_path / "out"
+    proc = _run("kill", str(out), point, cwd=tmp_path)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    names = sorted(os.listdir(out))
+    assert names == ["checkpoint-2", "tmp-checkpoint-4"], names  # the earlier checkpoint survives intact
+    # neither resume nor rotation takes the half-written folder for a checkpoint
+    assert last_checkpoint(out) == str(out / "checkpoint-2")
+    assert [Path(c.path).name for c in list_checkpoints(out)] == ["checkpoint-2"]
+    # resuming from what survived reproduces the uninterrupted run exactly (and replaces the leftover)
+    reference_dir, reference_run = reference
+    resumed = _script_module().make_trainer(str(out), {})
+    resumed.train(resume_from_checkpoint=True)
+    assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert _losses(resumed.state.log_history) == _losses(reference_run.state.log_history)
+    a, b = (load_file(str(d / "checkpoint-6" / "model.safetensors")) for d in (out, reference_dir))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_two_process_save_and_exact_resume(tmp_path, strategy):
+    result = tmp_path / "result.json"
+    proc = _run("resume", str(tmp_path), strategy, str(result), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(result.read_text())
+    assert data["world_size"] == 2 and data["sharded"] == (strategy == "fsdp2")
+    full, resumed = data["full"], data["resumed"]
+    assert [e[0] for e in _losses(full)] == [1, 2, 3, 4, 5, 6]
+    assert _losses(resumed, after=4) == _losses(full, after=4)  # bit-identical continuation
+    assert sorted(os.listdir(tmp_path / "full")) == ["checkpoint-4", "checkpoint-6"]  # rotated on rank 0
+    folder = tmp_path / "full" / "checkpoint-4"
+    files = set(os.listdir(folder))
+    # one RNG file per rank (HF's names), shared files once, written by rank 0
+    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "trainer_state.json", "scheduler.pt"} <= files
+    assert "rng_state.pth" not in files
+    assert ("optimizer_sharded" in files) == (strategy == "fsdp2") and ("optimizer.pt" in files) == (strategy == "ddp")
+    # the full (gathered) weights were saved with save_pretrained, loadable in one process
+    from transformers import AutoModelForCausalLM
+
+    weights = load_file(str(tmp_path / "full" / "checkpoint-6" / "model.safetensors"))
+    assert weights["transformer.wte.weight"].shape == (64, 32)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "final_model")
+    final = load_file(str(tmp_path / "resumed" / "checkpoint-6" / "model.safetensors"))
+    for name, tensor in final.items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
+        assert torch.equal(weights[name], tensor), name  # the resumed run ends where the uninterrupted one did
+    assert not [p for p in os.listdir(tmp_path / "full") if p.startswith("tmp-")]
