@@ -75,6 +75,11 @@ def precheck(argv: list[str]) -> None:
     from hf_lightning.tasks.registry import get_task
     from hf_lightning.tasks.specs import DataSpec, ModelSpec
 
+    for i, token in enumerate(argv[:-1]):
+        if token == "--task":
+            config["task"] = argv[i + 1]
+        elif token.startswith("--task="):
+            config["task"] = token.split("=", 1)[1]
     if "task" in config:
         try:
             get_task(str(config["task"]))
@@ -95,9 +100,16 @@ def precheck(argv: list[str]) -> None:
         if section == "model" and not values:
             continue
         try:
-            cls(**values)
+            spec = cls(**values)
         except (TypeError, ValueError) as err:
             _fail(f"in `{section}`: {err}")
+        if section == "data":
+            from hf_lightning.tasks.loading import check_files
+
+            try:
+                check_files(spec)
+            except (ValueError, FileNotFoundError) as err:
+                _fail(err)
 
 
 def run_cli(argv: list[str] | None = None) -> Any:
@@ -106,7 +118,8 @@ def run_cli(argv: list[str] | None = None) -> Any:
     precheck(argv[1:])
     from hf_lightning.cli_parts import HFLightningCLI
 
-    return HFLightningCLI(args=argv)
+    # LightningCLI reads sys.argv itself when it is our command line (it warns when given both).
+    return HFLightningCLI(args=None if argv == sys.argv[1:] else argv)
 
 
 def __getattr__(name: str) -> Any:

@@ -24,7 +24,19 @@ __all__ = ["HFLightningCLI"]
 # `--help` shows each TrainingArguments field's docstring (PEP 257 attribute docstrings, off by default).
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
-_CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError, NotImplementedError, OSError)
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+_CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError, NotImplementedError, OSError, MisconfigurationException)
+
+
+class _OneLineErrorParser(LightningArgumentParser):
+    """Parse errors as one `error:` line (no usage dump), like the errors of our own checks."""
+
+    def error(self, message: str, ex: Exception | None = None) -> None:  # type: ignore[override]
+        lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+        prog = str(self.prog).replace(" [options]", "")
+        sys.stderr.write(f"{prog}: error: {' '.join(lines)} (see `{prog} --help`)\n")
+        sys.exit(2)
 
 
 class HFLightningCLI(LightningCLI):
@@ -39,6 +51,7 @@ class HFLightningCLI(LightningCLI):
             seed_everything_default=False,  # HF seeds with `args.seed` (set before the model is built)
             auto_configure_optimizers=False,  # the optimizer and scheduler come from the HF arguments
             load_from_checkpoint_support=False,
+            parser_class=_OneLineErrorParser,
             parser_kwargs={"prog": "hf-lightning", "description": "HF Trainer semantics on PyTorch Lightning."},
             args=args,
         )
@@ -102,6 +115,9 @@ class HFLightningCLI(LightningCLI):
             # one of our checkpoint folders: it is a pretrained model directory
             model_values.update(model_name_or_path=self.ckpt_for_lightning, config_class=None, config_kwargs={})
             self.ckpt_for_lightning = None
+        elif self.ckpt_for_lightning and self.ckpt_for_lightning not in ("best", "last", "hpc", "registry") \
+                and not os.path.isfile(self.ckpt_for_lightning):
+            raise FileNotFoundError(f"ckpt_path={self.ckpt_for_lightning!r}: no such checkpoint folder or file.")
         model_spec, data_spec = ModelSpec(**model_values), DataSpec(**self._section("data"))
         self.hf_args = args
         set_seed(args.seed)

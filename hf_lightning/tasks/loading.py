@@ -30,6 +30,23 @@ def _split_source(spec: DataSpec, split: str) -> tuple[str, str | None]:
     return f"data.{split}_split", names[split]
 
 
+def check_files(spec: DataSpec) -> None:
+    """Every data file the spec names exists and has a supported extension (cheap; no dataset is read).
+
+    Raises:
+        ValueError: an unsupported extension. FileNotFoundError: a missing file.
+    """
+    for key in ("train_file", "validation_file", "test_file"):
+        source = getattr(spec, key)
+        if source is None:
+            continue
+        ext = os.path.splitext(source)[1].lower()
+        if ext not in FILE_BUILDERS:
+            raise ValueError(f"data.{key}={source!r}: unsupported file type {ext!r}; allowed: {', '.join(FILE_BUILDERS)}.")
+        if not os.path.isfile(source):
+            raise FileNotFoundError(f"data.{key}={source!r}: no such file.")
+
+
 def load_split(spec: DataSpec, split: str) -> Any:
     """The raw `datasets.Dataset` of `split` (`train`, `validation`, `test`), or None when the config has none.
 
@@ -43,11 +60,8 @@ def load_split(spec: DataSpec, split: str) -> Any:
     import datasets
 
     if spec.dataset_name is None:
+        check_files(spec)
         ext = os.path.splitext(source)[1].lower()
-        if ext not in FILE_BUILDERS:
-            raise ValueError(f"{key}={source!r}: unsupported file type {ext!r}; allowed: {', '.join(FILE_BUILDERS)}.")
-        if not os.path.isfile(source):
-            raise FileNotFoundError(f"{key}={source!r}: no such file.")
         dataset = datasets.load_dataset(FILE_BUILDERS[ext], data_files={"data": source}, split="data")
     elif os.path.isdir(spec.dataset_name):
         loaded = datasets.load_from_disk(spec.dataset_name)

@@ -19,7 +19,9 @@ class ModelSpec:
     model_name_or_path: str | None = None
     """A local directory (e.g. one of our `checkpoint-<step>/` folders) or a hub name, loaded with `from_pretrained`."""
     config_class: str | None = None
-    """For a random init: a config class, e.g. `BertConfig` or `transformers.GPT2Config` (used when no path)."""
+    """For a random init: a config class, e.g. `BertConfig` or `transformers.GPT2Config`. Ignored (with
+    `config_kwargs`) when `model_name_or_path` is set, so one config trains from scratch and then evaluates the
+    result with `--model.model_name_or_path <output_dir>`."""
     config_kwargs: dict[str, Any] = field(default_factory=dict)
     """Arguments of `config_class` (e.g. `{hidden_size: 64, num_hidden_layers: 2}`); `vocab_size` defaults to the
     tokenizer's size."""
@@ -33,11 +35,6 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if self.model_name_or_path is None and self.config_class is None:
             raise ValueError("model: set `model_name_or_path` (pretrained) or `config_class` (random init).")
-        if self.model_name_or_path is not None and self.config_kwargs:
-            raise ValueError(
-                "model: `config_kwargs` builds a new config and needs `model_name_or_path: null`; to change a "
-                "pretrained config use `config_overrides`."
-            )
 
 
 @dataclass
