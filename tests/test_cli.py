@@ -1,0 +1,183 @@
+"""The `hf-lightning` command: fit -> validate -> predict for every shipped config, DDP, errors, --help, print_config.
+
+Runs are in-process (`cli.main`) where possible: a subprocess costs ~7 s of imports each. Every config is run as
+shipped, with only the step count, sample counts and output directory overridden.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hf_lightning.cli import main
+
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
+FAST = ["--args.max_steps", "3", "--args.logging_steps", "1", "--data.max_train_samples", "48",
+        "--data.max_eval_samples", "24", "--trainer.enable_progress_bar", "false"]
+
+
+@pytest.fixture
+def in_repo(monkeypatch):
+    """Configs name their data relative to the repository root."""
+    monkeypatch.chdir(REPO)
+
+
+def _run(argv: list[str]) -> None:
+    main(argv)
+
+
+def _subprocess(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "hf_lightning", *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, **kwargs)
+
+
+def test_every_config_is_covered():
+    assert set(CONFIGS) >= {"text_classification.yaml", "text_pair_classification.yaml",
+                            "token_classification.yaml", "causal_lm.yaml", "masked_lm.yaml"}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_fit_validate_predict(config, tmp_path, in_repo, one_thread, capsys):
+    out = tmp_path / "out"
+    base = ["--config", f"configs/{config}", "--args.output_dir", str(out), *FAST]
+    _run(["fit", *base])
+    printed = capsys.readouterr().out
+    summary = json.loads([line for line in printed.splitlines() if line.startswith("{")][-1])
+    assert summary["global_step"] == 3 and np.isfinite(summary["train_loss"])
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    checkpoints = sorted(out.glob("checkpoint-*"))
+    assert checkpoints, "fit wrote no checkpoint-N folder"
+
+    # validate the trained model (the output dir is a from_pretrained directory)
+    _run(["validate", *base, "--model.model_name_or_path", str(out)])
+    metrics = json.loads([line for line in capsys.readouterr().out.splitlines() if line.startswith("{")][-1])
+    assert np.isfinite(metrics["eval_loss"])
+    assert json.loads((out / "eval_results.json").read_text())["eval_loss"] == metrics["eval_loss"]
+
+    # predict from one of our checkpoint folders (as ckpt_path: it becomes model_name_or_path)
+    _run(["predict", *base, "--ckpt_path", str(checkpoints[-1])])
+    printed = capsys.readouterr().out
+    path = out / "predictions.npz"
+    assert f"predictions written to {path}" in printed
+    arrays = np.load(path)
+    assert len(arrays["predictions"]) == len(arrays["label_ids"]) > 0
+
+
+def test_token_classification_labels_first_subword_only(in_repo):
+    from hf_lightning.tasks.loading import load_tokenizer
+    from hf_lightning.tasks.specs import DataSpec, ModelSpec
+    from hf_lightning.tasks.text import align_labels, preprocess_tokens
+    from datasets import Dataset
+
+    assert align_labels([None, 0, 0, 1, None], [5, 7]) == [-100, 5, -100, 7, -100]
+    spec = DataSpec(tokenizer_file="configs/data/tokenizer.json", text_column="tokens", label_column="tags")
+    tokenizer = load_tokenizer(spec, ModelSpec(config_class="BertConfig"))
+    raw = Dataset.from_dict({"tokens": [["the", "acting", "was", "brilliant"]], "tags": [["O", "O", "O", "POS"]]})
+    row = preprocess_tokens(raw, tokenizer, spec, {"O": 0, "POS": 1})[0]
+    pieces = tokenizer.convert_ids_to_tokens(row["input_ids"])
+    assert len(pieces) > 6, pieces  # "brilliant" is split into sub-words by the bundled tokenizer
+    expected = [-100] + [0, 0, 0, 1] + [-100] * (len(pieces) - 6) + [-100]
+    assert row["labels"] == expected
+
+
+@pytest.mark.distributed
+def test_ddp_fit_from_the_command_line(tmp_path):
+    out = tmp_path / "ddp"
+    result = _subprocess(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(out),
+                          *FAST, "--trainer.strategy", "ddp", "--trainer.devices", "2",
+                          "--trainer.accelerator", "cpu"], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert '"global_step": 3' in result.stdout
+    assert (out / "checkpoint-3" / "trainer_state.json").is_file() or any(out.glob("checkpoint-*"))
+    assert "strategy=ddp" in result.stderr or "distributed_backend=gloo" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--args.eval_strategy", "sometimes"], "`eval_strategy`='sometimes' is not valid; allowed: no, steps, epoch"),
+        (["--args.evall_steps", "3"], "evall_steps (did you mean eval_steps?)"),
+        (["--args.save_strategy", "steps"], "requires the save and eval strategy to match"),
+        (["--task", "nope"], "allowed: causal_lm, masked_lm, text_classification, token_classification"),
+        (["--data.train_file", "x.tsv"], "unsupported file type '.tsv'"),
+    ],
+)
+def test_config_errors_are_one_line_and_fast(extra, expected, tmp_path, in_repo, capsys):
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path), *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-lightning: error: ") and "\n" not in err and "Traceback" not in err
+    assert expected in err
+    assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--trainer.max_steps", "3"], "max_steps (use args.max_steps)"),
+        (["--trainer.devicez", "2"], "unrecognized arguments: --trainer.devicez 2"),
+        (["--model.config_class", "NopeConfig"], "model.config_class='NopeConfig' cannot be imported"),
+        (["--ckpt_path", "no/such/dir"], "ckpt_path='no/such/dir': no such checkpoint folder"),
+    ],
+)
+def test_parser_and_build_errors_are_one_line(extra, expected, tmp_path, in_repo, capsys):
+    command = "predict" if "--ckpt_path" in extra else "fit"
+    with pytest.raises(SystemExit) as exit_info:
+        _run([command, "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path), *extra])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(err) == 1 and expected in err[0], err
+
+
+def test_resume_routes_to_the_shared_resume_function(tmp_path, in_repo, capsys):
+    """`--ckpt_path` on fit goes through `assembly.resolve_resume` (the facade's): HF's error for a missing folder."""
+    (tmp_path / "checkpoint-7").mkdir()
+    with pytest.raises(SystemExit):
+        _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path),
+              "--ckpt_path", str(tmp_path / "checkpoint-9")])
+    assert "no such checkpoint folder" in capsys.readouterr().err
+    from hf_lightning.args import TrainingArguments
+    from hf_lightning.assembly import resolve_resume
+
+    with pytest.raises(ValueError, match="No valid checkpoint found"):
+        resolve_resume(TrainingArguments(output_dir=str(tmp_path / "empty")), True)
+
+
+def test_help_lists_hf_arguments_with_descriptions():
+    start = time.perf_counter()
+    result = _subprocess(["fit", "--help"], timeout=120)
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "--args.eval_strategy {no,steps,epoch} When to evaluate during training" in text
+    assert "--args.gradient_accumulation_steps" in text and "Micro-batches accumulated into one" in text
+    assert "--trainer.strategy" in text and "--model.model_name_or_path" in text
+    top = _subprocess(["--help"], timeout=60)
+    assert "fit" in top.stdout and "quickstart" in top.stdout
+    print(f"fit --help: {elapsed:.1f}s")
+
+
+def test_print_config_round_trip(tmp_path, in_repo, capsys, one_thread):
+    out = tmp_path / "printed"
+    with pytest.raises(SystemExit) as exit_info:
+        _run(["fit", "--config", "configs/causal_lm.yaml", "--args.output_dir", str(out), *FAST, "--print_config"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "per_device_train_batch_size: 8" in printed and "strategy: auto" in printed
+    config = tmp_path / "printed.yaml"
+    config.write_text(printed)
+    _run(["fit", "--config", str(config)])
+    assert '"global_step": 3' in capsys.readouterr().out
