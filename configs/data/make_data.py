@@ -33,7 +33,7 @@ def _tag(word: str) -> str:
 
 def main() -> None:
     corpus = []
-    for split, n, seed in (("train", 256, 0), ("validation", 64, 1)):
+    for split, n, seed in (("train", 1024, 0), ("validation", 128, 1)):
         data = make_sentiment_dataset(n, seed)
         names = ["negative", "positive"]
         _write_csv(f"sentiment_{split}.csv", ["text", "label"],
