@@ -36,8 +36,8 @@ def _run(argv: list[str]) -> None:
     main(argv)
 
 
-def _subprocess(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+def _subprocess(argv: list[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run([sys.executable, "-m", "hf_lightning", *argv], cwd=REPO, env=env, capture_output=True,
                           text=True, **kwargs)
 
@@ -93,14 +93,25 @@ def test_token_classification_labels_first_subword_only(in_repo):
 
 @pytest.mark.distributed
 def test_ddp_fit_from_the_command_line(tmp_path):
+    """The strategy swap is two flags; the tokenisation runs once (rank 0's `prepare_data`), the other rank reads
+    the `datasets` cache (a fresh cache dir, so nothing is cached from other tests)."""
+    import re
+
     out = tmp_path / "ddp"
     result = _subprocess(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(out),
                           *FAST, "--trainer.strategy", "ddp", "--trainer.devices", "2",
-                          "--trainer.accelerator", "cpu"], timeout=300)
+                          "--trainer.accelerator", "cpu"], env={"HF_DATASETS_CACHE": str(tmp_path / "cache")},
+                         timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert '"global_step": 3' in result.stdout
-    assert (out / "checkpoint-3" / "trainer_state.json").is_file() or any(out.glob("checkpoint-*"))
-    assert "strategy=ddp" in result.stderr or "distributed_backend=gloo" in result.stderr
+    assert result.stdout.count('"global_step": 3') == 1  # one summary: printed by global rank 0 only
+    assert "distributed_backend=gloo" in result.stderr and "All distributed processes registered" in result.stderr
+    # one epoch is one update here (48 samples / 2 ranks / batch 32); save_total_limit=1 keeps the best epoch
+    (checkpoint,) = out.glob("checkpoint-*")
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert checkpoint.name == f"checkpoint-{state['global_step']}" and state["best_model_checkpoint"]
+    # 48 training + 24 eval examples, each tokenised exactly once across the two processes
+    assert len(re.findall(r"tokenising: 100%[^\n\r]*48/48", result.stderr)) == 1
+    assert len(re.findall(r"tokenising: 100%[^\n\r]*24/24", result.stderr)) == 1
 
 
 @pytest.mark.parametrize(
