@@ -43,10 +43,12 @@ class HFLightningCLI(LightningCLI):
     """LightningCLI whose model, data and trainer are built from an HF-style config (see `cli_app.py`)."""
 
     def __init__(self, args: list[str] | None = None) -> None:
-        from hf_lightning.module import TransformerModule
+        from lightning.pytorch import LightningModule
 
         super().__init__(
-            model_class=TransformerModule,
+            # only a placeholder: `add_core_arguments_to_parser` defines the sections and `_instantiate` builds a
+            # TransformerModule; not importing it here keeps `fit --help` free of the transformers model code
+            model_class=LightningModule,
             save_config_kwargs={"overwrite": True},
             seed_everything_default=False,  # HF seeds with `args.seed` (set before the model is built)
             auto_configure_optimizers=False,  # the optimizer and scheduler come from the HF arguments
