@@ -192,3 +192,26 @@ def test_print_config_round_trip(tmp_path, in_repo, capsys, one_thread):
     config.write_text(printed)
     _run(["fit", "--config", str(config)])
     assert '"global_step": 3' in capsys.readouterr().out
+
+
+def test_lightning_options_loggers_and_callbacks_pass_through(tmp_path, in_repo, one_thread, capsys):
+    """Lightning options from the command line reach `lightning.Trainer`; the HF-derived settings are the facade's."""
+    from lightning.pytorch.callbacks import ModelSummary
+    from lightning.pytorch.loggers import CSVLogger
+
+    from hf_lightning.callbacks.flow import HFTrainerFlow
+    from hf_lightning.cli_app import run_cli
+
+    logs = tmp_path / "extra_logs"
+    cli = run_cli(["fit", "--config", "configs/token_classification.yaml", "--args.output_dir", str(tmp_path / "o"),
+                   *FAST, "--trainer.precision", "bf16-mixed", "--trainer.logger",
+                   "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(logs),
+                   "--trainer.callbacks", "lightning.pytorch.callbacks.ModelSummary"])
+    trainer = cli.trainer
+    assert trainer.precision == "bf16-mixed"
+    assert isinstance(trainer.logger, CSVLogger) and list(logs.glob("**/metrics.csv"))
+    assert isinstance(trainer.callbacks[0], HFTrainerFlow) and any(isinstance(c, ModelSummary) for c in trainer.callbacks)
+    # as in hf_lightning.Trainer: no Lightning checkpoints, no sanity val, our own sharding, step budget from args
+    assert trainer.checkpoint_callback is None and trainer.num_sanity_val_steps == 0
+    assert trainer._accelerator_connector.use_distributed_sampler is False
+    assert trainer.global_step == 3 and cli.flow.state.global_step == 3
