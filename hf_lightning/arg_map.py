@@ -11,7 +11,8 @@ import dataclasses
 __all__ = ["argument_map", "markdown_table"]
 
 DIFFERENCES = {
-    "bf16": "becomes Lightning `precision=\"bf16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` wins",
+    "bf16": "becomes Lightning `precision=\"bf16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]`"
+            " wins",
     "fp16": "becomes Lightning `precision=\"16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` wins",
     "report_to": "`tensorboard` (default; HF's is `none`), `csv`, `all`, `none` create Lightning loggers; any "
                  "Lightning logger can be given instead",

@@ -22,7 +22,9 @@ def is_hf_callback(callback: Any) -> bool:
     """Whether `callback` is a `transformers.TrainerCallback` instance or class (else: a Lightning callback)."""
     from transformers import TrainerCallback
 
-    return isinstance(callback, TrainerCallback) or (isinstance(callback, type) and issubclass(callback, TrainerCallback))
+    if isinstance(callback, type):
+        return issubclass(callback, TrainerCallback)
+    return isinstance(callback, TrainerCallback)
 
 
 def split_callbacks(callbacks: list[Any] | None) -> tuple[list[Any], list[Any]]:

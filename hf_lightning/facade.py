@@ -23,8 +23,6 @@ from hf_lightning.module import TransformerModule
 __all__ = ["Trainer"]
 
 
-_is_hf_callback = is_hf_callback  # kept for imports of the old private name
-
 
 def _has_length(dataset: Any) -> bool:
     """HF's `has_length`: whether `len(dataset)` works (an `IterableDataset` has none)."""

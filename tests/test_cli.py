@@ -217,7 +217,8 @@ def test_lightning_options_loggers_and_callbacks_pass_through(tmp_path, in_repo,
     trainer = cli.trainer
     assert trainer.precision == "bf16-mixed"
     assert isinstance(trainer.logger, CSVLogger) and list(logs.glob("**/metrics.csv"))
-    assert isinstance(trainer.callbacks[0], HFTrainerFlow) and any(isinstance(c, ModelSummary) for c in trainer.callbacks)
+    assert isinstance(trainer.callbacks[0], HFTrainerFlow)
+    assert any(isinstance(c, ModelSummary) for c in trainer.callbacks)
     # as in hf_lightning.Trainer: no Lightning checkpoints, no sanity val, our own sharding, step budget from args
     assert trainer.checkpoint_callback is None and trainer.num_sanity_val_steps == 0
     assert trainer._accelerator_connector.use_distributed_sampler is False
@@ -251,7 +252,8 @@ def test_data_sources_and_pretrained_overrides(tmp_path, in_repo):
     small = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32}
     model = build_model(ModelSpec(config_class="BertConfig", config_kwargs=small), task, tokenizer, ["neg", "pos"])
     model.save_pretrained(tmp_path / "pretrained")
-    pretrained = ModelSpec(model_name_or_path=str(tmp_path / "pretrained"), config_overrides={"classifier_dropout": 0.3})
+    pretrained = ModelSpec(model_name_or_path=str(tmp_path / "pretrained"),
+                           config_overrides={"classifier_dropout": 0.3})
     # the saved id2label wins over the data's labels; the override is applied on top of the saved config
     assert label_list_for(task, spec, pretrained, [load_split(spec, "train")]) == ["neg", "pos"]
     reloaded = build_model(pretrained, task, tokenizer, ["neg", "pos"])

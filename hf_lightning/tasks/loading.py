@@ -42,7 +42,8 @@ def check_files(spec: DataSpec) -> None:
             continue
         ext = os.path.splitext(source)[1].lower()
         if ext not in FILE_BUILDERS:
-            raise ValueError(f"data.{key}={source!r}: unsupported file type {ext!r}; allowed: {', '.join(FILE_BUILDERS)}.")
+            allowed = ", ".join(FILE_BUILDERS)
+            raise ValueError(f"data.{key}={source!r}: unsupported file type {ext!r}; allowed: {allowed}.")
         if not os.path.isfile(source):
             raise FileNotFoundError(f"data.{key}={source!r}: no such file.")
 
