@@ -23,7 +23,6 @@ from hf_lightning.module import TransformerModule
 __all__ = ["Trainer"]
 
 
-
 def _has_length(dataset: Any) -> bool:
     """HF's `has_length`: whether `len(dataset)` works (an `IterableDataset` has none)."""
     try:
