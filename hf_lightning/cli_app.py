@@ -61,6 +61,19 @@ def _config_sections(argv: list[str]) -> dict[str, Any] | None:
     return config
 
 
+def _check_types(section: str, cls: type, values: dict[str, Any]) -> None:
+    """jsonargparse's type check of one section (the same check and words as the full parser, without Lightning)."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, section, instantiate=False)
+    try:
+        parser.parse_object({section: values})
+    except Exception as err:  # jsonargparse raises ArgumentError; any failure here is a config problem
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        _fail(" ".join(lines))
+
+
 def precheck(argv: list[str]) -> None:
     """Check the `task`, `args`, `model` and `data` sections with pure-Python code before Lightning is imported,
     so a typo in them is answered in a fraction of a second. Exits with one error line on a problem."""
@@ -99,6 +112,7 @@ def precheck(argv: list[str]) -> None:
             _fail(f"unknown key(s) in `{section}`: {', '.join(hints)}. See `hf-lightning fit --help`.")
         if section == "model" and not values:
             continue
+        _check_types(section, cls, values)
         try:
             spec = cls(**values)
         except (TypeError, ValueError) as err:

@@ -117,7 +117,11 @@ def test_ddp_fit_from_the_command_line(tmp_path):
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        (["--args.eval_strategy", "sometimes"], "`eval_strategy`='sometimes' is not valid; allowed: no, steps, epoch"),
+        (["--args.eval_strategy", "sometimes"],
+         """"args.eval_strategy": Expected a typing.Literal['no', 'steps', 'epoch']. Got value: sometimes"""),
+        (["--args.num_train_epochs", "abc"], "\"args.num_train_epochs\": Expected a <class 'float'>. Got value: abc"),
+        (["--args.warmup_steps", "-1"], "in `args`: Invalid TrainingArguments: - Got warmup_steps = -1"),
+        (["--data.max_length", "0"], "data.max_length=0 must be >= 1"),
         (["--args.evall_steps", "3"], "evall_steps (did you mean eval_steps?)"),
         (["--args.save_strategy", "steps"], "requires the save and eval strategy to match"),
         (["--task", "nope"], "allowed: causal_lm, masked_lm, text_classification, token_classification"),
