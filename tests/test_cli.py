@@ -263,3 +263,24 @@ def test_data_sources_and_pretrained_overrides(tmp_path, in_repo):
     reloaded = build_model(pretrained, task, tokenizer, ["neg", "pos"])
     assert reloaded.config.classifier_dropout == 0.3 and reloaded.config.hidden_size == 16
     assert all((a == b).all() for a, b in zip(model.state_dict().values(), reloaded.state_dict().values()))
+
+
+def test_help_and_config_errors_do_not_import_the_heavy_stack():
+    """`hf-lightning --help` and an error in task/args/model/data are answered before torch/Lightning load."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from hf_lightning.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['--help'])\n"
+        "for argv in (['--args.eval_strategy', 'x'], ['--args.evall_steps', '1'], ['--data.max_length', '0']):\n"
+        "    try:\n"
+        "        main(['fit', '--config', 'configs/text_classification.yaml', *argv])\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 2\n"
+        "print(sorted(m for m in ('torch', 'lightning', 'transformers', 'datasets') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    assert result.stderr.count("hf-lightning: error:") == 3
