@@ -14,9 +14,13 @@ __all__ = ["main"]
 _USAGE = """usage: hf-lightning {quickstart,fit,validate,predict} [options]
 
   quickstart   train a tiny BERT on a generated sentiment task (CPU, a couple of minutes, no downloads)
-  fit          train from a YAML config (LightningCLI; --help for options)
-  validate     evaluate from a YAML config
-  predict      predict from a YAML config
+  fit          train from a YAML config (LightningCLI; `hf-lightning fit --help` lists every option)
+  validate     evaluate from a YAML config (prints the metrics, writes eval_results.json)
+  predict      predict from a YAML config (writes predictions.npz in args.output_dir)
+
+example:
+  hf-lightning fit --config configs/text_classification.yaml --args.max_steps 50 --trainer.devices 2 \\
+      --trainer.strategy ddp
 """
 
 

@@ -15,18 +15,12 @@ import lightning.pytorch as pl
 from torch import nn
 
 from hf_lightning.args import TrainingArguments
-from hf_lightning.callbacks.flow import HFTrainerFlow
+from hf_lightning.assembly import build_flow, build_lightning_trainer, is_hf_callback, resolve_resume, split_callbacks
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.lightning_kwargs import lightning_trainer_kwargs
 from hf_lightning.module import TransformerModule
 
 __all__ = ["Trainer"]
-
-
-def _is_hf_callback(callback: Any) -> bool:
-    from transformers import TrainerCallback
-
-    return isinstance(callback, TrainerCallback) or (isinstance(callback, type) and issubclass(callback, TrainerCallback))
 
 
 def _has_length(dataset: Any) -> bool:
@@ -114,9 +108,8 @@ class Trainer:
             train_dataset=train_dataset, eval_dataset=eval_dataset, args=self.args,
             data_collator=data_collator, processing_class=processing_class,
         )
-        callbacks = list(callbacks or [])
-        self._lightning_callbacks = [cb for cb in callbacks if not _is_hf_callback(cb)]
-        self.flow = HFTrainerFlow(self.args, [cb for cb in callbacks if _is_hf_callback(cb)], processing_class)
+        hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
+        self.flow = build_flow(self.args, hf_callbacks, processing_class)
         self.lightning_kwargs = dict(lightning_kwargs or {})
         self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs)
         self.module = self._build_module(model)
@@ -140,7 +133,7 @@ class Trainer:
         )
 
     def _lightning_trainer(self) -> pl.Trainer:
-        return pl.Trainer(callbacks=[self.flow, *self._lightning_callbacks], **self._trainer_kwargs)
+        return build_lightning_trainer(self.flow, self._lightning_callbacks, self._trainer_kwargs)
 
     @property
     def state(self) -> Any:
@@ -149,14 +142,14 @@ class Trainer:
 
     def add_callback(self, callback: Any) -> None:
         """Add an HF `TrainerCallback` or a Lightning callback."""
-        if _is_hf_callback(callback):
+        if is_hf_callback(callback):
             self.flow.handler.add_callback(callback)
         else:
             self._lightning_callbacks.append(callback)
 
     def pop_callback(self, callback: Any) -> Any:
         """Remove and return the first callback of that class (or that instance), HF or Lightning; None if absent."""
-        if _is_hf_callback(callback):
+        if is_hf_callback(callback):
             return self.flow.handler.pop_callback(callback)
         for existing in self._lightning_callbacks:
             if existing is callback or (isinstance(callback, type) and isinstance(existing, callback)):
@@ -200,15 +193,7 @@ class Trainer:
         return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
 
     def _resolve_resume(self, resume_from_checkpoint: str | bool | None) -> str | None:
-        if resume_from_checkpoint in (None, False):
-            resume_from_checkpoint = self.args.resume_from_checkpoint
-        if not resume_from_checkpoint:
-            return None
-        from hf_lightning.checkpointing.io import recover_interrupted_replacements
-        from hf_lightning.checkpointing.resume import resolve_checkpoint
-
-        recover_interrupted_replacements(self.args.resolved_output_dir)
-        return resolve_checkpoint(self.args.resolved_output_dir, resume_from_checkpoint)
+        return resolve_resume(self.args, resume_from_checkpoint)
 
     def evaluate(
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"

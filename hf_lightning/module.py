@@ -288,12 +288,6 @@ class TransformerModule(pl.LightningModule):
             return -1
         return None
 
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
-        """Batches come from CPU data loaders: on a CPU device there is nothing to move (skips a tree walk)."""
-        if device.type == "cpu":
-            return batch
-        return super().transfer_batch_to_device(batch, device, dataloader_idx)
-
     def on_train_start(self) -> None:
         """`from_pretrained` returns a model in eval mode; HF trains with dropout on, so do we."""
         self.model.train()

@@ -1,0 +1,74 @@
+"""Assembly shared by the `Trainer` facade and the `hf-lightning` CLI: one place decides how the pieces meet.
+
+Both entry points build the `HFTrainerFlow` callback, the `lightning.Trainer` keyword arguments (from
+`lightning_kwargs.py`) and the resume checkpoint with these functions, so a behaviour cannot exist in one of them
+only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from hf_lightning.args import TrainingArguments
+    from hf_lightning.callbacks.flow import HFTrainerFlow
+
+__all__ = ["is_hf_callback", "split_callbacks", "build_flow", "build_lightning_trainer", "resolve_resume"]
+
+
+def is_hf_callback(callback: Any) -> bool:
+    """Whether `callback` is a `transformers.TrainerCallback` instance or class (else: a Lightning callback)."""
+    from transformers import TrainerCallback
+
+    if isinstance(callback, type):
+        return issubclass(callback, TrainerCallback)
+    return isinstance(callback, TrainerCallback)
+
+
+def split_callbacks(callbacks: list[Any] | None) -> tuple[list[Any], list[Any]]:
+    """`(hf_callbacks, lightning_callbacks)`, each in the given order."""
+    callbacks = list(callbacks or [])
+    return [cb for cb in callbacks if is_hf_callback(cb)], [cb for cb in callbacks if not is_hf_callback(cb)]
+
+
+def build_flow(args: TrainingArguments, hf_callbacks: list[Any] | None, processing_class: Any) -> HFTrainerFlow:
+    """The `HFTrainerFlow` callback for these arguments and HF callbacks."""
+    from hf_lightning.callbacks.flow import HFTrainerFlow
+
+    return HFTrainerFlow(args, list(hf_callbacks or []), processing_class)
+
+
+def build_lightning_trainer(
+    flow: HFTrainerFlow, lightning_callbacks: list[Any], trainer_kwargs: dict[str, Any]
+) -> pl.Trainer:
+    """`lightning.Trainer` with the flow first, then the user's callbacks (also those in `trainer_kwargs`).
+
+    `trainer_kwargs` is the output of `lightning_kwargs.lightning_trainer_kwargs`.
+    """
+    import lightning.pytorch as pl
+
+    kwargs = dict(trainer_kwargs)
+    extra = kwargs.pop("callbacks", None) or []
+    extra = extra if isinstance(extra, list) else [extra]
+    return pl.Trainer(callbacks=[flow, *lightning_callbacks, *extra], **kwargs)
+
+
+def resolve_resume(args: TrainingArguments, resume_from_checkpoint: str | bool | None) -> str | None:
+    """The checkpoint to resume from: the explicit value, else `args.resume_from_checkpoint`, else None.
+
+    Raises:
+        ValueError / FileNotFoundError: see `checkpointing.resume.resolve_checkpoint`.
+    """
+    if resume_from_checkpoint in (None, False):
+        resume_from_checkpoint = args.resume_from_checkpoint
+    if not resume_from_checkpoint:
+        return None
+    from hf_lightning.checkpointing.io import recover_interrupted_replacements
+    from hf_lightning.checkpointing.resume import resolve_checkpoint
+
+    # a crash between the two renames of a re-save leaves the old folder under its backup name: put it back first
+    recover_interrupted_replacements(args.resolved_output_dir)
+
+    return resolve_checkpoint(args.resolved_output_dir, resume_from_checkpoint)

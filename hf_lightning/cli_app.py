@@ -1,0 +1,144 @@
+"""`hf-lightning fit|validate|predict --config <yaml>`: a `LightningCLI` over the library's module and data module.
+
+A config has five sections::
+
+    task: text_classification      # a name from hf_lightning.tasks.registry
+    args: {...}                    # HF TrainingArguments (names, defaults and meaning of transformers')
+    model: {...}                   # ModelSpec: model_name_or_path, or config_class + config_kwargs
+    data: {...}                    # DataSpec: files or dataset_name, tokenizer, columns, lengths
+    trainer: {...}                 # lightning.Trainer: strategy, devices, precision, logger, callbacks...
+
+The model, data module, `HFTrainerFlow` and `lightning.Trainer` are assembled by the same functions as the
+`hf_lightning.Trainer` facade (`assembly.py`, `lightning_kwargs.py`), so both behave the same. Lightning options the
+HF arguments decide (`trainer.max_steps`, `trainer.accumulate_grad_batches`...) are rejected with the `args.` key
+to use. Errors in the config end the run with one `error:` line, not a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+__all__ = ["run_cli", "HFLightningCLI", "precheck"]
+
+_SECTIONS = ("args", "model", "data")
+
+
+def _fail(message: str, prog: str = "hf-lightning") -> None:
+    """One parser-style line on stderr and exit status 2 (argparse's convention)."""
+    sys.stderr.write(f"{prog}: error: {' '.join(str(message).split())}\n")
+    sys.exit(2)
+
+
+def _config_sections(argv: list[str]) -> dict[str, Any] | None:
+    """The YAML of `--config` merged with simple `--<section>.<key> value` overrides, or None when there is none."""
+    import yaml
+
+    path = None
+    for i, token in enumerate(argv):
+        if token in ("-c", "--config") and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif token.startswith("--config="):
+            path = token.split("=", 1)[1]
+    if path is None or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        config = yaml.safe_load(f) or {}
+    for i, token in enumerate(argv):
+        if not token.startswith("--") or "." not in token:
+            continue
+        key, has_value, value = token[2:].partition("=")
+        if not has_value:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                continue
+            value = argv[i + 1]
+        section, _, name = key.partition(".")
+        if section in _SECTIONS and "." not in name:
+            config.setdefault(section, {})
+            if isinstance(config[section], dict):
+                config[section][name] = yaml.safe_load(value)
+    return config
+
+
+def _check_types(section: str, cls: type, values: dict[str, Any]) -> None:
+    """jsonargparse's type check of one section (the same check and words as the full parser, without Lightning)."""
+    from jsonargparse import ArgumentParser
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls, section, instantiate=False)
+    try:
+        parser.parse_object({section: values})
+    except Exception as err:  # jsonargparse raises ArgumentError; any failure here is a config problem
+        lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+        _fail(" ".join(lines))
+
+
+def precheck(argv: list[str]) -> None:
+    """Check the `task`, `args`, `model` and `data` sections with pure-Python code before Lightning is imported,
+    so a typo in them is answered in a fraction of a second. Exits with one error line on a problem."""
+    if any(a in ("-h", "--help", "--print_config") or a.startswith("--print_config") for a in argv):
+        return
+    config = _config_sections(argv)
+    if config is None:
+        return
+    import dataclasses
+
+    from hf_lightning.args import TrainingArguments
+    from hf_lightning.tasks.registry import get_task
+    from hf_lightning.tasks.specs import DataSpec, ModelSpec
+
+    for i, token in enumerate(argv[:-1]):
+        if token == "--task":
+            config["task"] = argv[i + 1]
+        elif token.startswith("--task="):
+            config["task"] = token.split("=", 1)[1]
+    if "task" in config:
+        try:
+            get_task(str(config["task"]))
+        except ValueError as err:
+            _fail(err)
+    for section, cls in (("args", TrainingArguments), ("model", ModelSpec), ("data", DataSpec)):
+        values = config.get(section) or {}
+        if not isinstance(values, dict):
+            _fail(f"`{section}` must be a mapping of options, got {type(values).__name__}.")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            import difflib
+
+            hints = [f"{u} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(u, known, 1)) else u
+                     for u in unknown]
+            _fail(f"unknown key(s) in `{section}`: {', '.join(hints)}. See `hf-lightning fit --help`.")
+        if section == "model" and not values:
+            continue
+        _check_types(section, cls, values)
+        try:
+            spec = cls(**values)
+        except (TypeError, ValueError) as err:
+            _fail(f"in `{section}`: {err}")
+        if section == "data":
+            from hf_lightning.tasks.loading import check_files
+
+            try:
+                check_files(spec)
+            except (ValueError, FileNotFoundError) as err:
+                _fail(err)
+
+
+def run_cli(argv: list[str] | None = None) -> Any:
+    """Run `fit|validate|predict` with `argv` (the command line after `hf-lightning`); returns the CLI object."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    precheck(argv[1:])
+    from hf_lightning.cli_parts import HFLightningCLI
+
+    # LightningCLI reads sys.argv itself when it is our command line (it warns when given both).
+    return HFLightningCLI(args=None if argv == sys.argv[1:] else argv)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "HFLightningCLI":
+        from hf_lightning.cli_parts import HFLightningCLI
+
+        return HFLightningCLI
+    raise AttributeError(name)

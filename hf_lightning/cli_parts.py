@@ -1,0 +1,194 @@
+"""`HFLightningCLI`: the LightningCLI subclass behind `hf-lightning fit|validate|predict` (imports Lightning).
+
+The parser has Lightning's `trainer` section and our `task`, `args` (HF `TrainingArguments`, descriptions from the
+dataclass field docstrings), `model` (`ModelSpec`) and `data` (`DataSpec`) sections. `instantiate_classes` builds
+everything with the facade's functions; errors become one `error:` line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+import jsonargparse
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+
+from hf_lightning.args import TrainingArguments
+from hf_lightning.tasks.registry import task_names
+from hf_lightning.tasks.specs import DataSpec, ModelSpec
+
+__all__ = ["HFLightningCLI"]
+
+# `--help` shows each TrainingArguments field's docstring (PEP 257 attribute docstrings, off by default).
+jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
+
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+_CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError, NotImplementedError, OSError, MisconfigurationException)
+
+
+class _OneLineErrorParser(LightningArgumentParser):
+    """Parse errors as one `error:` line (no usage dump), like the errors of our own checks."""
+
+    def error(self, message: str, ex: Exception | None = None) -> None:  # type: ignore[override]
+        lines = [line.strip() for line in str(message).splitlines() if line.strip()]
+        prog = str(self.prog).replace(" [options]", "")
+        sys.stderr.write(f"{prog}: error: {' '.join(lines)} (see `{prog} --help`)\n")
+        sys.exit(2)
+
+
+class HFLightningCLI(LightningCLI):
+    """LightningCLI whose model, data and trainer are built from an HF-style config (see `cli_app.py`)."""
+
+    def __init__(self, args: list[str] | None = None) -> None:
+        from lightning.pytorch import LightningModule
+
+        super().__init__(
+            # only a placeholder: `add_core_arguments_to_parser` defines the sections and `_instantiate` builds a
+            # TransformerModule; not importing it here keeps `fit --help` free of the transformers model code
+            model_class=LightningModule,
+            save_config_kwargs={"overwrite": True},
+            seed_everything_default=False,  # HF seeds with `args.seed` (set before the model is built)
+            auto_configure_optimizers=False,  # the optimizer and scheduler come from the HF arguments
+            load_from_checkpoint_support=False,
+            parser_class=_OneLineErrorParser,
+            parser_kwargs={"prog": "hf-lightning", "description": "HF Trainer semantics on PyTorch Lightning."},
+            args=args,
+        )
+
+    # ----- parser -----
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        parser.add_argument(
+            "--task", type=str, default="text_classification",
+            help=f"What to train; one of: {', '.join(task_names())}.",
+        )
+        parser.add_class_arguments(TrainingArguments, "args", instantiate=False, sub_configs=True,
+                                   help="HF TrainingArguments (transformers' names and defaults).")
+        parser.add_class_arguments(ModelSpec, "model", instantiate=False, sub_configs=True)
+        parser.add_class_arguments(DataSpec, "data", instantiate=False, sub_configs=True)
+
+    def _error(self, message: Any) -> None:
+        prog = f"hf-lightning {self.subcommand}" if self.subcommand else "hf-lightning"
+        sys.stderr.write(f"{prog}: error: {' '.join(str(message).split())}\n")
+        sys.exit(2)
+
+    # ----- building -----
+    def _section(self, name: str) -> dict[str, Any]:
+        value = self.config[self.subcommand][name]
+        return value.as_dict() if hasattr(value, "as_dict") else dict(value or {})
+
+    def _user_trainer_kwargs(self, trainer_cfg: dict[str, Any]) -> dict[str, Any]:
+        """Only the `trainer` options the user set (those differing from the parser defaults)."""
+        defaults = self._parser(self.subcommand).get_defaults()["trainer"]
+        given = self.config[self.subcommand]["trainer"]
+        return {k: v for k, v in trainer_cfg.items() if given.get(k) != defaults.get(k)}
+
+    def instantiate_classes(self) -> None:
+        try:
+            self._instantiate()
+        except _CONFIG_ERRORS as err:
+            self._error(err)
+
+    def _instantiate(self) -> None:
+        from transformers import set_seed
+
+        from hf_lightning.assembly import build_flow, build_lightning_trainer, resolve_resume, split_callbacks
+        from hf_lightning.lightning_kwargs import lightning_trainer_kwargs
+        from hf_lightning.tasks.datamodule import TaskDataModule, splits_for_stage
+        from hf_lightning.tasks.loading import build_model, label_list_for, load_split, load_tokenizer
+        from hf_lightning.tasks.registry import get_task
+
+        sub = self.subcommand
+        self.config_init = self.parser.instantiate_classes(self.config)
+        cfg = self.config[sub]
+        task = get_task(cfg["task"])
+        try:
+            args = TrainingArguments(**self._section("args"))
+        except ValueError as err:
+            raise ValueError(f"in `args`: {err}") from None
+        model_values = self._section("model")
+        self.ckpt_for_lightning: str | None = self.config_init[sub].get("ckpt_path")
+        if sub == "fit":
+            self.ckpt_for_lightning = resolve_resume(args, self.ckpt_for_lightning)
+        elif self.ckpt_for_lightning and os.path.isdir(self.ckpt_for_lightning):
+            # one of our checkpoint folders: it is a pretrained model directory
+            model_values.update(model_name_or_path=self.ckpt_for_lightning, config_class=None, config_kwargs={})
+            self.ckpt_for_lightning = None
+        elif self.ckpt_for_lightning and self.ckpt_for_lightning not in ("best", "last", "hpc", "registry") \
+                and not os.path.isfile(self.ckpt_for_lightning):
+            raise FileNotFoundError(f"ckpt_path={self.ckpt_for_lightning!r}: no such checkpoint folder or file.")
+        model_spec, data_spec = ModelSpec(**model_values), DataSpec(**self._section("data"))
+        self.hf_args = args
+        set_seed(args.seed)
+        raw = {name: load_split(data_spec, name) for name in splits_for_stage(sub, args)}
+        if sub == "fit" and raw.get("train") is None:
+            raise ValueError("fit needs training data: set data.train_file or data.dataset_name.")
+        if sub == "fit" and args.eval_strategy != "no" and raw.get("validation") is None:
+            raise ValueError(f"args.eval_strategy={args.eval_strategy!r} needs evaluation data: set "
+                             "data.validation_file (or data.validation_split), or args.eval_strategy: 'no'.")
+        if sub != "fit" and all(v is None for v in raw.values()):
+            raise ValueError(f"{sub} needs data: set data.validation_file / data.test_file (or a dataset_name).")
+        tokenizer = load_tokenizer(data_spec, model_spec)
+        labels = label_list_for(task, data_spec, model_spec, list(raw.values()))
+        label2id = {name: i for i, name in enumerate(labels)} if labels is not None else None
+        model = build_model(model_spec, task, tokenizer, labels)
+        self.datamodule = TaskDataModule(task, data_spec, args, tokenizer, label2id, sub, raw=raw)
+
+        from hf_lightning.module import TransformerModule
+
+        self.model = TransformerModule(model, args, compute_metrics=task.compute_metrics, processing_class=tokenizer)
+        trainer_cfg = dict(self.config_init[sub]["trainer"])
+        user = self._user_trainer_kwargs(trainer_cfg)
+        callbacks = user.pop("callbacks", None) or []
+        hf_callbacks, lightning_callbacks = split_callbacks(callbacks if isinstance(callbacks, list) else [callbacks])
+        try:
+            trainer_kwargs = lightning_trainer_kwargs(args, user)
+        except ValueError as err:
+            raise ValueError(str(err).replace("lightning_kwargs", "trainer options").replace(
+                "TrainingArguments.", "args.")) from None
+        self.flow = build_flow(args, hf_callbacks, tokenizer)
+        self.flow.handler.model = model
+        self.flow.control = self.flow.handler.call("on_init_end", args, self.flow.state, self.flow.control)
+        save_config = SaveConfigCallback(self._parser(sub), self.config[sub], **self.save_config_kwargs)
+        self.trainer = build_lightning_trainer(self.flow, [*lightning_callbacks, save_config], trainer_kwargs)
+
+    # ----- subcommands -----
+    def fit(self, model: Any, datamodule: Any, **_: Any) -> None:
+        """Train, then save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`)."""
+        from hf_lightning.checkpointing.io import save_model_files
+
+        # the flow restores an HF-layout checkpoint folder itself (checkpointing/restore.py), as in the facade
+        self.flow.resume_from_checkpoint = self.ckpt_for_lightning or False
+        self.trainer.fit(model, datamodule=datamodule)
+        if self.trainer.is_global_zero:
+            out = self.hf_args.resolved_output_dir
+            save_model_files(model.model, out, datamodule.processing_class)
+            metrics = dict(getattr(self.flow, "train_metrics", {}))
+            print(json.dumps({"global_step": self.flow.state.global_step, **metrics}, default=float))
+            print(f"model saved to {os.path.abspath(out)}")
+
+    def validate(self, model: Any, datamodule: Any, **_: Any) -> None:
+        """Evaluate and print the HF metric dict (also written to `<output_dir>/eval_results.json`)."""
+        self.trainer.validate(model, datamodule=datamodule, ckpt_path=self.ckpt_for_lightning, verbose=False)
+        if self.trainer.is_global_zero:
+            metrics = dict(self.flow.last_eval_metrics)
+            out = self.hf_args.resolved_output_dir
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, "eval_results.json"), "w") as f:
+                json.dump(metrics, f, indent=2, default=float)
+            print(json.dumps(metrics, default=float))
+
+    def predict(self, model: Any, datamodule: Any, **_: Any) -> None:
+        """Predict and write the prediction file to `output_dir`; prints its path."""
+        from hf_lightning.tasks.predictions import write_predictions
+
+        self.trainer.predict(model, datamodule=datamodule, ckpt_path=self.ckpt_for_lightning,
+                             return_predictions=False)
+        dataset = datamodule.predict_dataset
+        result = self.flow.last_prediction("test", len(dataset) if hasattr(dataset, "__len__") else None)
+        if self.trainer.is_global_zero:
+            path = write_predictions(result, self.hf_args.resolved_output_dir)
+            print(f"predictions written to {os.path.abspath(path)}")

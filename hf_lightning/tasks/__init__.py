@@ -1,0 +1,1 @@
+"""Task presets for the `hf-lightning` command: preprocessing, collator, model class and metrics per task."""

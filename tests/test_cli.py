@@ -1,0 +1,297 @@
+"""The `hf-lightning` command: fit -> validate -> predict for every shipped config, DDP, errors, --help, print_config.
+
+Runs are in-process (`cli.main`) where possible: a subprocess costs ~7 s of imports each. Every config is run as
+shipped, with only the step count, sample counts and output directory overridden.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hf_lightning.cli import main
+
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
+FAST = ["--args.max_steps", "3", "--args.logging_steps", "1", "--data.max_train_samples", "48",
+        "--data.max_eval_samples", "24", "--trainer.enable_progress_bar", "false"]
+
+
+@pytest.fixture
+def in_repo(monkeypatch):
+    """Configs name their data relative to the repository root."""
+    monkeypatch.chdir(REPO)
+
+
+def _run(argv: list[str]) -> None:
+    main(argv)
+
+
+def _subprocess(argv: list[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "hf_lightning", *argv], cwd=REPO, env=env, capture_output=True,
+                          text=True, **kwargs)
+
+
+def test_every_config_is_covered():
+    assert set(CONFIGS) >= {"text_classification.yaml", "text_pair_classification.yaml",
+                            "token_classification.yaml", "causal_lm.yaml", "masked_lm.yaml"}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_fit_validate_predict(config, tmp_path, in_repo, one_thread, capsys):
+    out = tmp_path / "out"
+    base = ["--config", f"configs/{config}", "--args.output_dir", str(out), *FAST]
+    _run(["fit", *base])
+    printed = capsys.readouterr().out
+    summary = json.loads([line for line in printed.splitlines() if line.startswith("{")][-1])
+    assert summary["global_step"] == 3 and np.isfinite(summary["train_loss"])
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    checkpoints = sorted(out.glob("checkpoint-*"))
+    assert checkpoints, "fit wrote no checkpoint-N folder"
+
+    # validate the trained model: the output dir is a from_pretrained directory, tokenizer included
+    _run(["validate", *base, "--model.model_name_or_path", str(out), "--data.tokenizer_file", "null"])
+    metrics = json.loads([line for line in capsys.readouterr().out.splitlines() if line.startswith("{")][-1])
+    assert np.isfinite(metrics["eval_loss"])
+    assert json.loads((out / "eval_results.json").read_text())["eval_loss"] == metrics["eval_loss"]
+
+    # predict from one of our checkpoint folders (as ckpt_path: it becomes model_name_or_path)
+    _run(["predict", *base, "--ckpt_path", str(checkpoints[-1])])
+    printed = capsys.readouterr().out
+    path = out / "predictions.npz"
+    assert f"predictions written to {path}" in printed
+    arrays = np.load(path)
+    assert len(arrays["predictions"]) == len(arrays["label_ids"]) > 0
+
+
+def test_token_classification_labels_first_subword_only(in_repo):
+    from hf_lightning.tasks.loading import load_tokenizer
+    from hf_lightning.tasks.specs import DataSpec, ModelSpec
+    from hf_lightning.tasks.text import align_labels, preprocess_tokens
+    from datasets import Dataset
+
+    assert align_labels([None, 0, 0, 1, None], [5, 7]) == [-100, 5, -100, 7, -100]
+    spec = DataSpec(tokenizer_file="configs/data/tokenizer.json", text_column="tokens", label_column="tags")
+    tokenizer = load_tokenizer(spec, ModelSpec(config_class="BertConfig"))
+    raw = Dataset.from_dict({"tokens": [["the", "acting", "was", "brilliant"]], "tags": [["O", "O", "O", "POS"]]})
+    row = preprocess_tokens(raw, tokenizer, spec, {"O": 0, "POS": 1})[0]
+    pieces = tokenizer.convert_ids_to_tokens(row["input_ids"])
+    assert len(pieces) > 6, pieces  # "brilliant" is split into sub-words by the bundled tokenizer
+    expected = [-100] + [0, 0, 0, 1] + [-100] * (len(pieces) - 6) + [-100]
+    assert row["labels"] == expected
+
+
+@pytest.mark.distributed
+def test_ddp_fit_from_the_command_line(tmp_path):
+    """The strategy swap is two flags; the tokenisation runs once (rank 0's `prepare_data`), the other rank reads
+    the `datasets` cache (a fresh cache dir, so nothing is cached from other tests)."""
+    import re
+
+    out = tmp_path / "ddp"
+    result = _subprocess(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(out),
+                          *FAST, "--trainer.strategy", "ddp", "--trainer.devices", "2",
+                          "--trainer.accelerator", "cpu"], env={"HF_DATASETS_CACHE": str(tmp_path / "cache")},
+                         timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count('"global_step": 3') == 1  # one summary: printed by global rank 0 only
+    assert "distributed_backend=gloo" in result.stderr and "All distributed processes registered" in result.stderr
+    # one epoch is one update here (48 samples / 2 ranks / batch 32); save_total_limit=1 keeps the best epoch
+    (checkpoint,) = out.glob("checkpoint-*")
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert checkpoint.name == f"checkpoint-{state['global_step']}" and state["best_model_checkpoint"]
+    # 48 training + 24 eval examples, each tokenised exactly once across the two processes
+    assert len(re.findall(r"tokenising: 100%[^\n\r]*48/48", result.stderr)) == 1
+    assert len(re.findall(r"tokenising: 100%[^\n\r]*24/24", result.stderr)) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--args.eval_strategy", "sometimes"],
+         """"args.eval_strategy": Expected a typing.Literal['no', 'steps', 'epoch']. Got value: sometimes"""),
+        (["--args.num_train_epochs", "abc"], "\"args.num_train_epochs\": Expected a <class 'float'>. Got value: abc"),
+        (["--args.warmup_steps", "-1"], "in `args`: Invalid TrainingArguments: - Got warmup_steps = -1"),
+        (["--data.max_length", "0"], "data.max_length=0 must be >= 1"),
+        (["--args.evall_steps", "3"], "evall_steps (did you mean eval_steps?)"),
+        (["--args.save_strategy", "steps"], "requires the save and eval strategy to match"),
+        (["--task", "nope"], "allowed: causal_lm, masked_lm, text_classification, token_classification"),
+        (["--data.train_file", "x.tsv"], "unsupported file type '.tsv'"),
+    ],
+)
+def test_config_errors_are_one_line_and_fast(extra, expected, tmp_path, in_repo, capsys):
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exit_info:
+        _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path), *extra])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("hf-lightning: error: ") and "\n" not in err and "Traceback" not in err
+    assert expected in err
+    assert time.perf_counter() - start < 5
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--trainer.max_steps", "3"], "max_steps (use args.max_steps)"),
+        (["--trainer.devicez", "2"], "unrecognized arguments: --trainer.devicez 2"),
+        (["--model.config_class", "NopeConfig"], "model.config_class='NopeConfig' cannot be imported"),
+        (["--ckpt_path", "no/such/dir"], "ckpt_path='no/such/dir': no such checkpoint folder"),
+    ],
+)
+def test_parser_and_build_errors_are_one_line(extra, expected, tmp_path, in_repo, capsys):
+    command = "predict" if "--ckpt_path" in extra else "fit"
+    with pytest.raises(SystemExit) as exit_info:
+        _run([command, "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path), *extra])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(err) == 1 and expected in err[0], err
+
+
+def test_fit_resumes_exactly_from_a_checkpoint(tmp_path, in_repo, one_thread, capsys):
+    """`--ckpt_path checkpoint-2` on fit continues the run exactly: the same log history as the uninterrupted run."""
+    import shutil
+
+    def fit(out: Path, *extra: str) -> dict:
+        _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(out), *FAST,
+              "--args.max_steps", "4", "--args.save_strategy", "steps", "--args.save_steps", "2",
+              "--args.eval_strategy", "steps", "--args.eval_steps", "2", "--args.load_best_model_at_end", "false",
+              "--args.save_total_limit", "null", *extra])
+        return json.loads((out / "checkpoint-4" / "trainer_state.json").read_text())
+
+    full = fit(tmp_path / "full")
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copytree(tmp_path / "full" / "checkpoint-2", resumed_dir / "checkpoint-2")
+    resumed = fit(resumed_dir, "--ckpt_path", str(resumed_dir / "checkpoint-2"))
+    capsys.readouterr()
+
+    def history(state: dict) -> list[dict]:
+        return [{k: v for k, v in e.items() if "runtime" not in k and "per_second" not in k}
+                for e in state["log_history"]]
+
+    assert history(resumed) == history(full)
+    assert len([e for e in full["log_history"] if "loss" in e]) == 4
+    # a missing folder is one HF-worded line, through the facade's resume function
+    with pytest.raises(SystemExit):
+        _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path / "x"),
+              "--ckpt_path", str(tmp_path / "checkpoint-9")])
+    err = capsys.readouterr().err.strip()
+    assert "checkpoint-9" in err and "\n" not in err
+
+
+def test_help_lists_hf_arguments_with_descriptions():
+    start = time.perf_counter()
+    result = _subprocess(["fit", "--help"], timeout=120)
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "--args.eval_strategy {no,steps,epoch} When to evaluate during training" in text
+    assert "--args.gradient_accumulation_steps" in text and "Micro-batches accumulated into one" in text
+    assert "--trainer.strategy" in text and "--model.model_name_or_path" in text
+    top = _subprocess(["--help"], timeout=60)
+    assert "fit" in top.stdout and "quickstart" in top.stdout
+    print(f"fit --help: {elapsed:.1f}s")
+
+
+def test_print_config_round_trip(tmp_path, in_repo, capsys, one_thread):
+    out = tmp_path / "printed"
+    with pytest.raises(SystemExit) as exit_info:
+        _run(["fit", "--config", "configs/causal_lm.yaml", "--args.output_dir", str(out), *FAST, "--print_config"])
+    assert exit_info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "per_device_train_batch_size: 8" in printed and "strategy: auto" in printed
+    config = tmp_path / "printed.yaml"
+    config.write_text(printed)
+    _run(["fit", "--config", str(config)])
+    assert '"global_step": 3' in capsys.readouterr().out
+
+
+def test_lightning_options_loggers_and_callbacks_pass_through(tmp_path, in_repo, one_thread, capsys):
+    """Lightning options from the command line reach `lightning.Trainer`; the HF-derived settings are the facade's."""
+    from lightning.pytorch.callbacks import ModelSummary
+    from lightning.pytorch.loggers import CSVLogger
+
+    from hf_lightning.callbacks.flow import HFTrainerFlow
+    from hf_lightning.cli_app import run_cli
+
+    logs = tmp_path / "extra_logs"
+    cli = run_cli(["fit", "--config", "configs/token_classification.yaml", "--args.output_dir", str(tmp_path / "o"),
+                   *FAST, "--trainer.precision", "bf16-mixed", "--trainer.logger",
+                   "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(logs),
+                   "--trainer.callbacks", "lightning.pytorch.callbacks.ModelSummary"])
+    trainer = cli.trainer
+    assert trainer.precision == "bf16-mixed"
+    assert isinstance(trainer.logger, CSVLogger) and list(logs.glob("**/metrics.csv"))
+    assert isinstance(trainer.callbacks[0], HFTrainerFlow)
+    assert any(isinstance(c, ModelSummary) for c in trainer.callbacks)
+    # as in hf_lightning.Trainer: no Lightning checkpoints, no sanity val, our own sharding, step budget from args
+    assert trainer.checkpoint_callback is None and trainer.num_sanity_val_steps == 0
+    assert trainer._accelerator_connector.use_distributed_sampler is False
+    assert trainer.global_step == 3 and cli.flow.state.global_step == 3
+
+
+def test_data_sources_and_pretrained_overrides(tmp_path, in_repo):
+    """Saved dataset dirs, parquet and jsonl files load; a pretrained dir loads with config overrides."""
+    from datasets import Dataset, DatasetDict
+
+    from hf_lightning.tasks.loading import build_model, label_list_for, load_split, load_tokenizer
+    from hf_lightning.tasks.registry import get_task
+    from hf_lightning.tasks.specs import DataSpec, ModelSpec
+
+    rows = {"text": ["the film was good", "the plot was bad", "the cast was fun"], "label": [1, 0, 1]}
+    DatasetDict({"train": Dataset.from_dict(rows), "dev": Dataset.from_dict(rows)}).save_to_disk(tmp_path / "saved")
+    spec = DataSpec(dataset_name=str(tmp_path / "saved"), validation_split="dev", max_eval_samples=2,
+                    tokenizer_file="configs/data/tokenizer.json")
+    assert load_split(spec, "train")["text"] == rows["text"] and len(load_split(spec, "test")) == 2
+    with pytest.raises(ValueError, match=r"data.train_split='nope' is not a split of .*allowed: \['train', 'dev'\]"):
+        load_split(DataSpec(dataset_name=str(tmp_path / "saved"), train_split="nope"), "train")
+    Dataset.from_dict(rows).to_parquet(tmp_path / "d.parquet")
+    Dataset.from_dict(rows).to_json(tmp_path / "d.jsonl")
+    for name in ("d.parquet", "d.jsonl"):
+        assert load_split(DataSpec(train_file=str(tmp_path / name)), "train")["label"] == [1, 0, 1]
+
+    task = get_task("text_classification")
+    tokenizer = load_tokenizer(spec, ModelSpec(config_class="BertConfig"))
+    labels = label_list_for(task, spec, ModelSpec(config_class="BertConfig"), [load_split(spec, "train")])
+    assert labels == ["0", "1"]
+    small = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32}
+    model = build_model(ModelSpec(config_class="BertConfig", config_kwargs=small), task, tokenizer, ["neg", "pos"])
+    model.save_pretrained(tmp_path / "pretrained")
+    pretrained = ModelSpec(model_name_or_path=str(tmp_path / "pretrained"),
+                           config_overrides={"classifier_dropout": 0.3})
+    # the saved id2label wins over the data's labels; the override is applied on top of the saved config
+    assert label_list_for(task, spec, pretrained, [load_split(spec, "train")]) == ["neg", "pos"]
+    reloaded = build_model(pretrained, task, tokenizer, ["neg", "pos"])
+    assert reloaded.config.classifier_dropout == 0.3 and reloaded.config.hidden_size == 16
+    assert all((a == b).all() for a, b in zip(model.state_dict().values(), reloaded.state_dict().values()))
+
+
+def test_help_and_config_errors_do_not_import_the_heavy_stack():
+    """`hf-lightning --help` and an error in task/args/model/data are answered before torch/Lightning load."""
+    code = (
+        "import sys, contextlib, io\n"
+        "from hf_lightning.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['--help'])\n"
+        "for argv in (['--args.eval_strategy', 'x'], ['--args.evall_steps', '1'], ['--data.max_length', '0']):\n"
+        "    try:\n"
+        "        main(['fit', '--config', 'configs/text_classification.yaml', *argv])\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 2\n"
+        "print(sorted(m for m in ('torch', 'lightning', 'transformers', 'datasets') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+    assert result.stderr.count("hf-lightning: error:") == 3
