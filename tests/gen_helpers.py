@@ -52,7 +52,7 @@ def tiny_bart(seed: int = 0):
         vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
         dropout=0.0, attention_dropout=0.0, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS,
-        decoder_start_token_id=EOS, forced_eos_token_id=EOS,
+        decoder_start_token_id=EOS, forced_eos_token_id=EOS, init_std=0.3,
     )
     return BartForConditionalGeneration(config)
 
