@@ -61,6 +61,7 @@ class Seq2SeqTransformerModule(TransformerModule):
             model.generation_config = load_generation_config(self.args.generation_config)
         self.gen_kwargs: dict[str, Any] = resolve_gen_kwargs(self.args)
         self._active_dataloader = 0
+        self._active_loaders: Any = None
 
     # ----- accumulators that count generate calls -----
     def _accumulator(self, dataloader_idx: int, prediction_loss_only: bool) -> GenerationAccumulator:
@@ -76,10 +77,12 @@ class Seq2SeqTransformerModule(TransformerModule):
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         self._active_dataloader = dataloader_idx
+        self._active_loaders = self.trainer.val_dataloaders
         super().validation_step(batch, batch_idx, dataloader_idx)
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         self._active_dataloader = dataloader_idx
+        self._active_loaders = self.trainer.predict_dataloaders
         super().predict_step(batch, batch_idx, dataloader_idx)
 
     # ----- generation -----
@@ -103,6 +106,8 @@ class Seq2SeqTransformerModule(TransformerModule):
         """`model.generate` with HF's cleaned kwargs (None `num_beams`/`max_length` dropped, `synced_gpus` set)."""
         kwargs = {k: v for k, v in gen_kwargs.items() if not (k in ("num_beams", "max_length") and v is None)}
         kwargs.setdefault("synced_gpus", self._default_synced_gpus())
+        if kwargs["synced_gpus"] and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            kwargs["synced_gpus"] = False  # one process: nothing to sync (generate would fail without a group)
         with torch.no_grad():
             generated = self.model.generate(**generation_inputs, **kwargs)
         config = getattr(self.model, "generation_config", None)
@@ -165,7 +170,9 @@ class Seq2SeqTransformerModule(TransformerModule):
     def _record(self, generation_inputs: dict[str, Any]) -> None:
         accumulator = self.eval_accumulators.get(self._active_dataloader)
         if isinstance(accumulator, GenerationAccumulator):
-            accumulator.record_generate(generation_inputs)
+            loaders = self._active_loaders
+            loader = loaders[self._active_dataloader] if isinstance(loaders, (list, tuple)) else loaders
+            accumulator.record_generate(generation_inputs, loader)
 
     def _generate_seq2seq(self, inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         generation_inputs = dict(inputs)
