@@ -18,10 +18,11 @@ Both trainers get `compute_metrics=lambda p: {}` (without one, `evaluate` is los
 
 Timing
 ------
-`perf_counter()` after each batch (HF's `on_prediction_step`, fired per batch by both trainers; after the batch in
+`perf_counter()` and `process_time()` after each batch (HF's `on_prediction_step`, fired per batch by both trainers; after the batch in
 the loops). Steady rate = `samples of batches 2..16 / (t[16] - t[1])`: trainer construction, loop setup and the
 first batch are excluded; collation, generation, the loss forward, padding and accumulation are included. The wall
-time of the whole call (setup included) is also reported. Each repeat runs every runner once, the order rotated by
+time of the whole call (setup included) is also reported, and the *CPU-time* rate (samples per CPU-second of the
+process, with one thread: time the process was pre-empted by other processes of a shared machine does not count). Each repeat runs every runner once, the order rotated by
 one per repeat; medians over repeats and per-repeat paired ratios are printed. One thread (`torch.set_num_threads`).
 
 Targets: ours >= 1.0x hf, ours >= 0.9x hand (the loop doing the same work).
@@ -98,14 +99,15 @@ class BatchTimer:
 
         class _CB(TrainerCallback):
             def on_prediction_step(self, args, state, control, **kwargs):  # noqa: ANN001, ANN003
-                stamps.append(time.perf_counter())
+                stamps.append((time.perf_counter(), time.process_time()))
 
         self.callback = _CB()
 
 
-def _steady(stamps: list[float]) -> float:
-    """Samples per second over batches 2..n (every batch is full: 512 = 16 x 32)."""
-    return (len(stamps) - 1) * BATCH / (stamps[-1] - stamps[0])
+def _steady(stamps: list[tuple[float, float]]) -> tuple[float, float]:
+    """Samples per wall second and per CPU second over batches 2..n (every batch is full: 512 = 16 x 32)."""
+    samples = (len(stamps) - 1) * BATCH
+    return samples / (stamps[-1][0] - stamps[0][0]), samples / (stamps[-1][1] - stamps[0][1])
 
 
 def _trainer_args(cls: Any, out: str, beams: int, **extra: Any) -> Any:
@@ -114,7 +116,7 @@ def _trainer_args(cls: Any, out: str, beams: int, **extra: Any) -> Any:
                **extra)
 
 
-def run_ours(beams: int, data: Any) -> tuple[float, float, float]:
+def run_ours(beams: int, data: Any) -> tuple[tuple[float, float], float, float]:
     import hf_lightning
     from transformers import DataCollatorForSeq2Seq
 
@@ -133,7 +135,7 @@ def run_ours(beams: int, data: Any) -> tuple[float, float, float]:
     return _steady(timer.stamps), total, metrics["eval_loss"]
 
 
-def run_hf(beams: int, data: Any) -> tuple[float, float, float]:
+def run_hf(beams: int, data: Any) -> tuple[tuple[float, float], float, float]:
     import transformers
     from transformers import DataCollatorForSeq2Seq
 
@@ -150,7 +152,7 @@ def run_hf(beams: int, data: Any) -> tuple[float, float, float]:
     return _steady(timer.stamps), total, metrics["eval_loss"]
 
 
-def run_hand(beams: int, data: Any, with_loss: bool) -> tuple[float, float, float]:
+def run_hand(beams: int, data: Any, with_loss: bool) -> tuple[tuple[float, float], float, float]:
     from torch.utils.data import DataLoader
     from transformers import DataCollatorForSeq2Seq
 
@@ -164,7 +166,7 @@ def run_hand(beams: int, data: Any, with_loss: bool) -> tuple[float, float, floa
                            max_length=MAX_LENGTH, num_beams=beams)
             if with_loss:
                 losses.append(model(**batch).loss.item())
-            stamps.append(time.perf_counter())
+            stamps.append((time.perf_counter(), time.process_time()))
     total = time.perf_counter() - start
     return _steady(stamps), total, statistics.mean(losses) if losses else float("nan")
 
@@ -188,19 +190,26 @@ def main() -> None:
     report: dict[str, Any] = {}
     for beams in args.beams:
         rates: dict[str, list[float]] = {r: [] for r in RUNNERS}
+        cpu_rates: dict[str, list[float]] = {r: [] for r in RUNNERS}
         totals: dict[str, list[float]] = {r: [] for r in RUNNERS}
         for repeat in range(args.repeats):
             order = RUNNERS[repeat % len(RUNNERS):] + RUNNERS[: repeat % len(RUNNERS)]
             for runner in order:
                 gc.collect()
-                rate, total, loss = run[runner](beams, data)
+                (rate, cpu_rate), total, loss = run[runner](beams, data)
                 rates[runner].append(rate)
+                cpu_rates[runner].append(cpu_rate)
                 totals[runner].append(total)
                 print(f"beams={beams} repeat={repeat} {runner:9s} {rate:8.1f} samples/s (steady)  "
-                      f"{NUM_SAMPLES / total:8.1f} samples/s (whole call)  loss={loss:.4f}", flush=True)
+                      f"{cpu_rate:8.1f} samples/CPU-s  {NUM_SAMPLES / total:8.1f} samples/s (whole call)  loss={loss:.4f}", flush=True)
         med = {r: statistics.median(v) for r, v in rates.items()}
+        cpu = {r: statistics.median(v) for r, v in cpu_rates.items()}
         summary = {
             "median_steady": med,
+            "median_cpu": cpu,
+            "cpu_ours_vs_hf": cpu["ours"] / cpu["hf"],
+            "cpu_ours_vs_hand": cpu["ours"] / cpu["hand"],
+            "cpu_ours_vs_hand_gen": cpu["ours"] / cpu["hand_gen"],
             "median_whole_call": {r: NUM_SAMPLES / statistics.median(v) for r, v in totals.items()},
             "ours_vs_hf": med["ours"] / med["hf"],
             "ours_vs_hand": med["ours"] / med["hand"],
@@ -211,7 +220,10 @@ def main() -> None:
         report[f"beams_{beams}"] = summary
         print(f"\nbeams={beams}: median steady samples/s " + ", ".join(f"{r} {v:.1f}" for r, v in med.items()))
         print(f"  ours/hf {summary['ours_vs_hf']:.3f} (target >= 1.0)   ours/hand {summary['ours_vs_hand']:.3f} "
-              f"(target >= 0.9)   ours/hand_gen {summary['ours_vs_hand_gen']:.3f}\n", flush=True)
+              f"(target >= 0.9)   ours/hand_gen {summary['ours_vs_hand_gen']:.3f}")
+        print(f"  per CPU-second: " + ", ".join(f"{r} {v:.1f}" for r, v in cpu.items())
+              + f"; ours/hf {summary['cpu_ours_vs_hf']:.3f}, ours/hand {summary['cpu_ours_vs_hand']:.3f}, "
+              f"ours/hand_gen {summary['cpu_ours_vs_hand_gen']:.3f}\n", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
 
