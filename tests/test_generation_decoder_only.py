@@ -127,3 +127,16 @@ def test_split_prompt_completion_handles_either_padding_side() -> None:
         assert refs.tolist() == [[7, 8], [10, 11]]
     with pytest.raises(ValueError, match="labels"):
         split_prompt_completion(torch.tensor([[5, 6]]), None, torch.tensor([[-100, -100]]), PAD)
+
+
+def test_prompts_without_labels_generate_the_same_completions(tmp_path, one_thread) -> None:
+    """`predict` on prompts alone (no `labels` column): every attended token is prompt; same completions."""
+    tok, trainer = _trainer(tmp_path, tiny_gpt2_lm())
+    data = prompt_completion_dataset(tok, 6, seed=4)
+    prompts = Dataset.from_dict({
+        "input_ids": [[t for t, label in zip(r["input_ids"], r["labels"]) if label == -100] for r in data],
+    }).map(lambda r: {"attention_mask": [1] * len(r["input_ids"])})
+    with_labels = trainer.predict(data, max_new_tokens=4)
+    alone = trainer.predict(prompts, max_new_tokens=4)
+    np.testing.assert_array_equal(alone.predictions, with_labels.predictions)
+    assert alone.label_ids is None

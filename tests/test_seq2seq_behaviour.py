@@ -148,3 +148,14 @@ def test_pure_rules() -> None:
     assert max_batches_over_ranks(4, 2, 2) == 1
     assert max_batches_over_ranks(7, 2, 2, drop_last=True) == 2
     assert max_batches_over_ranks(1, 2, 4) == 1
+
+
+def test_seq2seq_args_module_imports_without_torch() -> None:
+    """Like `hf_lightning.args`, so a CLI can parse configs before loading torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hf_lightning.seq2seq.args as a; a.Seq2SeqTrainingArguments(predict_with_generate=True); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

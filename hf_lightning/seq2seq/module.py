@@ -13,6 +13,7 @@ generated_ids, labels)` returned. Differences (README "Generation-based evaluati
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +22,7 @@ from torch import nn
 from hf_lightning.module import TransformerModule
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 from hf_lightning.seq2seq.gen_kwargs import generation_width, load_generation_config, resolve_gen_kwargs
-from hf_lightning.seq2seq.prompts import pad_right, split_prompt_completion
+from hf_lightning.seq2seq.prompts import left_pad_prompts, pad_right, split_prompt_completion
 from hf_lightning.seq2seq.sync import GenerationAccumulator
 
 __all__ = ["Seq2SeqTransformerModule", "can_generate"]
@@ -49,8 +50,21 @@ class Seq2SeqTransformerModule(TransformerModule):
         ValueError: `predict_with_generate` with a model that cannot generate, or an invalid `generation_config`.
     """
 
-    def __init__(self, model: nn.Module, args: Seq2SeqTrainingArguments | None = None, **kwargs: Any) -> None:
-        super().__init__(model, args if args is not None else Seq2SeqTrainingArguments(), **kwargs)
+    def __init__(
+        self,
+        model: nn.Module,
+        args: Seq2SeqTrainingArguments | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        compute_loss_func: Callable[..., torch.Tensor] | None = None,
+        compute_metrics: Callable[..., dict] | None = None,
+        preprocess_logits_for_metrics: Callable[..., torch.Tensor] | None = None,
+        processing_class: Any = None,
+    ) -> None:
+        super().__init__(
+            model, args if args is not None else Seq2SeqTrainingArguments(), optimizers=optimizers,
+            compute_loss_func=compute_loss_func, compute_metrics=compute_metrics,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics, processing_class=processing_class,
+        )
         if getattr(self.args, "predict_with_generate", False) and not can_generate(model):
             raise ValueError(
                 f"`predict_with_generate`=True needs a model that can generate, but {type(model).__name__} has no "
@@ -150,7 +164,7 @@ class Seq2SeqTransformerModule(TransformerModule):
         """HF's `Seq2SeqTrainer.prediction_step`: `(teacher-forced loss, generated ids, labels)`."""
         if not getattr(self.args, "predict_with_generate", False) or prediction_loss_only:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
-        has_labels = "labels" in inputs
+        has_labels = inputs.get("labels") is not None  # HF: `"labels" in inputs`; a None value has no loss either
         gen_kwargs = dict(gen_kwargs) if gen_kwargs else dict(self.gen_kwargs)
         encoder_decoder = _is_encoder_decoder(self.model)
         if encoder_decoder:
@@ -187,14 +201,14 @@ class Seq2SeqTransformerModule(TransformerModule):
         return self.run_generate(generation_inputs, gen_kwargs), labels
 
     def _generate_completions(self, inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
-        if "labels" not in inputs:
-            raise ValueError(
-                "Decoder-only generation needs `labels` (-100 on the prompt) to find each row's prompt; the batch has "
-                f"keys {sorted(inputs)}. See hf_lightning.seq2seq.tokenize_prompt_completion."
+        if inputs.get("labels") is not None:
+            prompt_ids, prompt_mask, references = split_prompt_completion(
+                inputs["input_ids"], inputs.get("attention_mask"), inputs["labels"], self.pad_token_id()
             )
-        prompt_ids, prompt_mask, references = split_prompt_completion(
-            inputs["input_ids"], inputs.get("attention_mask"), inputs["labels"], self.pad_token_id()
-        )
+        else:  # prediction on prompts alone: every attended token is prompt, nothing to compare with
+            prompt_ids, prompt_mask = left_pad_prompts(inputs["input_ids"], inputs.get("attention_mask"),
+                                                       self.pad_token_id())
+            references = None
         max_length = gen_kwargs.get("max_length")
         if gen_kwargs.get("max_new_tokens") is None:
             limit = max_length if max_length is not None else generation_width({}, self.model.generation_config, False)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["split_prompt_completion", "tokenize_prompt_completion", "pad_right"]
+__all__ = ["left_pad_prompts", "split_prompt_completion", "tokenize_prompt_completion", "pad_right"]
 
 
 def pad_right(tensor: torch.Tensor, width: int, value: int) -> torch.Tensor:
@@ -31,6 +31,23 @@ def pad_right(tensor: torch.Tensor, width: int, value: int) -> torch.Tensor:
     out = torch.full((tensor.shape[0], width), value, dtype=tensor.dtype, device=tensor.device)
     out[:, : tensor.shape[-1]] = tensor
     return out
+
+
+def left_pad_prompts(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor | None, pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attended tokens of each row, left-padded with `pad_token_id` (a causal LM continues from the right)."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    rows = [input_ids[i][attention_mask[i].bool()] for i in range(input_ids.shape[0])]
+    width = max(int(r.numel()) for r in rows)
+    prompt_ids = torch.full((len(rows), width), pad_token_id, dtype=input_ids.dtype, device=input_ids.device)
+    prompt_mask = torch.zeros((len(rows), width), dtype=attention_mask.dtype, device=input_ids.device)
+    for i, row in enumerate(rows):
+        if row.numel():
+            prompt_ids[i, width - row.numel():] = row
+            prompt_mask[i, width - row.numel():] = 1
+    return prompt_ids, prompt_mask
 
 
 def split_prompt_completion(
@@ -53,16 +70,10 @@ def split_prompt_completion(
             "(see hf_lightning.seq2seq.tokenize_prompt_completion)."
         )
     starts = target.int().argmax(dim=1)  # first completion position of each row
-    prompts = [input_ids[i, : int(s)][attention_mask[i, : int(s)].bool()] for i, s in enumerate(starts)]
+    keep = attention_mask.bool() & (torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < starts[:, None])
+    prompt_ids, prompt_mask = left_pad_prompts(input_ids, keep.to(attention_mask.dtype), pad_token_id)
     completions = [labels[i, int(s):][target[i, int(s):]] for i, s in enumerate(starts)]
-    width = max(int(p.numel()) for p in prompts)
-    batch = len(prompts)
-    prompt_ids = torch.full((batch, width), pad_token_id, dtype=input_ids.dtype, device=input_ids.device)
-    prompt_mask = torch.zeros((batch, width), dtype=attention_mask.dtype, device=input_ids.device)
-    for i, prompt in enumerate(prompts):
-        if prompt.numel():
-            prompt_ids[i, width - prompt.numel():] = prompt
-            prompt_mask[i, width - prompt.numel():] = 1
+    batch = len(completions)
     ref_width = max(int(c.numel()) for c in completions)
     references = torch.full((batch, ref_width), -100, dtype=labels.dtype, device=labels.device)
     for i, completion in enumerate(completions):
