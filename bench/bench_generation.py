@@ -18,12 +18,13 @@ Both trainers get `compute_metrics=lambda p: {}` (without one, `evaluate` is los
 
 Timing
 ------
-`perf_counter()` and `process_time()` after each batch (HF's `on_prediction_step`, fired per batch by both trainers; after the batch in
-the loops). Steady rate = `samples of batches 2..16 / (t[16] - t[1])`: trainer construction, loop setup and the
-first batch are excluded; collation, generation, the loss forward, padding and accumulation are included. The wall
-time of the whole call (setup included) is also reported, and the *CPU-time* rate (samples per CPU-second of the
-process, with one thread: time the process was pre-empted by other processes of a shared machine does not count). Each repeat runs every runner once, the order rotated by
-one per repeat; medians over repeats and per-repeat paired ratios are printed. One thread (`torch.set_num_threads`).
+`perf_counter()` and `process_time()` after each batch (HF's `on_prediction_step`, fired per batch by both
+trainers; after the batch in the loops). Steady rate = `samples of batches 2..16 / (t[16] - t[1])`: trainer
+construction, loop setup and the first batch are excluded; collation, generation, the loss forward, padding and
+accumulation are included. Also reported: the wall time of the whole call (setup included), and the *CPU-time* rate
+(samples per CPU-second of the process, one thread: time the process was pre-empted by other processes of a shared
+machine does not count). Each repeat runs every runner once, the order rotated by one per repeat; medians over
+repeats and per-repeat paired ratios are printed. One thread (`torch.set_num_threads`).
 
 Targets: ours >= 1.0x hf, ours >= 0.9x hand (the loop doing the same work).
 
@@ -146,6 +147,7 @@ def run_hf(beams: int, data: Any) -> tuple[tuple[float, float], float, float]:
             data_collator=DataCollatorForSeq2Seq(tokenizer(), model=model), processing_class=tokenizer(),
             compute_metrics=lambda p: {}, callbacks=[timer.callback],
         )
+        trainer.remove_callback(transformers.trainer_callback.PrinterCallback)  # it prints the metrics dict
         start = time.perf_counter()
         metrics = trainer.evaluate(data)
         total = time.perf_counter() - start
@@ -201,7 +203,8 @@ def main() -> None:
                 cpu_rates[runner].append(cpu_rate)
                 totals[runner].append(total)
                 print(f"beams={beams} repeat={repeat} {runner:9s} {rate:8.1f} samples/s (steady)  "
-                      f"{cpu_rate:8.1f} samples/CPU-s  {NUM_SAMPLES / total:8.1f} samples/s (whole call)  loss={loss:.4f}", flush=True)
+                      f"{cpu_rate:8.1f} samples/CPU-s  {NUM_SAMPLES / total:8.1f} samples/s (whole call)  "
+                      f"loss={loss:.4f}", flush=True)
         med = {r: statistics.median(v) for r, v in rates.items()}
         cpu = {r: statistics.median(v) for r, v in cpu_rates.items()}
         summary = {

@@ -31,7 +31,8 @@ def test_notebook_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv("HFL_NOTEBOOK_STEPS", "6")
     monkeypatch.setenv("HFL_NOTEBOOK_OUTPUT", str(tmp_path / "out"))
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300, resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
+                                     resources={"metadata": {"path": str(tmp_path)}})
     client.execute()
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "eval_exact_match" in text and "train/loss" in text

@@ -70,7 +70,8 @@ def split_prompt_completion(
             "(see hf_lightning.seq2seq.tokenize_prompt_completion)."
         )
     starts = target.int().argmax(dim=1)  # first completion position of each row
-    keep = attention_mask.bool() & (torch.arange(input_ids.shape[1], device=input_ids.device)[None, :] < starts[:, None])
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]
+    keep = attention_mask.bool() & (positions < starts[:, None])
     prompt_ids, prompt_mask = left_pad_prompts(input_ids, keep.to(attention_mask.dtype), pad_token_id)
     completions = [labels[i, int(s):][target[i, int(s):]] for i, s in enumerate(starts)]
     batch = len(completions)

@@ -75,7 +75,11 @@ class Seq2SeqTrainer(Trainer):
         return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
     def predict(
-        self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test", **gen_kwargs: Any
+        self,
+        test_dataset: Any,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "test",
+        **gen_kwargs: Any,
     ) -> Any:
         """HF's `Seq2SeqTrainer.predict`: `PredictionOutput` with generated ids when `predict_with_generate`."""
         self.module.gen_kwargs = resolve_gen_kwargs(self.args, gen_kwargs)

@@ -2,7 +2,8 @@
 
 Run by tests/test_generation_ddp.py (Lightning's `ddp` launcher re-executes this script for rank 1). Eval sets of 5
 samples in batches of 2 give rank 0 two batches and rank 1 one (different batches than on one process, so the
-mean of batch losses differs: the loss is compared on an 8-sample set whose batches are the same). With `synced_gpus=True` every `generate` call is collective, so a missing call on one rank would hang.
+mean of batch losses differs: the loss is compared on an 8-sample set whose batches are the same).
+With `synced_gpus=True` every `generate` call is collective, so a missing call on one rank would hang.
 Usage: python ddp_generate.py OUT_PREFIX DEVICES
 """
 
