@@ -159,3 +159,13 @@ def test_seq2seq_args_module_imports_without_torch() -> None:
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_streamed_text_metrics_equal_whole_set_metrics(tmp_path, one_thread) -> None:
+    """`batch_eval_metrics=True`: the text metrics are updated batch by batch and give the whole-set values."""
+    tok, whole = _trainer(tmp_path / "a", generation_max_length=6)
+    _, streamed = _trainer(tmp_path / "b", generation_max_length=6, batch_eval_metrics=True)
+    data = seq2seq_dataset(tok, 10, seed=4)
+    a, b = whole.evaluate(data), streamed.evaluate(data)
+    for key in ("eval_loss", "eval_sacrebleu", "eval_rouge1", "eval_rouge2", "eval_rougeL", "eval_exact_match"):
+        assert b[key] == pytest.approx(a[key], rel=1e-6), key
