@@ -16,6 +16,9 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "HFTrainerFlow": "hf_lightning.callbacks.flow",
+    "Seq2SeqTrainer": "hf_lightning.seq2seq.trainer",
+    "Seq2SeqTrainingArguments": "hf_lightning.seq2seq.args",
+    "Seq2SeqTransformerModule": "hf_lightning.seq2seq.module",
     "Trainer": "hf_lightning.facade",
     "TrainingArguments": "hf_lightning.args",
     "TransformerDataModule": "hf_lightning.data.datamodule",
@@ -29,6 +32,9 @@ if TYPE_CHECKING:
     from hf_lightning.callbacks.flow import HFTrainerFlow
     from hf_lightning.data.datamodule import TransformerDataModule
     from hf_lightning.facade import Trainer
+    from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
+    from hf_lightning.seq2seq.module import Seq2SeqTransformerModule
+    from hf_lightning.seq2seq.trainer import Seq2SeqTrainer
     from hf_lightning.module import TransformerModule
 
 

@@ -5,7 +5,10 @@ import sys
 
 import hf_lightning
 
-EXPECTED = ["HFTrainerFlow", "Trainer", "TrainingArguments", "TransformerDataModule", "TransformerModule", "__version__"]
+EXPECTED = [
+    "HFTrainerFlow", "Seq2SeqTrainer", "Seq2SeqTrainingArguments", "Seq2SeqTransformerModule", "Trainer", "TrainingArguments", "TransformerDataModule", "TransformerModule",
+    "__version__",
+]
 
 
 def test_all_is_frozen() -> None:

@@ -307,6 +307,8 @@ class HFTrainerFlow(Callback):
         from hf_lightning.evaluation import EvalAccumulator
 
         loss_only = self.args.prediction_loss_only or getattr(pl_module, "compute_metrics", None) is None
+        if hasattr(pl_module, "_accumulator"):  # the module's own kind (e.g. one that evens out `generate` calls)
+            return pl_module._accumulator(idx, loss_only)
         return accumulators.setdefault(idx, EvalAccumulator(pl_module, loss_only))
 
     def _finish_eval_dataset(self, trainer: pl.Trainer, pl_module: pl.LightningModule, idx: int) -> None:

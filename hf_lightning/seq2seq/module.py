@@ -1,0 +1,224 @@
+"""`Seq2SeqTransformerModule`: evaluation and prediction by generation, for encoder-decoder and decoder-only models.
+
+With `args.predict_with_generate`, `prediction_step` follows HF's `Seq2SeqTrainer.prediction_step` (S2S:259-372):
+`generate` with the stored `gen_kwargs`, a separate teacher-forced forward pass for the loss, and `(loss,
+generated_ids, labels)` returned. Differences (README "Generation-based evaluation"):
+
+- predictions are right-padded with the pad id to the length the generation actually used (`max_length`, or
+  `max_new_tokens` (+1 for the decoder start token)), not to `model.generation_config.max_length` (20);
+- labels keep -100 as their only padding (HF appends pad ids after the collator's -100);
+- a decoder-only model (HF has no support) generates completions of left-padded prompts; the predictions are the
+  completion tokens and the labels the reference completions (format in `prompts.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from hf_lightning.module import TransformerModule
+from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
+from hf_lightning.seq2seq.gen_kwargs import generation_width, load_generation_config, resolve_gen_kwargs
+from hf_lightning.seq2seq.prompts import left_pad_prompts, pad_right, split_prompt_completion
+from hf_lightning.seq2seq.sync import GenerationAccumulator
+
+__all__ = ["Seq2SeqTransformerModule", "can_generate"]
+
+
+def can_generate(model: nn.Module) -> bool:
+    """Whether `model.generate` exists and the model class supports generation."""
+    check = getattr(model, "can_generate", None)
+    return hasattr(model, "generate") and (check() if callable(check) else True)
+
+
+def _is_encoder_decoder(model: nn.Module) -> bool:
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+class Seq2SeqTransformerModule(TransformerModule):
+    """A `TransformerModule` that evaluates by generation when `args.predict_with_generate` (same constructor).
+
+    Attributes:
+        gen_kwargs: the `generate` keyword arguments used by `prediction_step` (HF's `_gen_kwargs`): the args'
+            `generation_max_length` / `generation_num_beams`, replaced by `Seq2SeqTrainer.evaluate/predict(**kw)`
+            and reset to the args' values at each evaluation during training (as HF).
+
+    Raises:
+        ValueError: `predict_with_generate` with a model that cannot generate, or an invalid `generation_config`.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        args: Seq2SeqTrainingArguments | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        compute_loss_func: Callable[..., torch.Tensor] | None = None,
+        compute_metrics: Callable[..., dict] | None = None,
+        preprocess_logits_for_metrics: Callable[..., torch.Tensor] | None = None,
+        processing_class: Any = None,
+    ) -> None:
+        super().__init__(
+            model, args if args is not None else Seq2SeqTrainingArguments(), optimizers=optimizers,
+            compute_loss_func=compute_loss_func, compute_metrics=compute_metrics,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics, processing_class=processing_class,
+        )
+        if getattr(self.args, "predict_with_generate", False) and not can_generate(model):
+            raise ValueError(
+                f"`predict_with_generate`=True needs a model that can generate, but {type(model).__name__} has no "
+                "usable `generate` (use a *ForConditionalGeneration / *ForCausalLM / *LMHeadModel class, or set "
+                "`predict_with_generate`=False)."
+            )
+        if getattr(self.args, "generation_config", None) is not None:
+            model.generation_config = load_generation_config(self.args.generation_config)
+        self.gen_kwargs: dict[str, Any] = resolve_gen_kwargs(self.args)
+        self._active_dataloader = 0
+        self._active_loaders: Any = None
+
+    # ----- accumulators that count generate calls -----
+    def _accumulator(self, dataloader_idx: int, prediction_loss_only: bool) -> GenerationAccumulator:
+        if dataloader_idx not in self.eval_accumulators:
+            self.eval_accumulators[dataloader_idx] = GenerationAccumulator(self, prediction_loss_only, dataloader_idx)
+        return self.eval_accumulators[dataloader_idx]  # type: ignore[return-value]
+
+    def on_validation_epoch_start(self) -> None:
+        """HF's training-time evaluation calls `evaluate()` without kwargs: the args' values apply (and persist)."""
+        super().on_validation_epoch_start()
+        if self._trainer is not None and self.trainer.state.fn == "fit":
+            self.gen_kwargs = resolve_gen_kwargs(self.args)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._active_dataloader = dataloader_idx
+        self._active_loaders = self.trainer.val_dataloaders
+        super().validation_step(batch, batch_idx, dataloader_idx)
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._active_dataloader = dataloader_idx
+        self._active_loaders = self.trainer.predict_dataloaders
+        super().predict_step(batch, batch_idx, dataloader_idx)
+
+    # ----- generation -----
+    def generation_is_synced(self) -> bool:
+        """Whether `generate` runs with `synced_gpus` (the same on every process)."""
+        if not getattr(self.args, "predict_with_generate", False):
+            return False
+        return bool(self.gen_kwargs.get("synced_gpus", self._default_synced_gpus()))
+
+    def _default_synced_gpus(self) -> bool:
+        """HF's default: True when parameters are sharded (DeepSpeed ZeRO-3, FSDP) on several processes."""
+        if self._trainer is None or self.trainer.world_size < 2:
+            return False
+        strategy = type(self.trainer.strategy).__name__
+        if strategy.startswith("FSDP"):
+            return True
+        config = getattr(self.trainer.strategy, "config", None) or {}
+        return strategy.startswith("DeepSpeed") and config.get("zero_optimization", {}).get("stage") == 3
+
+    def run_generate(self, generation_inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> torch.Tensor:
+        """`model.generate` with HF's cleaned kwargs (None `num_beams`/`max_length` dropped, `synced_gpus` set)."""
+        kwargs = {k: v for k, v in gen_kwargs.items() if not (k in ("num_beams", "max_length") and v is None)}
+        kwargs.setdefault("synced_gpus", self._default_synced_gpus())
+        if kwargs["synced_gpus"] and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            kwargs["synced_gpus"] = False  # one process: nothing to sync (generate would fail without a group)
+        with torch.no_grad():
+            generated = self.model.generate(**generation_inputs, **kwargs)
+        config = getattr(self.model, "generation_config", None)
+        if config is not None and getattr(config, "_from_model_config", False):
+            config._from_model_config = False  # as HF: do not rebuild the config from the model config every batch
+        return generated
+
+    def pad_token_id(self) -> int:
+        """The id used to pad generated tokens: the tokenizer's pad (or EOS), else the model's / generation config's.
+
+        Raises:
+            ValueError: no pad or EOS id anywhere.
+        """
+        tokenizer = self.processing_class
+        candidates = [
+            getattr(tokenizer, "pad_token_id", None),
+            getattr(tokenizer, "eos_token_id", None),
+            getattr(getattr(self.model, "config", None), "pad_token_id", None),
+            getattr(getattr(self.model, "generation_config", None), "pad_token_id", None),
+            getattr(getattr(self.model, "generation_config", None), "eos_token_id", None),
+        ]
+        for value in candidates:
+            if isinstance(value, (list, tuple)):
+                value = value[0] if value else None
+            if value is not None:
+                return int(value)
+        raise ValueError(
+            "Padding generated tokens needs a pad token id: set `pad_token_id` (or `eos_token_id`) on the "
+            "`processing_class` tokenizer or on `model.config`."
+        )
+
+    def prediction_step(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+        **gen_kwargs: Any,
+    ) -> tuple[torch.Tensor | None, Any, Any]:
+        """HF's `Seq2SeqTrainer.prediction_step`: `(teacher-forced loss, generated ids, labels)`."""
+        if not getattr(self.args, "predict_with_generate", False) or prediction_loss_only:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        has_labels = inputs.get("labels") is not None  # HF: `"labels" in inputs`; a None value has no loss either
+        gen_kwargs = dict(gen_kwargs) if gen_kwargs else dict(self.gen_kwargs)
+        encoder_decoder = _is_encoder_decoder(self.model)
+        if encoder_decoder:
+            generated, labels = self._generate_seq2seq(inputs, gen_kwargs)
+        else:
+            generated, labels = self._generate_completions(inputs, gen_kwargs)
+        width = generation_width(gen_kwargs, getattr(self.model, "generation_config", None), encoder_decoder)
+        generated = pad_right(generated, width, self.pad_token_id())
+        loss = None
+        if has_labels:
+            with torch.no_grad():
+                loss = self.compute_loss(model, dict(inputs)).detach().mean()
+        if self.args.prediction_loss_only:
+            return loss, None, None
+        return loss, generated, labels
+
+    def _record(self, generation_inputs: dict[str, Any]) -> None:
+        accumulator = self.eval_accumulators.get(self._active_dataloader)
+        if isinstance(accumulator, GenerationAccumulator):
+            loaders = self._active_loaders
+            loader = loaders[self._active_dataloader] if isinstance(loaders, (list, tuple)) else loaders
+            accumulator.record_generate(generation_inputs, loader)
+
+    def _generate_seq2seq(self, inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        generation_inputs = dict(inputs)
+        labels = inputs.get("labels")
+        decoder_ids = inputs.get("decoder_input_ids")
+        # decoder_input_ids made from the labels by the collator would make `generate` continue them: drop them
+        if labels is not None and decoder_ids is not None and labels.shape == decoder_ids.shape:
+            generation_inputs.pop("decoder_input_ids")
+            generation_inputs.pop("decoder_attention_mask", None)
+        generation_inputs.pop("labels", None)
+        self._record(generation_inputs)
+        return self.run_generate(generation_inputs, gen_kwargs), labels
+
+    def _generate_completions(self, inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
+        if inputs.get("labels") is not None:
+            prompt_ids, prompt_mask, references = split_prompt_completion(
+                inputs["input_ids"], inputs.get("attention_mask"), inputs["labels"], self.pad_token_id()
+            )
+        else:  # prediction on prompts alone: every attended token is prompt, nothing to compare with
+            prompt_ids, prompt_mask = left_pad_prompts(inputs["input_ids"], inputs.get("attention_mask"),
+                                                       self.pad_token_id())
+            references = None
+        max_length = gen_kwargs.get("max_length")
+        if gen_kwargs.get("max_new_tokens") is None:
+            limit = max_length if max_length is not None else generation_width({}, self.model.generation_config, False)
+            if limit <= prompt_ids.shape[1]:
+                raise ValueError(
+                    f"`generation_max_length` (max_length={limit}) must be longer than the prompts: this batch has "
+                    f"prompts of {prompt_ids.shape[1]} tokens, leaving no room for a completion. Raise "
+                    "`generation_max_length` or pass `max_new_tokens` to evaluate()/predict()."
+                )
+        generation_inputs = {"input_ids": prompt_ids, "attention_mask": prompt_mask}
+        self._record(generation_inputs)
+        generated = self.run_generate(generation_inputs, gen_kwargs)
+        return generated[:, prompt_ids.shape[1]:], references
