@@ -326,6 +326,10 @@ class HFTrainerFlow(Callback):
     def last_prediction(self, prefix: str, num_samples: int | None) -> Any:
         """Finish the last `predict` run: HF's `PredictionOutput` fields; fires `on_predict` (no log entry)."""
         accumulators = self._predict_module.eval_accumulators
+        if 0 not in accumulators:  # this process's shard was empty (more processes than batches): still gather
+            from hf_lightning.evaluation import EvalAccumulator
+
+            accumulators[0] = EvalAccumulator(self._predict_module, self.args.prediction_loss_only, is_prediction=True)
         result = accumulators[0].finish(prefix, num_samples=num_samples)
         self.control = self.handler.call("on_predict", self.args, self.state, self.control, metrics=result.metrics)
         return result
