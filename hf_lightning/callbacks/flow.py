@@ -305,6 +305,10 @@ class HFTrainerFlow(Callback):
         metrics = dict(accumulator.finish(prefix, num_samples=len(dataset) if sized else None).metrics)
         self.record_log(trainer, metrics)  # adds "epoch" into the same dict, as HF
         self.control = self.handler.call("on_evaluate", self.args, self.state, self.control, metrics=metrics)
+        for callback in trainer.callbacks:  # Lightning callbacks acting on HF evaluations (e.g. HFEarlyStopping)
+            hook = getattr(callback, "on_hf_evaluate", None)
+            if hook is not None:
+                hook(trainer, pl_module, self, metrics)
         self.last_eval_metrics.update(metrics)
 
     # ----- prediction -----
