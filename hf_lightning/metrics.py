@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["EvalBatch", "StreamingMetrics", "as_streaming_metrics", "is_streaming_metric"]
+__all__ = ["CombinedMetrics", "EvalBatch", "StreamingMetrics", "as_streaming_metrics", "is_streaming_metric"]
 
 
 @dataclass
@@ -149,3 +149,43 @@ class StreamingMetrics:
         if isinstance(value, Mapping):
             return dict(value)
         return {self.name: value}
+
+
+class CombinedMetrics(StreamingMetrics):
+    """Several `StreamingMetrics`, each with its own adapter options, as one `compute_metrics`.
+
+    Example::
+
+        CombinedMetrics(StreamingMetrics(MulticlassAccuracy(V, ignore_index=-100), argmax=True, shift_labels=True,
+                                         name="accuracy"),
+                        StreamingMetrics(Perplexity(ignore_index=-100), shift_labels=True, name="perplexity"))
+
+    Raises:
+        TypeError: a part is not a `StreamingMetrics`.
+        ValueError: two parts report the same key.
+    """
+
+    def __init__(self, *parts: StreamingMetrics) -> None:  # no super().__init__: the parts hold the metrics
+        for part in parts:
+            if not isinstance(part, StreamingMetrics):
+                raise TypeError(f"CombinedMetrics takes StreamingMetrics parts, got {type(part).__name__}.")
+        self.parts = parts
+        self.needs_labels = any(part.needs_labels for part in parts)
+
+    def reset(self, device: torch.device | None = None) -> None:
+        for part in self.parts:
+            part.reset(device)
+
+    def update(self, batch: EvalBatch) -> None:
+        for part in self.parts:
+            part.update(batch)
+
+    def compute(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for part in self.parts:
+            values = part.compute()
+            clash = set(values) & set(out)
+            if clash:
+                raise ValueError(f"CombinedMetrics: several parts report {sorted(clash)}; give them distinct names.")
+            out.update(values)
+        return out
