@@ -7,8 +7,8 @@ token rows, `per_device_eval_batch_size=16`, one thread, CPU. Both runners repor
 accuracy and perplexity of the next token (labels = inputs, shifted):
 
 - `ours`: `hf_lightning.Trainer(compute_metrics=...)` with torchmetrics `Perplexity` and
-  `MulticlassAccuracy` fed per batch (`CombinedMetrics` of two `StreamingMetrics(..., shift_labels=True)`); nothing is accumulated but the
-  per-sample batch losses.
+  `MulticlassAccuracy` fed per batch (`CombinedMetrics` of two `StreamingMetrics(..., shift_labels=True)`);
+  nothing is accumulated but the per-sample batch losses.
 - `hf`: `transformers.Trainer(compute_metrics=fn)` where `fn(EvalPrediction)` gets every logit of the eval set
   (samples x 64 x 8192 float32 = 2 MiB per sample) and computes the same two numbers row by row (so the metric
   itself adds no big temporary).
@@ -135,7 +135,8 @@ def worker(runner: str, samples: int) -> dict[str, Any]:
     metrics = trainer.evaluate()
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"runner": runner, "samples": samples, "peak_rss_mib": round(peak, 1), "rss_before_eval_mib": round(before, 1),
+    return {"runner": runner, "samples": samples, "peak_rss_mib": round(peak, 1),
+            "rss_before_eval_mib": round(before, 1),
             "eval_seconds": round(seconds, 3), "samples_per_second": round(samples / seconds, 2),
             "accuracy": metrics["eval_accuracy"], "perplexity": metrics["eval_perplexity"],
             "eval_loss": metrics["eval_loss"]}
@@ -172,7 +173,8 @@ def main() -> None:
     for samples in args.hf_sizes:
         gib = samples * LOGIT_BYTES_PER_SAMPLE / 2**30
         if gib > args.hf_max_gib:
-            results.append({"runner": "hf", "samples": samples, "skipped": f"logits alone {gib:.1f} GiB > --hf-max-gib"})
+            skipped = f"logits alone {gib:.1f} GiB > --hf-max-gib"
+            results.append({"runner": "hf", "samples": samples, "skipped": skipped})
         else:
             results.append({**run_fresh("hf", samples, args.malloc), "malloc": args.malloc})
         print(json.dumps(results[-1]), flush=True)

@@ -112,14 +112,16 @@ def check_metrics(metrics: Any, prefix: str) -> dict[str, Any]:
             shape = getattr(value, "shape", None)
             raise TypeError(
                 f"`compute_metrics` returned a non-scalar or non-numeric value for {key!r}: {type(value).__name__}"
-                f"{f' of shape {tuple(shape)}' if shape is not None else ''} ({str(value)[:60]!r}). Every value must be "
+                f"{f' of shape {tuple(shape)}' if shape is not None else ''} ({str(value)[:60]!r}). Every value must "
+                "be "
                 "a single number (int or float, a numpy scalar or a one-element tensor); reduce it (e.g. a mean) or "
                 "log per-class values under separate keys."
             )
         name = key if str(key).startswith(f"{prefix}_") else f"{prefix}_{key}"
         if key in RESERVED_KEYS or name in {f"{prefix}_{s}" for s in BUILT_IN_SUFFIXES}:
+            built_in = key if key in RESERVED_KEYS else name
             raise ValueError(
-                f"`compute_metrics` returned the key {key!r}, which collides with the built-in key {name if key not in RESERVED_KEYS else key!r} "
+                f"`compute_metrics` returned the key {key!r}, which collides with the built-in key {built_in!r} "
                 f"(built-in: {', '.join(f'{prefix}_{s}' for s in BUILT_IN_SUFFIXES)}, {', '.join(RESERVED_KEYS)}). "
                 "Rename the metric."
             )
@@ -246,7 +248,8 @@ class EvalAccumulator:
         inputs = None
         if "inputs" in self.args.include_for_metrics:
             inputs = batch.get(getattr(self.module.model, "main_input_name", "input_ids"))
-        if self.streaming is not None and logits is not None and (labels is not None or not self.streaming.needs_labels):
+        streams = self.streaming is not None and (labels is not None or not self.streaming.needs_labels)
+        if streams and logits is not None:
             from hf_lightning.metrics import EvalBatch
 
             self.streaming.update(EvalBatch(preds=logits, labels=labels, inputs=batch, loss=loss))

@@ -104,7 +104,9 @@ class Trainer:
         from hf_lightning.metrics import is_streaming_metric
 
         if eval_loss_weighting not in EVAL_LOSS_WEIGHTINGS:
-            raise ValueError(f"`eval_loss_weighting` must be one of {EVAL_LOSS_WEIGHTINGS}, got {eval_loss_weighting!r}.")
+            raise ValueError(
+                f"`eval_loss_weighting` must be one of {EVAL_LOSS_WEIGHTINGS}, got {eval_loss_weighting!r}."
+            )
         self.eval_loss_weighting = eval_loss_weighting
         if self.args.batch_eval_metrics and compute_metrics is not None and not is_streaming_metric(compute_metrics):
             if "compute_result" not in inspect.signature(compute_metrics).parameters:

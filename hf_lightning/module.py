@@ -282,7 +282,9 @@ class TransformerModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ----- evaluation and prediction -----
-    def _accumulator(self, dataloader_idx: int, prediction_loss_only: bool, is_prediction: bool = False) -> EvalAccumulator:
+    def _accumulator(
+        self, dataloader_idx: int, prediction_loss_only: bool, is_prediction: bool = False
+    ) -> EvalAccumulator:
         if dataloader_idx not in self.eval_accumulators:
             self.eval_accumulators[dataloader_idx] = EvalAccumulator(self, prediction_loss_only, is_prediction)
         return self.eval_accumulators[dataloader_idx]

@@ -62,7 +62,10 @@ def test_stops_where_hf_early_stopping_stops(tmp_path, scores, patience, thresho
     ours = _train("ours", str(tmp_path / "ours"), HFEarlyStopping(patience, threshold), scores)
     hf = _train("hf", str(tmp_path / "hf"), transformers.EarlyStoppingCallback(patience, threshold), scores)
     assert ours.state.global_step == hf.state.global_step == stop_step
-    assert [(e["step"], list(e)) for e in ours.state.log_history] == [(e["step"], list(e)) for e in hf.state.log_history]
+    def entries(trainer: Any) -> list:
+        return [(e["step"], list(e)) for e in trainer.state.log_history]
+
+    assert entries(ours) == entries(hf)
     assert ours.state.best_metric == hf.state.best_metric
     assert os.path.basename(ours.state.best_model_checkpoint) == os.path.basename(hf.state.best_model_checkpoint)
     assert sorted(os.listdir(tmp_path / "ours")) == sorted(os.listdir(tmp_path / "hf"))
@@ -93,7 +96,8 @@ def test_needs_the_flow_and_valid_arguments(tmp_path):
     args = hf_lightning.TrainingArguments(output_dir=str(tmp_path), max_steps=2, eval_strategy="steps",
                                           metric_for_best_model="loss")
     module = hf_lightning.TransformerModule(tiny_bert(), args)
-    dm = TransformerDataModule(train_dataset=classification_dataset(8), eval_dataset=classification_dataset(4), args=args)
+    dm = TransformerDataModule(train_dataset=classification_dataset(8), eval_dataset=classification_dataset(4),
+                               args=args)
     trainer = pl.Trainer(callbacks=[HFEarlyStopping(1)], max_steps=2, logger=False, enable_progress_bar=False,
                          enable_checkpointing=False, use_distributed_sampler=False)
     with pytest.raises(ValueError, match="needs the `HFTrainerFlow` callback"):
@@ -108,7 +112,8 @@ def test_patience_counter_survives_a_lightning_checkpoint(tmp_path):
         metric_for_best_model="score", per_device_train_batch_size=4, report_to="none", disable_tqdm=True)
     callback = HFEarlyStopping(3)
     trainer = hf_lightning.Trainer(model=tiny_bert(), args=args, train_dataset=classification_dataset(24),
-                                   eval_dataset=classification_dataset(4), compute_metrics=ScriptedScore([0.5, 0.4, 0.4]),
+                                   eval_dataset=classification_dataset(4),
+                                   compute_metrics=ScriptedScore([0.5, 0.4, 0.4]),
                                    callbacks=[callback], lightning_kwargs={"enable_checkpointing": False})
     trainer.train()
     assert trainer.state.global_step == 6 and callback.patience_counter == 2

@@ -193,7 +193,7 @@ def test_causal_lm_perplexity_with_preprocess_logits(tmp_path):
 
 
 def test_batch_eval_metrics(tmp_path):
-    """`batch_eval_metrics`: called per batch with `compute_result` True on the last one; predict still returns arrays."""
+    """`batch_eval_metrics`: called per batch, `compute_result` True on the last one; predict still returns arrays."""
 
     class Running:
         def __init__(self) -> None:
@@ -239,7 +239,8 @@ def test_prediction_loss_only_ignore_keys_and_label_names(tmp_path):
     ours_pred, hf_pred = ours.predict(data), hf.predict(data)
     assert isinstance(hf_pred.predictions, tuple)  # logits plus the hidden states
     assert_same_arrays(ours_pred.predictions, hf_pred.predictions)
-    ours_pred, hf_pred = ours.predict(data, ignore_keys=["hidden_states"]), hf.predict(data, ignore_keys=["hidden_states"])
+    ignore = ["hidden_states"]
+    ours_pred, hf_pred = ours.predict(data, ignore_keys=ignore), hf.predict(data, ignore_keys=ignore)
     assert_same_arrays(ours_pred.predictions, hf_pred.predictions)
     assert_same_metrics(ours.evaluate(ignore_keys=["hidden_states"]), hf.evaluate(ignore_keys=["hidden_states"]))
 

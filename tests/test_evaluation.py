@@ -177,7 +177,8 @@ def test_prediction_files_classification(tmp_path):
     assert list(rows.columns) == ["prediction", "predicted_class", "label"] and len(rows) == 7
     np.testing.assert_allclose(np.stack(rows["prediction"]), output.predictions)
     assert rows["predicted_class"].tolist() == output.predictions.argmax(-1).tolist()
-    assert json.loads((tmp_path / "out" / "predict_results.json").read_text())["test_loss"] == output.metrics["test_loss"]
+    saved_metrics = json.loads((tmp_path / "out" / "predict_results.json").read_text())
+    assert saved_metrics["test_loss"] == output.metrics["test_loss"]
     assert not [p for p in os.listdir(tmp_path / "out") if p.startswith(".")]  # no temporary file left
 
 
@@ -192,7 +193,8 @@ def test_prediction_files_padded_tuple_and_unlabelled(tmp_path):
     tuple_output = type(output)(predictions=(np.ones((3, 2)), np.zeros((3, 4, 5))), label_ids=None, metrics={})
     arrays = np.load(write_predictions(tuple_output, tmp_path / "tuple"))
     assert sorted(arrays.files) == ["predictions_0", "predictions_1"]
-    assert list(pd.read_parquet(tmp_path / "tuple" / "predictions.parquet").columns) == ["prediction", "predicted_class"]
+    columns = list(pd.read_parquet(tmp_path / "tuple" / "predictions.parquet").columns)
+    assert columns == ["prediction", "predicted_class"]
     with pytest.raises(ValueError, match="prediction_loss_only"):
         write_predictions(type(output)(predictions=None, label_ids=None, metrics={}), tmp_path / "none")
 

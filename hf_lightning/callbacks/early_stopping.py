@@ -104,8 +104,8 @@ class HFEarlyStopping(Callback):
         key = key if key.startswith("eval_") else f"eval_{key}"
         value = metrics.get(key)
         if value is None:
-            warnings.warn(f"HFEarlyStopping: the metric {key!r} is not in the evaluation metrics "
-                          f"{sorted(metrics)}; early stopping is skipped for this evaluation.", UserWarning, stacklevel=2)
+            warnings.warn(f"HFEarlyStopping: the metric {key!r} is not in the evaluation metrics {sorted(metrics)}; "
+                          "early stopping is skipped for this evaluation.", UserWarning, stacklevel=2)
             return
         if is_improvement(value, flow.state.best_metric, bool(args.greater_is_better), self.early_stopping_threshold):
             self.patience_counter = 0

@@ -13,6 +13,7 @@ Usage: python ddp_eval.py OUT_PREFIX DEVICES
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -77,8 +78,9 @@ def collect(devices: int, out_dir: str) -> dict[str, Any]:
     lm_rows = token_rows(101, seed=3, causal=True)
     model = tiny_gpt2()
     model.loss_type = "ForCausalLM"
-    perplexity = StreamingMetrics(__import__("torchmetrics.text", fromlist=["Perplexity"]).Perplexity(ignore_index=-100),
-                                  shift_labels=True, name="perplexity")
+    from torchmetrics.text import Perplexity
+
+    perplexity = StreamingMetrics(Perplexity(ignore_index=-100), shift_labels=True, name="perplexity")
     trainer = _trainer(model, devices, out_dir, eval_dataset=lm_rows, data_collator=pad_collator,
                        compute_metrics=perplexity)
     out["lm_samples"] = _plain(trainer.evaluate())
@@ -86,7 +88,7 @@ def collect(devices: int, out_dir: str) -> dict[str, Any]:
     out["lm_tokens"] = _plain(trainer.evaluate())
     lm_prediction = trainer.predict(lm_rows)
     out["lm_predictions_shape"] = list(lm_prediction.predictions.shape)
-    out["lm_predictions_sha"] = __import__("hashlib").sha256(lm_prediction.predictions.tobytes()).hexdigest()
+    out["lm_predictions_sha"] = hashlib.sha256(lm_prediction.predictions.tobytes()).hexdigest()
     out["lm_label_ids"] = lm_prediction.label_ids.tolist()
     out["rank"] = int(os.environ.get("LOCAL_RANK", 0))
     return out
