@@ -21,8 +21,10 @@ evaluation itself is `peak - before`. Throughput: eval samples / wall time of th
 Allocator: glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), after which the 32 MiB
 per-batch logits come from the heap; the heap then fragments and the peak RSS of a long evaluation creeps up with
 the number of batches, for any runner, although nothing is kept (ours, 1k samples: 1337 MiB with the dynamic
-threshold, 590 MiB with a fixed one, 480 MiB before the evaluation). `--malloc fixed` (default) runs every worker
-with `MALLOC_MMAP_THRESHOLD_=1048576` so that the numbers measure what the runners keep, not allocator history;
+threshold, 590 MiB with a fixed 1 MiB one, 480 MiB before the evaluation; with 1 MiB the resident set still crept
+by ~10 MiB per 400 batches from blocks of 64 KiB-1 MiB, with 64 KiB by 1 MiB per 320 batches, while the memory
+traced by tracemalloc grew by < 1 MiB). `--malloc fixed` (default) runs every worker with
+`MALLOC_MMAP_THRESHOLD_=65536`, so that the numbers measure what the runners keep, not allocator history;
 `--malloc default` shows glibc's default behaviour.
 
 HF sizes whose logits alone exceed `--hf-max-gib` (default 5 GiB: 2 GiB of logits at 1k samples, 8 GiB at 4k,
@@ -145,7 +147,7 @@ def worker(runner: str, samples: int) -> dict[str, Any]:
 def run_fresh(runner: str, samples: int, malloc: str) -> dict[str, Any]:
     env = dict(os.environ)
     if malloc == "fixed":
-        env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 20)  # see the module docstring: no dynamic threshold, no heap growth
+        env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 16)  # see the module docstring: no dynamic threshold, no heap growth
     out = subprocess.run([sys.executable, __file__, "--worker", runner, str(samples)], capture_output=True, text=True,
                          check=False, env=env)
     if out.returncode != 0:
@@ -158,7 +160,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--hf-sizes", type=int, nargs="*", default=[1024, 2048, 4096, 16384])
     parser.add_argument("--malloc", choices=["fixed", "default"], default="fixed",
-                        help="fixed: MALLOC_MMAP_THRESHOLD_=1MiB in the workers; default: glibc's dynamic threshold")
+                        help="fixed: MALLOC_MMAP_THRESHOLD_=64KiB in the workers; default: glibc's dynamic threshold")
     parser.add_argument("--hf-max-gib", type=float, default=5.0, help="skip HF sizes whose logits exceed this")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--worker", nargs=2, metavar=("RUNNER", "SAMPLES"), help=argparse.SUPPRESS)
