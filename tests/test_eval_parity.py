@@ -279,3 +279,15 @@ def test_after_training_the_eval_entries_match(tmp_path):
     assert len(ours_evals) == len(hf_evals) == 4
     for a, b in zip(ours_evals, hf_evals):
         assert_same_metrics(a, b)
+
+
+def test_eval_do_concat_batches_false(tmp_path):
+    """`eval_do_concat_batches=False`: per-batch arrays in a list, for predictions and labels (token widths differ)."""
+    data = token_rows(7, seed=10)
+    ours, hf = both(tiny_token_bert, tmp_path, data, data_collator=pad_collator,
+                    args_kwargs=dict(eval_do_concat_batches=False))
+    ours_pred, hf_pred = ours.predict(data), hf.predict(data)
+    assert isinstance(hf_pred.predictions, list) and len(hf_pred.predictions) == 2
+    assert_same_arrays(ours_pred.predictions, hf_pred.predictions)
+    assert_same_arrays(ours_pred.label_ids, hf_pred.label_ids)
+    assert_same_metrics(ours_pred.metrics, hf_pred.metrics)
