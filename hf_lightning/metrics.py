@@ -17,7 +17,8 @@ The update rule (one rule, no guessing):
 `StreamingMetrics` adapts the common other signatures: `argmax=True` passes class ids instead of scores (token
 classification with `ignore_index=-100`), `shift_labels=True` drops the last position of `preds` and the first of
 `target` (causal-LM metrics such as `torchmetrics.text.Perplexity`), and `prepare=fn(EvalBatch) -> args tuple or
-kwargs dict` covers anything else (inputs, per-batch losses).
+kwargs dict` covers anything else (inputs, per-batch losses). `CombinedMetrics(a, b, ...)` joins adapters with
+different options (e.g. accuracy on argmax ids next to perplexity on scores).
 
 Metric names: a `MetricCollection` gives its own keys; a single metric is named by its class (`MulticlassAccuracy`)
 unless `StreamingMetrics(metric, name="accuracy")`. Keys get the usual `eval_` prefix.
