@@ -43,11 +43,13 @@ class Trainer:
         eval_dataset: one dataset or a dict of named datasets.
         processing_class: tokenizer / processor.
         model_init: a function returning a fresh model for every `train()` call.
-        compute_metrics: `fn(EvalPrediction) -> dict`.
+        compute_metrics: `fn(EvalPrediction) -> dict`, or a torchmetrics `Metric` / `MetricCollection` (streaming).
         callbacks: `transformers.TrainerCallback`s and/or Lightning callbacks.
         optimizers: a user `(optimizer, scheduler)` pair.
         preprocess_logits_for_metrics: `fn(logits, labels) -> tensor`, per eval batch.
         lightning_kwargs: forwarded to `lightning.Trainer` (accelerator, devices, strategy, precision, logger...).
+        eval_loss_weighting: "samples" (HF's `eval_loss`) or "tokens" (mean over every label token; README
+            "Evaluation and prediction").
 
     Attributes:
         module_class: the LightningModule class to build; set it to your `TransformerModule` subclass to use
@@ -70,6 +72,7 @@ class Trainer:
         optimizers: tuple[Any, Any] = (None, None),
         preprocess_logits_for_metrics: Callable | None = None,
         lightning_kwargs: dict[str, Any] | None = None,
+        eval_loss_weighting: str = "samples",
     ) -> None:
         from transformers import set_seed
 
@@ -91,7 +94,15 @@ class Trainer:
                 f"You have set `args.eval_strategy` to {self.args.eval_strategy} but you didn't pass an "
                 "`eval_dataset` to `Trainer`. Either set `args.eval_strategy` to `no` or pass an `eval_dataset`."
             )
-        if self.args.batch_eval_metrics and compute_metrics is not None:
+        from hf_lightning.evaluation import EVAL_LOSS_WEIGHTINGS
+        from hf_lightning.metrics import is_streaming_metric
+
+        if eval_loss_weighting not in EVAL_LOSS_WEIGHTINGS:
+            raise ValueError(
+                f"`eval_loss_weighting` must be one of {EVAL_LOSS_WEIGHTINGS}, got {eval_loss_weighting!r}."
+            )
+        self.eval_loss_weighting = eval_loss_weighting
+        if self.args.batch_eval_metrics and compute_metrics is not None and not is_streaming_metric(compute_metrics):
             if "compute_result" not in inspect.signature(compute_metrics).parameters:
                 raise ValueError(
                     "When using `batch_eval_metrics`, your `compute_metrics` function must take a `compute_result`"
@@ -127,10 +138,12 @@ class Trainer:
         return from_hf_training_arguments(args)
 
     def _build_module(self, model: nn.Module) -> TransformerModule:
-        return self.module_class(
+        module = self.module_class(
             model, self.args, optimizers=self.optimizers, compute_metrics=self.compute_metrics,
             preprocess_logits_for_metrics=self.preprocess_logits_for_metrics, processing_class=self.processing_class,
         )
+        module.eval_loss_weighting = self.eval_loss_weighting
+        return module
 
     def _lightning_trainer(self) -> pl.Trainer:
         return build_lightning_trainer(self.flow, self._lightning_callbacks, self._trainer_kwargs)

@@ -47,15 +47,19 @@ class TransformerModule(pl.LightningModule):
         args: training arguments (optimizer, schedule, accumulation, clipping, label smoothing).
         optimizers: a user `(optimizer, scheduler)` pair; a None scheduler gets HF's for the optimizer.
         compute_loss_func: `fn(outputs, labels, num_items_in_batch=...)` replacing the model's loss.
-        compute_metrics: `fn(EvalPrediction) -> dict` called at the end of each evaluation.
+        compute_metrics: `fn(EvalPrediction) -> dict` called at the end of each evaluation, or a torchmetrics
+            `Metric` / `MetricCollection` updated per batch (see `hf_lightning.metrics`).
         preprocess_logits_for_metrics: `fn(logits, labels) -> tensor` applied per eval batch.
         processing_class: the tokenizer / processor (saved with checkpoints).
 
     Attributes:
         loss_is_scaled_for_ga: as HF's class attribute; None lets the module decide (see `_loss_is_scaled`).
+        eval_loss_weighting: "samples" (HF's `eval_loss`: sample-weighted mean of batch means) or "tokens" (the
+            mean over every label token of the eval set, independent of batching; see README).
     """
 
     loss_is_scaled_for_ga: bool | None = None
+    eval_loss_weighting: str = "samples"  # "tokens": eval_loss over every label token (see EvalAccumulator.finish)
 
     def __init__(
         self,
@@ -309,9 +313,11 @@ class TransformerModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ----- evaluation and prediction -----
-    def _accumulator(self, dataloader_idx: int, prediction_loss_only: bool) -> EvalAccumulator:
+    def _accumulator(
+        self, dataloader_idx: int, prediction_loss_only: bool, is_prediction: bool = False
+    ) -> EvalAccumulator:
         if dataloader_idx not in self.eval_accumulators:
-            self.eval_accumulators[dataloader_idx] = EvalAccumulator(self, prediction_loss_only)
+            self.eval_accumulators[dataloader_idx] = EvalAccumulator(self, prediction_loss_only, is_prediction)
         return self.eval_accumulators[dataloader_idx]
 
     def on_validation_epoch_start(self) -> None:
@@ -330,5 +336,5 @@ class TransformerModule(pl.LightningModule):
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         """HF prediction: like evaluation, with `args.prediction_loss_only` (default False)."""
-        acc = self._accumulator(dataloader_idx, self.args.prediction_loss_only)
+        acc = self._accumulator(dataloader_idx, self.args.prediction_loss_only, is_prediction=True)
         acc.add(batch, *self.prediction_step(self.model, dict(batch), self.args.prediction_loss_only, self.eval_ignore_keys))

@@ -326,6 +326,10 @@ class HFTrainerFlow(Callback):
         metrics = dict(accumulator.finish(prefix, num_samples=len(dataset) if sized else None).metrics)
         self.record_log(trainer, metrics)  # adds "epoch" into the same dict, as HF
         self.control = self.handler.call("on_evaluate", self.args, self.state, self.control, metrics=metrics)
+        for callback in trainer.callbacks:  # Lightning callbacks acting on HF evaluations (e.g. HFEarlyStopping)
+            hook = getattr(callback, "on_hf_evaluate", None)
+            if hook is not None:
+                hook(trainer, pl_module, self, metrics)
         self.last_eval_metrics.update(metrics)
 
     # ----- prediction -----
@@ -347,6 +351,10 @@ class HFTrainerFlow(Callback):
     def last_prediction(self, prefix: str, num_samples: int | None) -> Any:
         """Finish the last `predict` run: HF's `PredictionOutput` fields; fires `on_predict` (no log entry)."""
         accumulators = self._predict_module.eval_accumulators
+        if 0 not in accumulators:  # this process's shard was empty (more processes than batches): still gather
+            from hf_lightning.evaluation import EvalAccumulator
+
+            accumulators[0] = EvalAccumulator(self._predict_module, self.args.prediction_loss_only, is_prediction=True)
         result = accumulators[0].finish(prefix, num_samples=num_samples)
         self.control = self.handler.call("on_predict", self.args, self.state, self.control, metrics=result.metrics)
         return result

@@ -29,12 +29,19 @@ __all__ = ["TransformerDataModule", "ContiguousShardSampler"]
 
 
 class ContiguousShardSampler(Sampler[int]):
-    """Rank `r` of `w` reads one contiguous block of the dataset; block sizes differ by at most one, nothing repeats."""
+    """Rank `r` of `w` reads one contiguous block of the dataset; nothing repeats, nothing is dropped.
 
-    def __init__(self, num_samples: int, world_size: int, rank: int) -> None:
-        base, extra = divmod(num_samples, world_size)
-        self.start = rank * base + min(rank, extra)
-        self.stop = self.start + base + (1 if rank < extra else 0)
+    Blocks are cut at multiples of `batch_size` (their sizes in batches differ by at most one), so every eval batch
+    of a rank is exactly a batch of the single-process run with the same `per_device_eval_batch_size`: same rows,
+    same padding, hence bit-identical logits and batch losses, and an `eval_loss` that does not depend on the number
+    of processes.
+    """
+
+    def __init__(self, num_samples: int, world_size: int, rank: int, batch_size: int = 1) -> None:
+        base, extra = divmod(-(-num_samples // batch_size), world_size)
+        first = rank * base + min(rank, extra)
+        self.start = min(first * batch_size, num_samples)
+        self.stop = min((first + base + (1 if rank < extra else 0)) * batch_size, num_samples)
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -250,7 +257,7 @@ class TransformerDataModule(pl.LightningDataModule):
             **self._loader_kwargs(),
         }
         if not isinstance(dataset, IterableDataset):
-            kwargs["sampler"] = ContiguousShardSampler(len(dataset), world, rank)
+            kwargs["sampler"] = ContiguousShardSampler(len(dataset), world, rank, self.args.per_device_eval_batch_size)
         return DataLoader(dataset, **kwargs)
 
     def val_dataloader(self) -> Any:

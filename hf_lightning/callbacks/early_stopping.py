@@ -1,0 +1,124 @@
+"""`HFEarlyStopping`: `transformers.EarlyStoppingCallback` as a Lightning callback, with its state in checkpoints.
+
+Semantics of HF's callback (CB:711-784, spec section 12):
+- patience is counted in *evaluations*: every evaluation (each eval dataset of it, a manual `evaluate()` too) whose
+  `eval_<metric_for_best_model>` is not an improvement adds one; an improvement resets the count to 0;
+- an improvement is a value strictly better than `state.best_metric` (the best *before* this evaluation, per
+  `greater_is_better`) by more than `early_stopping_threshold`, or any value while there is no best yet;
+- at `patience` the flow's `control.should_training_stop` is set, so the run ends exactly as HF's does (the save
+  of that step, `on_epoch_end`, the summary, best-model loading);
+- `metric_for_best_model` is required and evaluation must be on: a `ValueError` at the start of `fit` otherwise.
+
+It needs `HFTrainerFlow` among the trainer's callbacks (the flow calls `on_hf_evaluate` after each evaluation).
+Its state (`{"patience_counter": n}`) is saved by Lightning with the callback states of a checkpoint and restored on
+resume (`state_dict` / `load_state_dict`), so patience does not restart after a resume.
+`transformers.EarlyStoppingCallback` itself also works unchanged through the HF callback bridge.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+from lightning.pytorch.callbacks import Callback
+
+__all__ = ["HFEarlyStopping", "is_improvement"]
+
+
+def is_improvement(value: float, best: float | None, greater_is_better: bool, threshold: float) -> bool:
+    """HF's rule: no best yet, or strictly better than `best` by more than `threshold`."""
+    if best is None:
+        return True
+    better = np.greater if greater_is_better else np.less
+    return bool(better(value, best)) and abs(value - best) > threshold
+
+
+class HFEarlyStopping(Callback):
+    """Stops training after `early_stopping_patience` evaluations without improvement of `metric_for_best_model`.
+
+    Args:
+        early_stopping_patience: evaluations without improvement before stopping (>= 1).
+        early_stopping_threshold: how much better than the best a value must be to count as an improvement.
+
+    Raises:
+        ValueError: a patience below 1 or a negative threshold; at `fit`, no `metric_for_best_model`, evaluation
+            switched off (`eval_strategy="no"`), or no `HFTrainerFlow` among the callbacks.
+
+    Example::
+
+        args = TrainingArguments(eval_strategy="steps", eval_steps=50, metric_for_best_model="accuracy")
+        pl.Trainer(callbacks=[HFTrainerFlow(args), HFEarlyStopping(3, 0.001)], ...)
+        # or: hf_lightning.Trainer(..., callbacks=[HFEarlyStopping(3)])
+    """
+
+    def __init__(self, early_stopping_patience: int = 1, early_stopping_threshold: float = 0.0) -> None:
+        if not isinstance(early_stopping_patience, int) or early_stopping_patience < 1:
+            raise ValueError(f"`early_stopping_patience` must be an integer >= 1, got {early_stopping_patience!r}.")
+        if early_stopping_threshold < 0:
+            raise ValueError(f"`early_stopping_threshold` must be >= 0, got {early_stopping_threshold!r}.")
+        self.early_stopping_patience = early_stopping_patience
+        self.early_stopping_threshold = float(early_stopping_threshold)
+        self.patience_counter = 0
+
+    @property
+    def state_key(self) -> str:
+        return "HFEarlyStopping"
+
+    @staticmethod
+    def _flow(trainer: pl.Trainer) -> Any:
+        from hf_lightning.callbacks.flow import HFTrainerFlow
+
+        for callback in trainer.callbacks:
+            if isinstance(callback, HFTrainerFlow):
+                return callback
+        raise ValueError(
+            "HFEarlyStopping needs the `HFTrainerFlow` callback (it runs the evaluations and reads "
+            "`metric_for_best_model`); add it to the Lightning Trainer's callbacks or use `hf_lightning.Trainer`."
+        )
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """HF's `on_train_begin` checks, as a clear `ValueError` instead of an `AssertionError`."""
+        args = self._flow(trainer).args
+        if args.metric_for_best_model is None:
+            raise ValueError(
+                "HFEarlyStopping requires `metric_for_best_model` (got None): set it in TrainingArguments to the "
+                "metric to watch, e.g. metric_for_best_model='loss' or 'accuracy'."
+            )
+        if args.eval_strategy == "no":
+            raise ValueError(
+                "HFEarlyStopping requires evaluations during training (got eval_strategy='no'): set "
+                "eval_strategy to 'steps' or 'epoch'."
+            )
+        if not args.load_best_model_at_end:
+            warnings.warn("Using HFEarlyStopping without load_best_model_at_end=True: once training stops, the "
+                          "model is the last one, not the best.", UserWarning, stacklevel=2)
+
+    def on_hf_evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, flow: Any, metrics: dict) -> None:
+        """Called by `HFTrainerFlow` after each evaluation (per eval dataset), before the best metric is updated."""
+        args = flow.args
+        if args.metric_for_best_model is None:
+            return
+        key = args.metric_for_best_model
+        key = key if key.startswith("eval_") else f"eval_{key}"
+        value = metrics.get(key)
+        if value is None:
+            warnings.warn(f"HFEarlyStopping: the metric {key!r} is not in the evaluation metrics {sorted(metrics)}; "
+                          "early stopping is skipped for this evaluation.", UserWarning, stacklevel=2)
+            return
+        if is_improvement(value, flow.state.best_metric, bool(args.greater_is_better), self.early_stopping_threshold):
+            self.patience_counter = 0
+        else:
+            self.patience_counter += 1
+        if self.patience_counter >= self.early_stopping_patience:
+            flow.control.should_training_stop = True
+
+    def state_dict(self) -> dict[str, Any]:
+        """A small JSON-able dict: the counter and the settings it was counted with."""
+        return {"patience_counter": self.patience_counter, "early_stopping_patience": self.early_stopping_patience,
+                "early_stopping_threshold": self.early_stopping_threshold}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the counter (the settings of this instance win, as for HF's `restore_callback_states`)."""
+        self.patience_counter = int(state_dict.get("patience_counter", 0))
