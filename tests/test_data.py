@@ -341,3 +341,22 @@ def test_drop_last_training_never_sees_the_dropped_samples_and_matches_hf_order(
     assert ours.state.global_step == hf.state.global_step == 4  # 2 full batches per epoch, the 2 leftovers dropped
     assert len(our_data.seen) == 16
     assert our_data.seen == hf_data.seen
+
+
+def test_eval_shards_cover_the_dataset_once_and_are_never_empty():
+    """Contiguous eval shards: every row once, in order; cut at batch boundaries when every process gets a batch,
+    per sample otherwise (Lightning refuses an empty loader on one process); fewer rows than processes is an error."""
+    from hf_lightning.data.datamodule import ContiguousShardSampler
+
+    for n in range(1, 41):
+        for world in (1, 2, 3):
+            for batch_size in (1, 3, 8):
+                if n < world:
+                    with pytest.raises(ValueError, match=f"{n} sample.*{world} processes"):
+                        ContiguousShardSampler(n, world, 0, batch_size)
+                    continue
+                shards = [list(ContiguousShardSampler(n, world, rank, batch_size)) for rank in range(world)]
+                assert [i for shard in shards for i in shard] == list(range(n))
+                assert all(shards), (n, world, batch_size, shards)
+                if -(-n // batch_size) >= world:
+                    assert all(shard[0] % batch_size == 0 for shard in shards)

@@ -352,9 +352,13 @@ class HFTrainerFlow(Callback):
         """Finish the last `predict` run: HF's `PredictionOutput` fields; fires `on_predict` (no log entry)."""
         accumulators = self._predict_module.eval_accumulators
         if 0 not in accumulators:  # this process's shard was empty (more processes than batches): still gather
-            from hf_lightning.evaluation import EvalAccumulator
+            module = self._predict_module
+            if hasattr(module, "_accumulator"):  # the module's own kind (e.g. one that evens out `generate` calls)
+                module._accumulator(0, self.args.prediction_loss_only, is_prediction=True)
+            else:
+                from hf_lightning.evaluation import EvalAccumulator
 
-            accumulators[0] = EvalAccumulator(self._predict_module, self.args.prediction_loss_only, is_prediction=True)
+                accumulators[0] = EvalAccumulator(module, self.args.prediction_loss_only, is_prediction=True)
         result = accumulators[0].finish(prefix, num_samples=num_samples)
         self.control = self.handler.call("on_predict", self.args, self.state, self.control, metrics=result.metrics)
         return result

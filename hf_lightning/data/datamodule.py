@@ -34,14 +34,25 @@ class ContiguousShardSampler(Sampler[int]):
     Blocks are cut at multiples of `batch_size` (their sizes in batches differ by at most one), so every eval batch
     of a rank is exactly a batch of the single-process run with the same `per_device_eval_batch_size`: same rows,
     same padding, hence bit-identical logits and batch losses, and an `eval_loss` that does not depend on the number
-    of processes.
+    of processes. With fewer batches than processes, blocks are cut per sample instead, so that every process
+    still gets rows (Lightning refuses a process with an empty loader); the predictions are the same, but the
+    batches, hence HF's sample-weighted `eval_loss`, are those of a smaller batch size.
+
+    Raises:
+        ValueError: fewer samples than processes (some process would have nothing to evaluate).
     """
 
     def __init__(self, num_samples: int, world_size: int, rank: int, batch_size: int = 1) -> None:
-        base, extra = divmod(-(-num_samples // batch_size), world_size)
+        if 0 < num_samples < world_size:
+            raise ValueError(
+                f"An evaluation / prediction dataset of {num_samples} sample(s) cannot be split over {world_size} "
+                "processes: every process needs at least one sample. Use fewer devices for it, or more samples."
+            )
+        unit = batch_size if -(-num_samples // batch_size) >= world_size else 1
+        base, extra = divmod(-(-num_samples // unit), world_size)
         first = rank * base + min(rank, extra)
-        self.start = min(first * batch_size, num_samples)
-        self.stop = min((first + base + (1 if rank < extra else 0)) * batch_size, num_samples)
+        self.start = min(first * unit, num_samples)
+        self.stop = min((first + base + (1 if rank < extra else 0)) * unit, num_samples)
 
     def __len__(self) -> int:
         return self.stop - self.start

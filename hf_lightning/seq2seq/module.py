@@ -78,9 +78,13 @@ class Seq2SeqTransformerModule(TransformerModule):
         self._active_loaders: Any = None
 
     # ----- accumulators that count generate calls -----
-    def _accumulator(self, dataloader_idx: int, prediction_loss_only: bool) -> GenerationAccumulator:
+    def _accumulator(
+        self, dataloader_idx: int, prediction_loss_only: bool, is_prediction: bool = False
+    ) -> GenerationAccumulator:
         if dataloader_idx not in self.eval_accumulators:
-            self.eval_accumulators[dataloader_idx] = GenerationAccumulator(self, prediction_loss_only, dataloader_idx)
+            self.eval_accumulators[dataloader_idx] = GenerationAccumulator(
+                self, prediction_loss_only, dataloader_idx, is_prediction=is_prediction
+            )
         return self.eval_accumulators[dataloader_idx]  # type: ignore[return-value]
 
     def on_validation_epoch_start(self) -> None:

@@ -50,10 +50,17 @@ class GenerationAccumulator(EvalAccumulator):
         module: the module being evaluated.
         prediction_loss_only: keep only losses.
         dataloader_idx: the eval dataset this accumulator belongs to.
+        is_prediction: a `predict()` run (see `EvalAccumulator`).
     """
 
-    def __init__(self, module: Seq2SeqTransformerModule, prediction_loss_only: bool, dataloader_idx: int = 0) -> None:
-        super().__init__(module, prediction_loss_only)
+    def __init__(
+        self,
+        module: Seq2SeqTransformerModule,
+        prediction_loss_only: bool,
+        dataloader_idx: int = 0,
+        is_prediction: bool = False,
+    ) -> None:
+        super().__init__(module, prediction_loss_only, is_prediction)
         self.dataloader_idx = dataloader_idx
         self.generate_calls = 0
         self.loader: Any = None
