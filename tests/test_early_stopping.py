@@ -129,3 +129,26 @@ def test_patience_counter_survives_a_lightning_checkpoint(tmp_path):
     flow.state.best_metric = 0.5
     restored.on_hf_evaluate(trainer.lightning_trainer, trainer.module, flow, {"eval_score": 0.45})
     assert restored.patience_counter == 3 and flow.control.should_training_stop
+
+
+def test_patience_and_best_metric_survive_a_real_resume(tmp_path):
+    """Resuming from checkpoint-6 (one evaluation without improvement so far) stops at step 8 like the
+    uninterrupted run; with the counter or `best_metric` lost it would run on to step 20 (0.9 improves)."""
+    import shutil
+
+    scores = [0.5, 0.6, 0.6, 0.55, 0.9]
+    full = _train("ours", str(tmp_path / "full"), HFEarlyStopping(2), scores, save_steps=2)
+    assert full.state.global_step == 8
+    resumed_dir = tmp_path / "resumed"
+    resumed_dir.mkdir()
+    shutil.copytree(tmp_path / "full" / "checkpoint-6", resumed_dir / "checkpoint-6")
+    args = hf_lightning.TrainingArguments(output_dir=str(resumed_dir), **{**COMMON, "save_steps": 2})
+    resumed = hf_lightning.Trainer(
+        model=tiny_bert(), args=args, train_dataset=classification_dataset(20),
+        eval_dataset=classification_dataset(10, seed=1), callbacks=[HFEarlyStopping(2)],
+        compute_metrics=ScriptedScore(scores[3:]),  # the evaluations after step 6
+    )
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == 8
+    assert resumed.state.best_metric == full.state.best_metric == 0.6
+    assert [e["step"] for e in resumed.state.log_history] == [e["step"] for e in full.state.log_history]
