@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Union
 
 import jsonargparse
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -69,6 +69,11 @@ class HFLightningCLI(LightningCLI):
         parser.add_class_arguments(Seq2SeqTrainingArguments, "args", instantiate=False, sub_configs=True,
                                    help="HF TrainingArguments (transformers' names and defaults); the generation "
                                         "tasks also take the Seq2SeqTrainingArguments fields.")
+        parser.add_argument(
+            "--hf_callbacks", type=list[Union[str, dict[str, Any]]], default=[],
+            help="transformers.TrainerCallback classes, each a class path or {class_path, init_args} (e.g. "
+                 "transformers.EarlyStoppingCallback); Lightning callbacks go in trainer.callbacks.",
+        )
         parser.add_class_arguments(ModelSpec, "model", instantiate=False, sub_configs=True)
         parser.add_class_arguments(DataSpec, "data", instantiate=False, sub_configs=True)
 
@@ -147,6 +152,9 @@ class HFLightningCLI(LightningCLI):
         user = self._user_trainer_kwargs(trainer_cfg)
         callbacks = user.pop("callbacks", None) or []
         hf_callbacks, lightning_callbacks = split_callbacks(callbacks if isinstance(callbacks, list) else [callbacks])
+        from hf_lightning.tasks.hf_callbacks import build_hf_callbacks
+
+        hf_callbacks += build_hf_callbacks(cfg.get("hf_callbacks"))
         try:
             trainer_kwargs = lightning_trainer_kwargs(args, user)
         except ValueError as err:

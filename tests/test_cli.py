@@ -331,3 +331,45 @@ def test_help_and_config_errors_do_not_import_the_heavy_stack():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
     assert result.stderr.count("hf-lightning: error:") == 3
+
+
+def test_hf_callbacks_from_the_config(tmp_path, in_repo, one_thread, capsys):
+    """`hf_callbacks` entries are transformers.TrainerCallbacks driven by the flow: HF's EarlyStoppingCallback with an
+    impossible threshold stops training after `patience` evaluations without improvement (here at step 2 of 6)."""
+    from transformers import EarlyStoppingCallback
+
+    from hf_lightning.cli_app import run_cli
+
+    config = tmp_path / "early.yaml"
+    config.write_text(
+        "hf_callbacks:\n"
+        "  - class_path: transformers.EarlyStoppingCallback\n"
+        "    init_args: {early_stopping_patience: 1, early_stopping_threshold: 1.0}\n"
+    )
+    cli = run_cli(["fit", "--config", "configs/text_classification.yaml", "--config", str(config),
+                   "--args.output_dir", str(tmp_path / "o"), *FAST, "--args.max_steps", "6",
+                   "--args.eval_strategy", "steps", "--args.eval_steps", "1", "--args.save_strategy", "steps",
+                   "--args.save_steps", "1"])
+    (early,) = [cb for cb in cli.flow.handler.callbacks if isinstance(cb, EarlyStoppingCallback)]
+    assert early.early_stopping_patience == 1
+    # step 1 sets the best metric; step 2 does not beat it by 1.0 -> patience exhausted -> stop
+    assert cli.flow.state.global_step == 2 and cli.trainer.global_step == 2
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("[transformers.NoSuchCallback]", "hf_callbacks[0].class_path='transformers.NoSuchCallback' cannot be"),
+        ("[lightning.pytorch.callbacks.ModelSummary]", "is not a transformers.TrainerCallback subclass"),
+        ("[{class_path: transformers.EarlyStoppingCallback, init_args: {patience: 1}}]",
+         "hf_callbacks[0] (transformers.EarlyStoppingCallback): "),
+    ],
+)
+def test_hf_callback_errors_are_one_line(entry, expected, tmp_path, in_repo, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path),
+              "--hf_callbacks", entry])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(err) == 1 and expected in err[0], err
