@@ -91,6 +91,9 @@ def _check_generated(arrays, out: Path, printed: str, config_name: str) -> None:
     rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert len(rows) == len(predictions) == 24  # --data.max_eval_samples
     tokenizer = AutoTokenizer.from_pretrained(out)
+    # the random init took the tokenizer's EOS ([SEP] here), so generation stops where the targets end
+    model_config = json.loads((out / "config.json").read_text())
+    assert model_config["eos_token_id"] == tokenizer.eos_token_id == tokenizer.sep_token_id
     first = [int(t) for t in predictions[0] if t >= 0]
     assert rows[0]["prediction"] == tokenizer.decode(first, skip_special_tokens=True).strip()
     # the references are the validation targets, in dataset order (the toy task's words are one token each)
@@ -373,3 +376,22 @@ def test_hf_callback_errors_are_one_line(entry, expected, tmp_path, in_repo, cap
     assert exit_info.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(err) == 1 and expected in err[0], err
+
+
+@pytest.mark.parametrize("config", sorted(GENERATION_CONFIGS))
+def test_generation_predict_without_targets(config, tmp_path, in_repo, one_thread, capsys):
+    """Prediction data with sources / prompts only: generation from them, no references (null in the jsonl)."""
+    source = "source" if config == "seq2seq.yaml" else "prompt"
+    rows = ["film plot cast", "music great movie acting", "ending script film"]
+    data = tmp_path / "inputs.jsonl"
+    data.write_text("".join(json.dumps({source: text}) + "\n" for text in rows))
+    out = tmp_path / "out"
+    _run(["predict", "--config", f"configs/{config}", "--args.output_dir", str(out), "--data.test_file", str(data),
+          "--trainer.enable_progress_bar", "false"])
+    capsys.readouterr()
+    arrays = np.load(out / "predictions.npz")
+    assert arrays["predictions"].dtype.kind == "i" and len(arrays["predictions"]) == 3
+    assert arrays["label_ids"].size == 0
+    decoded = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert [row["reference"] for row in decoded] == [None] * 3
+    assert all(isinstance(row["prediction"], str) for row in decoded)
