@@ -7,6 +7,7 @@ A config has five sections::
     model: {...}                   # ModelSpec: model_name_or_path, or config_class + config_kwargs
     data: {...}                    # DataSpec: files or dataset_name, tokenizer, columns, lengths
     trainer: {...}                 # lightning.Trainer: strategy, devices, precision, logger, callbacks...
+    hf_callbacks: [...]            # optional: transformers.TrainerCallback class paths (tasks/hf_callbacks.py)
 
 The model, data module, `HFTrainerFlow` and `lightning.Trainer` are assembled by the same functions as the
 `hf_lightning.Trainer` facade (`assembly.py`, `lightning_kwargs.py`), so both behave the same. Lightning options the
