@@ -7,6 +7,7 @@ A config has five sections::
     model: {...}                   # ModelSpec: model_name_or_path, or config_class + config_kwargs
     data: {...}                    # DataSpec: files or dataset_name, tokenizer, columns, lengths
     trainer: {...}                 # lightning.Trainer: strategy, devices, precision, logger, callbacks...
+    hf_callbacks: [...]            # optional: transformers.TrainerCallback class paths (tasks/hf_callbacks.py)
 
 The model, data module, `HFTrainerFlow` and `lightning.Trainer` are assembled by the same functions as the
 `hf_lightning.Trainer` facade (`assembly.py`, `lightning_kwargs.py`), so both behave the same. Lightning options the
@@ -84,8 +85,7 @@ def precheck(argv: list[str]) -> None:
         return
     import dataclasses
 
-    from hf_lightning.args import TrainingArguments
-    from hf_lightning.tasks.registry import get_task
+    from hf_lightning.tasks.registry import GENERATION_ARGS, args_for_task, get_task, resolve
     from hf_lightning.tasks.specs import DataSpec, ModelSpec
 
     for i, token in enumerate(argv[:-1]):
@@ -93,12 +93,12 @@ def precheck(argv: list[str]) -> None:
             config["task"] = argv[i + 1]
         elif token.startswith("--task="):
             config["task"] = token.split("=", 1)[1]
-    if "task" in config:
-        try:
-            get_task(str(config["task"]))
-        except ValueError as err:
-            _fail(err)
-    for section, cls in (("args", TrainingArguments), ("model", ModelSpec), ("data", DataSpec)):
+    try:
+        task = get_task(str(config.get("task", "text_classification")))
+    except ValueError as err:
+        _fail(err)
+    # the parser accepts every generation field; `args_for_task` narrows them to the task's own args class
+    for section, cls in (("args", resolve(GENERATION_ARGS)), ("model", ModelSpec), ("data", DataSpec)):
         values = config.get(section) or {}
         if not isinstance(values, dict):
             _fail(f"`{section}` must be a mapping of options, got {type(values).__name__}.")
@@ -112,6 +112,11 @@ def precheck(argv: list[str]) -> None:
             _fail(f"unknown key(s) in `{section}`: {', '.join(hints)}. See `hf-lightning fit --help`.")
         if section == "model" and not values:
             continue
+        if section == "args":
+            try:
+                cls, values = args_for_task(task, values)
+            except ValueError as err:
+                _fail(err)
         _check_types(section, cls, values)
         try:
             spec = cls(**values)

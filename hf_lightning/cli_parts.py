@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Union
 
 import jsonargparse
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
-from hf_lightning.args import TrainingArguments
-from hf_lightning.tasks.registry import task_names
+from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
+from hf_lightning.tasks.registry import args_for_task, resolve, task_names
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 
 __all__ = ["HFLightningCLI"]
@@ -65,8 +65,15 @@ class HFLightningCLI(LightningCLI):
             "--task", type=str, default="text_classification",
             help=f"What to train; one of: {', '.join(task_names())}.",
         )
-        parser.add_class_arguments(TrainingArguments, "args", instantiate=False, sub_configs=True,
-                                   help="HF TrainingArguments (transformers' names and defaults).")
+        # the widest args class, so `--help` lists the generation options too; `args_for_task` narrows it per task
+        parser.add_class_arguments(Seq2SeqTrainingArguments, "args", instantiate=False, sub_configs=True,
+                                   help="HF TrainingArguments (transformers' names and defaults); the generation "
+                                        "tasks also take the Seq2SeqTrainingArguments fields.")
+        parser.add_argument(
+            "--hf_callbacks", type=list[Union[str, dict[str, Any]]], default=[],
+            help="transformers.TrainerCallback classes, each a class path or {class_path, init_args} (e.g. "
+                 "transformers.EarlyStoppingCallback); Lightning callbacks go in trainer.callbacks.",
+        )
         parser.add_class_arguments(ModelSpec, "model", instantiate=False, sub_configs=True)
         parser.add_class_arguments(DataSpec, "data", instantiate=False, sub_configs=True)
 
@@ -106,7 +113,8 @@ class HFLightningCLI(LightningCLI):
         cfg = self.config[sub]
         task = get_task(cfg["task"])
         try:
-            args = TrainingArguments(**self._section("args"))
+            args_class, args_values = args_for_task(task, self._section("args"))
+            args = args_class(**args_values)
         except ValueError as err:
             raise ValueError(f"in `args`: {err}") from None
         model_values = self._section("model")
@@ -137,13 +145,16 @@ class HFLightningCLI(LightningCLI):
         model = build_model(model_spec, task, tokenizer, labels)
         self.datamodule = TaskDataModule(task, data_spec, args, tokenizer, label2id, sub, raw=raw)
 
-        from hf_lightning.module import TransformerModule
-
-        self.model = TransformerModule(model, args, compute_metrics=task.compute_metrics, processing_class=tokenizer)
+        self.task = task
+        metrics = task.build_metrics(tokenizer, args) if task.build_metrics is not None else task.compute_metrics
+        self.model = resolve(task.module_class)(model, args, compute_metrics=metrics, processing_class=tokenizer)
         trainer_cfg = dict(self.config_init[sub]["trainer"])
         user = self._user_trainer_kwargs(trainer_cfg)
         callbacks = user.pop("callbacks", None) or []
         hf_callbacks, lightning_callbacks = split_callbacks(callbacks if isinstance(callbacks, list) else [callbacks])
+        from hf_lightning.tasks.hf_callbacks import build_hf_callbacks
+
+        hf_callbacks += build_hf_callbacks(cfg.get("hf_callbacks"))
         try:
             trainer_kwargs = lightning_trainer_kwargs(args, user)
         except ValueError as err:
@@ -192,3 +203,9 @@ class HFLightningCLI(LightningCLI):
         if self.trainer.is_global_zero:
             path = write_predictions(result, self.hf_args.resolved_output_dir)
             print(f"predictions written to {os.path.abspath(path)}")
+            if self.task.generates:
+                from hf_lightning.tasks.generation import write_prediction_texts
+
+                texts = write_prediction_texts(result, datamodule.processing_class, self.hf_args.resolved_output_dir)
+                if texts is not None:
+                    print(f"decoded predictions written to {os.path.abspath(texts)}")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from hf_lightning.cli import main
 
@@ -22,6 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml"))
+GENERATION_CONFIGS = {"seq2seq.yaml", "causal_lm_generation.yaml"}
 FAST = ["--args.max_steps", "3", "--args.logging_steps", "1", "--data.max_train_samples", "48",
         "--data.max_eval_samples", "24", "--trainer.enable_progress_bar", "false"]
 
@@ -44,7 +46,7 @@ def _subprocess(argv: list[str], env: dict[str, str] | None = None, **kwargs) ->
 
 def test_every_config_is_covered():
     assert set(CONFIGS) >= {"text_classification.yaml", "text_pair_classification.yaml",
-                            "token_classification.yaml", "causal_lm.yaml", "masked_lm.yaml"}
+                            "token_classification.yaml", "causal_lm.yaml", "masked_lm.yaml", *GENERATION_CONFIGS}
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -64,6 +66,9 @@ def test_fit_validate_predict(config, tmp_path, in_repo, one_thread, capsys):
     metrics = json.loads([line for line in capsys.readouterr().out.splitlines() if line.startswith("{")][-1])
     assert np.isfinite(metrics["eval_loss"])
     assert json.loads((out / "eval_results.json").read_text())["eval_loss"] == metrics["eval_loss"]
+    if config in GENERATION_CONFIGS:  # evaluation generated and scored texts
+        for name in ("eval_sacrebleu", "eval_rouge1", "eval_rougeL", "eval_exact_match"):
+            assert 0.0 <= metrics[name] <= 1.0, (name, metrics)
 
     # predict from one of our checkpoint folders (as ckpt_path: it becomes model_name_or_path)
     _run(["predict", *base, "--ckpt_path", str(checkpoints[-1])])
@@ -72,6 +77,30 @@ def test_fit_validate_predict(config, tmp_path, in_repo, one_thread, capsys):
     assert f"predictions written to {path}" in printed
     arrays = np.load(path)
     assert len(arrays["predictions"]) == len(arrays["label_ids"]) > 0
+    if config in GENERATION_CONFIGS:
+        _check_generated(arrays, out, printed, config)
+
+
+def _check_generated(arrays, out: Path, printed: str, config_name: str) -> None:
+    """Predictions are generated token ids (not logits), one decoded row per example in predictions.jsonl."""
+    from transformers import AutoTokenizer
+
+    predictions = arrays["predictions"]
+    assert predictions.dtype.kind == "i" and predictions.ndim == 2 and predictions.shape[1] <= 24
+    assert f"decoded predictions written to {out / 'predictions.jsonl'}" in printed
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(rows) == len(predictions) == 24  # --data.max_eval_samples
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    # the random init took the tokenizer's EOS ([SEP] here), so generation stops where the targets end
+    model_config = json.loads((out / "config.json").read_text())
+    assert model_config["eos_token_id"] == tokenizer.eos_token_id == tokenizer.sep_token_id
+    first = [int(t) for t in predictions[0] if t >= 0]
+    assert rows[0]["prediction"] == tokenizer.decode(first, skip_special_tokens=True).strip()
+    # the references are the validation targets, in dataset order (the toy task's words are one token each)
+    config = yaml.safe_load((REPO / "configs" / config_name).read_text())["data"]
+    targets = [json.loads(line)[config["target_column"]]
+               for line in (REPO / config["validation_file"]).read_text().splitlines()[:24]]
+    assert [row["reference"] for row in rows] == targets
 
 
 def test_token_classification_labels_first_subword_only(in_repo):
@@ -124,14 +153,23 @@ def test_ddp_fit_from_the_command_line(tmp_path):
         (["--data.max_length", "0"], "data.max_length=0 must be >= 1"),
         (["--args.evall_steps", "3"], "evall_steps (did you mean eval_steps?)"),
         (["--args.save_strategy", "steps"], "requires the save and eval strategy to match"),
-        (["--task", "nope"], "allowed: causal_lm, masked_lm, text_classification, token_classification"),
+        (["--task", "nope"], "allowed: causal_lm, causal_lm_generation, masked_lm, seq2seq, text_classification, "
+                             "token_classification"),
+        (["--args.predict_with_generate", "true"], "args.predict_with_generate=True is a generation option, for "
+                                                   "task causal_lm_generation, seq2seq only"),
         (["--data.train_file", "x.tsv"], "unsupported file type '.tsv'"),
+        (["--task", "seq2seq", "--args.generation_num_beams", "0"],
+         "`generation_num_beams`=0 must be None or an integer >= 1"),
+        (["--task", "seq2seq", "--args.generation_max_length", "many"],
+         "\"args.generation_max_length\": Does not validate against any of the Union subtypes"),
+        (["--task", "seq2seq", "--data.max_target_length", "0"], "data.max_target_length=0 must be >= 1"),
     ],
 )
 def test_config_errors_are_one_line_and_fast(extra, expected, tmp_path, in_repo, capsys):
     start = time.perf_counter()
+    config = "configs/seq2seq.yaml" if "seq2seq" in " ".join(extra) else "configs/text_classification.yaml"
     with pytest.raises(SystemExit) as exit_info:
-        _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path), *extra])
+        _run(["fit", "--config", config, "--args.output_dir", str(tmp_path), *extra])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("hf-lightning: error: ") and "\n" not in err and "Traceback" not in err
@@ -198,6 +236,7 @@ def test_help_lists_hf_arguments_with_descriptions():
     assert "--args.eval_strategy {no,steps,epoch} When to evaluate during training" in text
     assert "--args.gradient_accumulation_steps" in text and "Micro-batches accumulated into one" in text
     assert "--trainer.strategy" in text and "--model.model_name_or_path" in text
+    assert "--args.predict_with_generate" in text and "Evaluate and predict by calling `model.generate`" in text
     top = _subprocess(["--help"], timeout=60)
     assert "fit" in top.stdout and "quickstart" in top.stdout
     print(f"fit --help: {elapsed:.1f}s")
@@ -295,3 +334,64 @@ def test_help_and_config_errors_do_not_import_the_heavy_stack():
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
     assert result.stderr.count("hf-lightning: error:") == 3
+
+
+def test_hf_callbacks_from_the_config(tmp_path, in_repo, one_thread, capsys):
+    """`hf_callbacks` entries are transformers.TrainerCallbacks driven by the flow: HF's EarlyStoppingCallback with an
+    impossible threshold stops training after `patience` evaluations without improvement (here at step 2 of 6)."""
+    from transformers import EarlyStoppingCallback
+
+    from hf_lightning.cli_app import run_cli
+
+    config = tmp_path / "early.yaml"
+    config.write_text(
+        "hf_callbacks:\n"
+        "  - class_path: transformers.EarlyStoppingCallback\n"
+        "    init_args: {early_stopping_patience: 1, early_stopping_threshold: 1.0}\n"
+    )
+    cli = run_cli(["fit", "--config", "configs/text_classification.yaml", "--config", str(config),
+                   "--args.output_dir", str(tmp_path / "o"), *FAST, "--args.max_steps", "6",
+                   "--args.eval_strategy", "steps", "--args.eval_steps", "1", "--args.save_strategy", "steps",
+                   "--args.save_steps", "1"])
+    (early,) = [cb for cb in cli.flow.handler.callbacks if isinstance(cb, EarlyStoppingCallback)]
+    assert early.early_stopping_patience == 1
+    # step 1 sets the best metric; step 2 does not beat it by 1.0 -> patience exhausted -> stop
+    assert cli.flow.state.global_step == 2 and cli.trainer.global_step == 2
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    ("entry", "expected"),
+    [
+        ("[transformers.NoSuchCallback]", "hf_callbacks[0].class_path='transformers.NoSuchCallback' cannot be"),
+        ("[lightning.pytorch.callbacks.ModelSummary]", "is not a transformers.TrainerCallback subclass"),
+        ("[{class_path: transformers.EarlyStoppingCallback, init_args: {patience: 1}}]",
+         "hf_callbacks[0] (transformers.EarlyStoppingCallback): "),
+    ],
+)
+def test_hf_callback_errors_are_one_line(entry, expected, tmp_path, in_repo, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path),
+              "--hf_callbacks", entry])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(err) == 1 and expected in err[0], err
+
+
+@pytest.mark.parametrize("config", sorted(GENERATION_CONFIGS))
+def test_generation_predict_without_targets(config, tmp_path, in_repo, one_thread, capsys):
+    """Prediction data with sources / prompts only: generation from them, no references (null in the jsonl)."""
+    source = "source" if config == "seq2seq.yaml" else "prompt"
+    rows = ["film plot cast", "music great movie acting", "ending script film"]
+    data = tmp_path / "inputs.jsonl"
+    data.write_text("".join(json.dumps({source: text}) + "\n" for text in rows))
+    out = tmp_path / "out"
+    _run(["predict", "--config", f"configs/{config}", "--args.output_dir", str(out), "--data.test_file", str(data),
+          "--trainer.enable_progress_bar", "false"])
+    capsys.readouterr()
+    arrays = np.load(out / "predictions.npz")
+    assert arrays["predictions"].dtype.kind == "i" and len(arrays["predictions"]) == 3
+    assert arrays["label_ids"].size == 0
+    decoded = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert [row["reference"] for row in decoded] == [None] * 3
+    assert all(isinstance(row["prediction"], str) for row in decoded)

@@ -5,7 +5,11 @@
 - sentiment_{train,validation}.csv: text,label (positive / negative) short reviews (hf_lightning.quickstart's generator)
 - pairs_{train,validation}.csv: sentence1,sentence2,label (same / different sentiment)
 - tags_{train,validation}.jsonl: tokens (word list), tags (POS / NEG / NOT / O per word)
-- tokenizer.json: a WordPiece tokenizer with a small vocabulary, so longer words split into sub-words
+- reverse_{train,validation}.jsonl: source, target (a toy seq2seq task: the target is the source's words reversed)
+- reverse_prompts_{train,validation}.jsonl: prompt, completion (the same task in the decoder-only format)
+- tokenizer.json: a WordPiece tokenizer with a small vocabulary, so longer words split into sub-words. Its training
+  is not reproducible run to run (ties between equally frequent pairs), so it is only written when missing or with
+  `--tokenizer`; the data files above are reproducible byte for byte.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import csv
 import json
 import os
 import random
+import sys
 
 from hf_lightning.quickstart import _NEGATIVE, _POSITIVE, make_sentiment_dataset
 
@@ -29,6 +34,22 @@ def _write_csv(name: str, header: list[str], rows: list[list]) -> None:
 
 def _tag(word: str) -> str:
     return "POS" if word in _POSITIVE else "NEG" if word in _NEGATIVE else "NOT" if word == "not" else "O"
+
+
+# whole words of the bundled tokenizer's vocabulary (one token each), so the toy task is about order, not spelling
+_REVERSE_WORDS = ["film", "plot", "cast", "music", "script", "acting", "ending", "movie", "great", "wonderful"]
+
+
+def _write_reverse(split: str, n: int, seed: int) -> None:
+    """The toy generation task: 3-5 words -> the same words reversed, as seq2seq and prompt/completion rows."""
+    rng = random.Random(seed + 20)
+    with open(os.path.join(HERE, f"reverse_{split}.jsonl"), "w") as pairs, \
+            open(os.path.join(HERE, f"reverse_prompts_{split}.jsonl"), "w") as prompts:
+        for _ in range(n):
+            words = [rng.choice(_REVERSE_WORDS) for _ in range(rng.randint(3, 5))]
+            source, target = " ".join(words), " ".join(reversed(words))
+            pairs.write(json.dumps({"source": source, "target": target}) + "\n")
+            prompts.write(json.dumps({"prompt": source, "completion": target}) + "\n")
 
 
 def main() -> None:
@@ -49,7 +70,10 @@ def main() -> None:
                 words = text.split()
                 f.write(json.dumps({"tokens": words, "tags": [_tag(w) for w in words]}) + "\n")
         corpus += data["text"]
+        _write_reverse(split, n, seed)
 
+    if os.path.isfile(os.path.join(HERE, "tokenizer.json")) and "--tokenizer" not in sys.argv[1:]:
+        return
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))

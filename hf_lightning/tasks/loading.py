@@ -166,6 +166,8 @@ def build_model(spec: ModelSpec, task: Task, tokenizer: Any, labels: list[str] |
     kwargs = {"vocab_size": len(tokenizer)}
     if getattr(tokenizer, "pad_token_id", None) is not None:
         kwargs["pad_token_id"] = tokenizer.pad_token_id
+    if task.model_defaults is not None:
+        kwargs.update(task.model_defaults(tokenizer))
     kwargs.update(spec.config_kwargs)
     config = config_class(**kwargs)
     for name, value in overrides.items():

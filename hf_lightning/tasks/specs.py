@@ -69,6 +69,12 @@ class DataSpec:
     """Column with the input text (classification, LM) or the word list (`tokens` for token classification)."""
     text_pair_column: str | None = None
     """Second text column for sentence-pair classification (e.g. `sentence2`)."""
+    target_column: str = "target"
+    """`seq2seq`: the target text column (the source is `text_column`); `causal_lm_generation`: the completion
+    column (the prompt is `text_column`). Without it (prediction data), only sources / prompts are tokenised."""
+    max_target_length: int = 128
+    """`seq2seq`: longest tokenised target (longer ones are truncated). `causal_lm_generation` uses `max_length`
+    for prompt + completion."""
     label_column: str = "label"
     """Column with the labels (a class per example, or a tag list per word for token classification)."""
     label_list: list[str] | None = None
@@ -91,7 +97,7 @@ class DataSpec:
             raise ValueError("data: give either `dataset_name` or files (`train_file`, ...), not both.")
         if self.tokenizer_name_or_path is not None and self.tokenizer_file is not None:
             raise ValueError("data: give either `tokenizer_name_or_path` or `tokenizer_file`, not both.")
-        for name in ("max_length", "block_size"):
+        for name in ("max_length", "block_size", "max_target_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"data.{name}={getattr(self, name)} must be >= 1.")
         if not 0.0 < self.mlm_probability < 1.0:

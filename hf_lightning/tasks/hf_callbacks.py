@@ -1,0 +1,68 @@
+"""The `hf_callbacks:` list of an `hf-lightning` config: `transformers.TrainerCallback`s named by class path.
+
+`trainer.callbacks` is typed by Lightning (its `Callback` class), so HF callbacks get their own list, in
+jsonargparse's `class_path` / `init_args` form or as a bare class path::
+
+    hf_callbacks:
+      - class_path: transformers.EarlyStoppingCallback
+        init_args: {early_stopping_patience: 2}
+      - my_package.callbacks.MyTrainerCallback
+
+They are driven by `HFTrainerFlow` with HF's events and `TrainerControl`, as callbacks given to
+`hf_lightning.Trainer(callbacks=[...])`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["build_hf_callbacks"]
+
+
+def _entry(index: int, entry: Any) -> tuple[str, dict[str, Any]]:
+    """`(class_path, init_args)` of one list entry."""
+    key = f"hf_callbacks[{index}]"
+    if isinstance(entry, str):
+        return entry, {}
+    if hasattr(entry, "as_dict"):  # a jsonargparse Namespace
+        entry = entry.as_dict()
+    if isinstance(entry, dict) and isinstance(entry.get("class_path"), str):
+        unknown = sorted(set(entry) - {"class_path", "init_args"})
+        if unknown:
+            raise ValueError(f"{key}: unknown key(s) {unknown}; allowed: class_path, init_args.")
+        init_args = entry.get("init_args") or {}
+        if not isinstance(init_args, dict):
+            raise ValueError(f"{key}.init_args={init_args!r} must be a mapping of keyword arguments.")
+        return entry["class_path"], dict(init_args)
+    raise ValueError(f"{key}={entry!r} must be a class path or a mapping with `class_path` (and `init_args`).")
+
+
+def build_hf_callbacks(entries: list[Any] | None) -> list[Any]:
+    """Instantiate the `hf_callbacks` entries (a bare name is looked up in `transformers`).
+
+    Raises:
+        ValueError: a malformed entry, a class that cannot be imported, one that is not a `TrainerCallback`
+            subclass, or init arguments it rejects, naming `hf_callbacks[<index>]`.
+    """
+    if not entries:
+        return []
+    import importlib
+
+    from transformers import TrainerCallback
+
+    callbacks = []
+    for index, entry in enumerate(entries):
+        path, init_args = _entry(index, entry)
+        module, _, name = path.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module or "transformers"), name)
+        except (ImportError, AttributeError):
+            raise ValueError(f"hf_callbacks[{index}].class_path={path!r} cannot be imported.") from None
+        if not (isinstance(cls, type) and issubclass(cls, TrainerCallback)):
+            raise ValueError(f"hf_callbacks[{index}].class_path={path!r} is not a transformers.TrainerCallback "
+                             "subclass (Lightning callbacks go in trainer.callbacks).")
+        try:
+            callbacks.append(cls(**init_args))
+        except TypeError as err:
+            raise ValueError(f"hf_callbacks[{index}] ({path}): {err}") from None
+    return callbacks
