@@ -29,6 +29,20 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 _CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError, NotImplementedError, OSError, MisconfigurationException)
 
 
+def _check_input_columns(data_spec: Any, raw: dict[str, Any]) -> None:
+    """Every loaded split has the input text column(s) the data spec names.
+
+    Raises:
+        ValueError: naming the `data.` key, the split, its value and the columns that exist.
+    """
+    for key in ("text_column", "text_pair_column"):
+        column = getattr(data_spec, key, None)
+        for split, dataset in raw.items():
+            names = getattr(dataset, "column_names", None)
+            if column and names is not None and column not in names:
+                raise ValueError(f"data.{key}={column!r} is not a column of the {split} data; its columns: {names}.")
+
+
 class _OneLineErrorParser(LightningArgumentParser):
     """Parse errors as one `error:` line (no usage dump), like the errors of our own checks."""
 
@@ -132,6 +146,7 @@ class HFLightningCLI(LightningCLI):
         self.hf_args = args
         set_seed(args.seed)
         raw = {name: load_split(data_spec, name) for name in splits_for_stage(sub, args)}
+        _check_input_columns(data_spec, raw)  # here, not in prepare_data inside fit: a bad column is one error line
         if sub == "fit" and raw.get("train") is None:
             raise ValueError("fit needs training data: set data.train_file or data.dataset_name.")
         if sub == "fit" and args.eval_strategy != "no" and raw.get("validation") is None:

@@ -184,6 +184,7 @@ def test_config_errors_are_one_line_and_fast(extra, expected, tmp_path, in_repo,
         (["--trainer.devicez", "2"], "unrecognized arguments: --trainer.devicez 2"),
         (["--model.config_class", "NopeConfig"], "model.config_class='NopeConfig' cannot be imported"),
         (["--ckpt_path", "no/such/dir"], "ckpt_path='no/such/dir': no such checkpoint folder"),
+        (["--data.text_column", "sentence"], "data.text_column='sentence' is not a column of the train data"),
     ],
 )
 def test_parser_and_build_errors_are_one_line(extra, expected, tmp_path, in_repo, capsys):
