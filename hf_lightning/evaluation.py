@@ -239,7 +239,9 @@ class EvalAccumulator:
         self.num_batches += 1
         self.num_samples += batch_size
         if loss is not None:
-            self.losses.append(_numpy(loss.detach().float().repeat(batch_size)))
+            # a Python float per batch, expanded at `finish`: a small array kept per batch would pin fragments of
+            # the heap between the large per-batch logits, and a long evaluation's memory would creep up
+            self.losses.append((float(loss.detach().float()), batch_size))
             if self.weighting == "tokens":
                 self._add_tokens(batch, loss)
         self._check_labels(batch, labels)
@@ -330,7 +332,8 @@ class EvalAccumulator:
                                    self.token_loss_sum, self.token_count))
         total = sum(part[0] for part in gathered)
         n = num_samples if num_samples is not None else total
-        losses = concat_padded([b for part in gathered for b in part[1]])
+        pairs = [pair for part in gathered for pair in part[1]]
+        losses = np.repeat(np.array([v for v, _ in pairs], dtype=np.float32), [n for _, n in pairs]) if pairs else None
         preds = self._concat([b for part in gathered for b in part[2]])
         labels = self._concat([b for part in gathered for b in part[3]])
         inputs = self._concat([b for part in gathered for b in part[4]])
