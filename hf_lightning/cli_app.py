@@ -8,6 +8,7 @@ A config has five sections::
     data: {...}                    # DataSpec: files or dataset_name, tokenizer, columns, lengths
     trainer: {...}                 # lightning.Trainer: strategy, devices, precision, logger, callbacks...
     hf_callbacks: [...]            # optional: transformers.TrainerCallback class paths (tasks/hf_callbacks.py)
+    eval_loss_weighting: samples   # optional: HF's eval_loss ("samples") or the per-token mean ("tokens")
 
 The model, data module, `HFTrainerFlow` and `lightning.Trainer` are assembled by the same functions as the
 `hf_lightning.Trainer` facade (`assembly.py`, `lightning_kwargs.py`), so both behave the same. Lightning options the

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import jsonargparse
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
@@ -88,6 +88,11 @@ class HFLightningCLI(LightningCLI):
             help="transformers.TrainerCallback classes, each a class path or {class_path, init_args} (e.g. "
                  "transformers.EarlyStoppingCallback); Lightning callbacks go in trainer.callbacks.",
         )
+        parser.add_argument(
+            "--eval_loss_weighting", type=Literal["samples", "tokens"], default="samples",
+            help="eval_loss as HF computes it ('samples': sample-weighted mean of batch means) or the mean over "
+                 "every label token ('tokens'); the facade's `eval_loss_weighting`.",
+        )
         parser.add_class_arguments(ModelSpec, "model", instantiate=False, sub_configs=True)
         parser.add_class_arguments(DataSpec, "data", instantiate=False, sub_configs=True)
 
@@ -163,6 +168,7 @@ class HFLightningCLI(LightningCLI):
         self.task = task
         metrics = task.build_metrics(tokenizer, args) if task.build_metrics is not None else task.compute_metrics
         self.model = resolve(task.module_class)(model, args, compute_metrics=metrics, processing_class=tokenizer)
+        self.model.eval_loss_weighting = cfg.get("eval_loss_weighting") or "samples"
         trainer_cfg = dict(self.config_init[sub]["trainer"])
         user = self._user_trainer_kwargs(trainer_cfg)
         callbacks = user.pop("callbacks", None) or []

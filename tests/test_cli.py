@@ -396,3 +396,20 @@ def test_generation_predict_without_targets(config, tmp_path, in_repo, one_threa
     decoded = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
     assert [row["reference"] for row in decoded] == [None] * 3
     assert all(isinstance(row["prediction"], str) for row in decoded)
+
+
+def test_eval_loss_weighting_from_the_config(tmp_path, in_repo, one_thread, capsys):
+    """The facade's `eval_loss_weighting` is a top-level CLI key too; a wrong value is one parser line."""
+    # token classification: the label tokens per batch vary (sub-words and padding are -100), so the two differ
+    base = ["validate", "--config", "configs/token_classification.yaml", "--args.output_dir", str(tmp_path), *FAST]
+    losses = {}
+    for weighting in ("samples", "tokens"):
+        _run([*base, "--eval_loss_weighting", weighting, "--args.per_device_eval_batch_size", "5"])
+        printed = capsys.readouterr().out
+        losses[weighting] = json.loads([line for line in printed.splitlines() if line.startswith("{")][-1])["eval_loss"]
+    assert np.isfinite(losses["samples"]) and np.isfinite(losses["tokens"])
+    assert losses["samples"] != pytest.approx(losses["tokens"], rel=1e-6)
+    with pytest.raises(SystemExit):
+        _run([*base, "--eval_loss_weighting", "words"])
+    err = capsys.readouterr().err
+    assert "eval_loss_weighting" in err and "tokens" in err
