@@ -19,13 +19,11 @@ evaluation). `rss_before_eval` (VmRSS just before `evaluate()`) is reported too,
 evaluation itself is `peak - before`. Throughput: eval samples / wall time of the `evaluate()` call.
 
 Allocator: glibc raises its mmap threshold each time a large block is freed (up to 32 MiB), after which the 32 MiB
-per-batch logits come from the heap; the heap then fragments and the peak RSS of a long evaluation creeps up with
-the number of batches, for any runner, although nothing is kept (ours, 1k samples: 1337 MiB with the dynamic
-threshold, 590 MiB with a fixed 1 MiB one, 480 MiB before the evaluation; with 1 MiB the resident set still crept
-by ~10 MiB per 400 batches from blocks of 64 KiB-1 MiB, with 64 KiB by 1 MiB per 320 batches, while the memory
-traced by tracemalloc grew by < 1 MiB). `--malloc fixed` (default) runs every worker with
-`MALLOC_MMAP_THRESHOLD_=65536`, so that the numbers measure what the runners keep, not allocator history;
-`--malloc default` shows glibc's default behaviour.
+per-batch logits come from the heap. Anything small kept per batch then lands in the hole a freed logits block left,
+the next batch's logits no longer fit there, and the heap grows with the number of batches (ours kept a 64-byte loss
+array per batch until that became a Python float: 3 GiB at 16k samples before, 662 MiB after). `--malloc fixed`
+(default) runs every worker with `MALLOC_MMAP_THRESHOLD_=65536` (what the runners keep, without allocator history);
+`--malloc default` shows glibc's default behaviour, which is what users get.
 
 HF sizes whose logits alone exceed `--hf-max-gib` (default 5 GiB: 2 GiB of logits at 1k samples, 8 GiB at 4k,
 32 GiB at 16k, and HF's concatenation briefly holds two copies) are not run and reported as such.
