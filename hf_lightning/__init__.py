@@ -1,7 +1,8 @@
 """hf_lightning: the Hugging Face Trainer's behaviour on PyTorch Lightning.
 
-Lightning-native pieces (`TransformerModule`, `TransformerDataModule`, `HFTrainerFlow`) and a drop-in facade
-(`Trainer`, `TrainingArguments`) with the `transformers.Trainer` signatures.
+Lightning-native pieces (`TransformerModule`, `TransformerDataModule`, `HFTrainerFlow`, `HFEarlyStopping`), drop-in
+facades (`Trainer`, `TrainingArguments`, and the `Seq2Seq*` variants that evaluate by generation) with the
+`transformers` signatures.
 
 Names are imported on first access (PEP 562), so `hf-lightning --help` and `hf_lightning.args` do not load torch
 and Lightning before they are needed.
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "HFEarlyStopping": "hf_lightning.callbacks.early_stopping",
     "HFTrainerFlow": "hf_lightning.callbacks.flow",
     "Seq2SeqTrainer": "hf_lightning.seq2seq.trainer",
     "Seq2SeqTrainingArguments": "hf_lightning.seq2seq.args",
@@ -29,6 +31,7 @@ __all__ = [*_EXPORTS, "__version__"]
 
 if TYPE_CHECKING:
     from hf_lightning.args import TrainingArguments
+    from hf_lightning.callbacks.early_stopping import HFEarlyStopping
     from hf_lightning.callbacks.flow import HFTrainerFlow
     from hf_lightning.data.datamodule import TransformerDataModule
     from hf_lightning.facade import Trainer

@@ -6,8 +6,8 @@ import sys
 import hf_lightning
 
 EXPECTED = [
-    "HFTrainerFlow", "Seq2SeqTrainer", "Seq2SeqTrainingArguments", "Seq2SeqTransformerModule", "Trainer", "TrainingArguments", "TransformerDataModule", "TransformerModule",
-    "__version__",
+    "HFEarlyStopping", "HFTrainerFlow", "Seq2SeqTrainer", "Seq2SeqTrainingArguments", "Seq2SeqTransformerModule",
+    "Trainer", "TrainingArguments", "TransformerDataModule", "TransformerModule", "__version__",
 ]
 
 
