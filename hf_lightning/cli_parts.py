@@ -15,6 +15,7 @@ from typing import Any, Literal, Union
 import jsonargparse
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 from hf_lightning.tasks.registry import args_for_task, resolve, task_names
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
@@ -27,6 +28,27 @@ jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 _CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError, NotImplementedError, OSError, MisconfigurationException)
+
+
+def _check_output_dir(args: TrainingArguments, checkpoint: str | None) -> None:
+    """The output-directory rule of `checkpointing.resume.existing_checkpoint_conflict`, before anything is built.
+
+    Raises:
+        ValueError: this run would overwrite or rotate away checkpoints it did not write.
+    """
+    from hf_lightning.checkpointing.resume import existing_checkpoint_conflict
+
+    step = None
+    if checkpoint is not None:
+        state = os.path.join(checkpoint, "trainer_state.json")
+        if os.path.isfile(state):
+            with open(state) as f:
+                step = int(json.load(f).get("global_step", 0))
+        else:
+            step = int(os.path.basename(os.path.normpath(checkpoint)).rpartition("-")[2] or 0)
+    conflict = existing_checkpoint_conflict(args.resolved_output_dir, step, args.save_strategy != "no")
+    if conflict:
+        raise ValueError(conflict.replace("resume_from_checkpoint=True", "--args.resume_from_checkpoint true"))
 
 
 def _check_input_columns(data_spec: Any, raw: dict[str, Any]) -> None:
@@ -140,6 +162,7 @@ class HFLightningCLI(LightningCLI):
         self.ckpt_for_lightning: str | None = self.config_init[sub].get("ckpt_path")
         if sub == "fit":
             self.ckpt_for_lightning = resolve_resume(args, self.ckpt_for_lightning)
+            _check_output_dir(args, self.ckpt_for_lightning)  # the flow checks again at fit; here it is one line
         elif self.ckpt_for_lightning and os.path.isdir(self.ckpt_for_lightning):
             # one of our checkpoint folders: it is a pretrained model directory
             model_values.update(model_name_or_path=self.ckpt_for_lightning, config_class=None, config_kwargs={})

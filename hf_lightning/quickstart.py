@@ -64,14 +64,33 @@ def build_tokenizer(corpus: list[str]) -> Any:
     )
 
 
+def _has_checkpoints(folder: str) -> bool:
+    return os.path.isdir(folder) and any(name.startswith("checkpoint-") for name in os.listdir(folder))
+
+
+def _fresh_run_dir(root: str) -> str:
+    """`root/run-<n>` with the first n not used yet, so running the quickstart again keeps the earlier runs."""
+    n = 1
+    while os.path.exists(os.path.join(root, f"run-{n}")):
+        n += 1
+    return os.path.join(root, f"run-{n}")
+
+
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Train, evaluate and print where the checkpoints and logs are; returns the final eval metrics."""
     parser = argparse.ArgumentParser(prog="hf-lightning quickstart", description=__doc__.splitlines()[0])
-    parser.add_argument("--output_dir", default="quickstart_output")
+    parser.add_argument("--output_dir", default=None,
+                        help="where checkpoints and logs go (default: a new quickstart_output/run-<n>)")
     parser.add_argument("--num_train_epochs", type=float, default=3.0)
     parser.add_argument("--max_steps", type=int, default=-1)
     parser.add_argument("--train_size", type=int, default=2000)
     opts = parser.parse_args(argv)
+    if opts.output_dir is None:
+        opts.output_dir = _fresh_run_dir("quickstart_output")
+    elif _has_checkpoints(opts.output_dir):
+        # hf_lightning never overwrites another run's checkpoints: say so in one line, not a traceback
+        parser.error(f"--output_dir {opts.output_dir} already holds checkpoints of an earlier run; choose another "
+                     "folder or delete them (leave --output_dir out to get a new quickstart_output/run-<n>).")
 
     from datasets import Dataset
     from transformers import BertConfig, BertForSequenceClassification

@@ -413,3 +413,15 @@ def test_eval_loss_weighting_from_the_config(tmp_path, in_repo, one_thread, caps
         _run([*base, "--eval_loss_weighting", "words"])
     err = capsys.readouterr().err
     assert "eval_loss_weighting" in err and "tokens" in err
+
+
+def test_fit_into_another_runs_checkpoints_is_one_line(tmp_path, in_repo, capsys):
+    """Another run's checkpoint in output_dir: refused before anything is built, with the way out named."""
+    (tmp_path / "checkpoint-5").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path), *FAST])
+    assert exit_info.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(err) == 1 and "already holds checkpoints of another run (checkpoint-5)" in err[0], err
+    assert "--args.resume_from_checkpoint true" in err[0]
+    assert (tmp_path / "checkpoint-5").is_dir()

@@ -29,3 +29,19 @@ def test_quickstart_trains_and_reports(tmp_path, capsys) -> None:
 def test_cli_quickstart_entry(tmp_path, capsys) -> None:
     cli_main(["quickstart", "--output_dir", str(tmp_path / "q"), "--max_steps", "2", "--train_size", "64"])
     assert "checkpoint-2" in capsys.readouterr().out
+
+
+def test_quickstart_never_overwrites_an_earlier_run(tmp_path, monkeypatch, capsys) -> None:
+    """Without --output_dir each run gets a new quickstart_output/run-<n>; an explicit folder holding checkpoints is
+    refused in one line, and the earlier run is untouched."""
+    import pytest
+
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        quickstart(["--max_steps", "1", "--train_size", "32"])
+    assert sorted(os.listdir(tmp_path / "quickstart_output")) == ["run-1", "run-2"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        quickstart(["--output_dir", "quickstart_output/run-1", "--max_steps", "1", "--train_size", "32"])
+    assert "already holds checkpoints" in capsys.readouterr().err
+    assert os.path.isdir(tmp_path / "quickstart_output" / "run-1" / "checkpoint-1")
