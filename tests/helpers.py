@@ -6,6 +6,7 @@ import random
 
 import torch
 from datasets import Dataset
+from torch.utils.data import Dataset as TorchDataset
 
 VOCAB = 64
 
@@ -62,3 +63,18 @@ def lm_dataset(n: int = 40, max_length: int = 16, seed: int = 0, padded: bool = 
         rows["attention_mask"].append([1] * length + [0] * pad)
         rows["labels"].append(ids + [-100] * pad)
     return Dataset.from_dict(rows)
+
+
+class RecordingDataset(TorchDataset):
+    """A map-style dataset that records every index it serves, in order (the training order)."""
+
+    def __init__(self, rows) -> None:
+        self.rows = rows
+        self.seen: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        self.seen.append(int(index))
+        return self.rows[int(index)]

@@ -19,24 +19,9 @@ import hf_lightning
 from hf_lightning import TrainingArguments, TransformerDataModule
 from hf_lightning.data.collate import default_collator
 from hf_lightning.data.sampling import WindowBatchSampler, epoch_order, shard_batches
-from helpers import VOCAB, classification_dataset, tiny_bert
+from helpers import VOCAB, RecordingDataset, classification_dataset, tiny_bert
 
 LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
-
-
-class CountingDataset(TorchDataset):
-    """Map-style dataset of classification rows that records each index it serves."""
-
-    def __init__(self, n: int) -> None:
-        self.rows = classification_dataset(n=n)
-        self.seen: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, index: int) -> dict:
-        self.seen.append(int(index))
-        return self.rows[int(index)]
 
 
 class TinyClassifier(nn.Module):
@@ -123,7 +108,7 @@ def test_epoch_order_equals_the_real_hf_trainer(seed, data_seed, tmp_path):
 def test_set_epoch_reaches_the_sampler_in_a_lightning_fit(tmp_path):
     """Lightning calls `set_epoch` on `loader.sampler` / `loader.batch_sampler.sampler` only: every epoch of a real
     fit must draw its own permutation (regression: every epoch repeated epoch 0)."""
-    data = CountingDataset(12)
+    data = RecordingDataset(classification_dataset(n=12))
     trainer = our_trainer(tiny_bert(), data, tmp_path, per_device_train_batch_size=4, num_train_epochs=3, seed=5)
     trainer.train()
     expected = [torch.randperm(12, generator=torch.Generator().manual_seed(5 + e)).tolist() for e in range(3)]
@@ -132,7 +117,7 @@ def test_set_epoch_reaches_the_sampler_in_a_lightning_fit(tmp_path):
 
 def test_skipping_windows_yields_the_tail_without_reading_skipped_items():
     args = TrainingArguments(per_device_train_batch_size=2, gradient_accumulation_steps=3, seed=5)
-    data = CountingDataset(40)  # 20 micro-batches of 2 -> 7 windows of 3,3,3,3,3,3,2 micro-batches
+    data = RecordingDataset(classification_dataset(n=40))  # 20 micro-batches of 2 -> 7 windows of 3,3,3,3,3,3,2 micro-batches
     dm = TransformerDataModule(train_dataset=data, args=args)
     loader = dm.train_dataloader()
     assert len(loader) == 7
@@ -330,7 +315,7 @@ def test_drop_last_micro_batch_counts_equal_hf(tmp_path):
 
 def test_drop_last_training_never_sees_the_dropped_samples_and_matches_hf_order(tmp_path):
     common = dict(per_device_train_batch_size=4, num_train_epochs=2, dataloader_drop_last=True, seed=1)
-    hf_data, our_data = CountingDataset(10), CountingDataset(10)
+    hf_data, our_data = RecordingDataset(classification_dataset(n=10)), RecordingDataset(classification_dataset(n=10))
     hf_args = transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf"), use_cpu=True, report_to="none", save_strategy="no", **common
     )

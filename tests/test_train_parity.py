@@ -12,27 +12,11 @@ import math
 import pytest
 import torch
 import transformers
-from torch.utils.data import Dataset as TorchDataset
 
 import hf_lightning
-from helpers import classification_dataset, lm_dataset, tiny_bert, tiny_gpt2
+from helpers import RecordingDataset, classification_dataset, lm_dataset, tiny_bert, tiny_gpt2
 
 LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
-
-
-class RecordingDataset(TorchDataset):
-    """A map-style dataset that records every index it serves, in order (the training order)."""
-
-    def __init__(self, rows) -> None:
-        self.rows = rows
-        self.seen: list[int] = []
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, index: int) -> dict:
-        self.seen.append(int(index))
-        return self.rows[int(index)]
 
 
 def run_hf(model, dataset, tmp_path, **kwargs):
