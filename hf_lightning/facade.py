@@ -15,9 +15,10 @@ import lightning.pytorch as pl
 from torch import nn
 
 from hf_lightning.args import TrainingArguments
-from hf_lightning.assembly import build_flow, build_lightning_trainer, is_hf_callback, resolve_resume, split_callbacks
+from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, is_hf_callback, split_callbacks
+from hf_lightning.resume.find import resolve_resume
 from hf_lightning.data.datamodule import TransformerDataModule
-from hf_lightning.lightning_kwargs import lightning_trainer_kwargs
+from hf_lightning.args.to_lightning import lightning_trainer_kwargs
 from hf_lightning.module import TransformerModule
 
 __all__ = ["Trainer"]
@@ -133,7 +134,7 @@ class Trainer:
             return TrainingArguments(output_dir="tmp_trainer")
         if isinstance(args, TrainingArguments):
             return args
-        from hf_lightning.hf_args import from_hf_training_arguments
+        from hf_lightning.args.from_transformers import from_hf_training_arguments
 
         return from_hf_training_arguments(args)
 
@@ -197,7 +198,7 @@ class Trainer:
             self.flow.handler.model = self.model
         self.flow.resume_from_checkpoint = self._resolve_resume(resume_from_checkpoint) or False
         self.lightning_trainer = self._lightning_trainer()
-        try:  # the flow restores the HF-layout folder itself (checkpointing/restore.py), not via ckpt_path
+        try:  # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path
             self.lightning_trainer.fit(self.module, datamodule=self.datamodule)
         finally:
             self.flow.resume_from_checkpoint = None

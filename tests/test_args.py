@@ -7,8 +7,8 @@ import pytest
 import transformers
 
 import hf_lightning
-from hf_lightning.hf_args import from_hf_training_arguments
-from hf_lightning.lightning_kwargs import OWNED_BY_HF_ARGS, lightning_trainer_kwargs
+from hf_lightning.args.from_transformers import from_hf_training_arguments
+from hf_lightning.args.to_lightning import OWNED_BY_HF_ARGS, lightning_trainer_kwargs
 from helpers import classification_dataset, tiny_bert
 
 TrainingArguments = hf_lightning.TrainingArguments

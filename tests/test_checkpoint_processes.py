@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_lightning.callbacks.saving import list_checkpoints
-from hf_lightning.checkpointing.resume import last_checkpoint
+from hf_lightning.callbacks.checkpoint_saver import list_checkpoints
+from hf_lightning.resume.find import last_checkpoint
 
 SCRIPT = Path(__file__).parent / "scripts" / "checkpoint_train.py"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from transformers.trainer_utils import rotate_checkpoints, sort_checkpoints
 
-from hf_lightning.callbacks.saving import list_checkpoints
+from hf_lightning.callbacks.checkpoint_saver import list_checkpoints
 from hf_lightning.checkpointing.rotation import final_cleanup, select_for_deletion
 
 

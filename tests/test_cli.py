@@ -262,7 +262,7 @@ def test_lightning_options_loggers_and_callbacks_pass_through(tmp_path, in_repo,
     from lightning.pytorch.loggers import CSVLogger
 
     from hf_lightning.callbacks.flow import HFTrainerFlow
-    from hf_lightning.cli_app import run_cli
+    from hf_lightning.cli import run_cli
 
     logs = tmp_path / "extra_logs"
     cli = run_cli(["fit", "--config", "configs/token_classification.yaml", "--args.output_dir", str(tmp_path / "o"),
@@ -342,7 +342,7 @@ def test_hf_callbacks_from_the_config(tmp_path, in_repo, one_thread, capsys):
     impossible threshold stops training after `patience` evaluations without improvement (here at step 2 of 6)."""
     from transformers import EarlyStoppingCallback
 
-    from hf_lightning.cli_app import run_cli
+    from hf_lightning.cli import run_cli
 
     config = tmp_path / "early.yaml"
     config.write_text(

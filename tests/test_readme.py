@@ -8,7 +8,7 @@ from pathlib import Path
 
 import transformers
 
-from hf_lightning.arg_map import argument_map, markdown_table
+from hf_lightning.args.readme_map import argument_map, markdown_table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -24,17 +24,17 @@ def test_every_hf_field_is_in_the_readme_map():
     section = _map_section()
     fields = [f.name for f in dataclasses.fields(transformers.TrainingArguments) if f.init]
     missing = [name for name in fields if f"| `{name}` |" not in section]
-    assert not missing, f"README argument map lacks {missing}; run `python -m hf_lightning.arg_map`"
+    assert not missing, f"README argument map lacks {missing}; run `python -m hf_lightning.args.readme_map`"
 
 
 def test_readme_map_matches_the_code():
-    assert _map_section() == markdown_table(), "README argument map is stale; paste `python -m hf_lightning.arg_map`"
+    assert _map_section() == markdown_table(), "README argument map is stale; paste `python -m hf_lightning.args.readme_map`"
 
 
 def test_map_statuses_follow_the_code():
     from hf_lightning.args import TrainingArguments
 
-    from hf_lightning.hf_args import _IGNORED
+    from hf_lightning.args.from_transformers import _IGNORED
 
     ours = {f.name for f in dataclasses.fields(TrainingArguments)}
     for name, status, _ in argument_map():

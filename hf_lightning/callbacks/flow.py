@@ -3,8 +3,8 @@
 One Lightning training batch is one optimizer update (see `TransformerDataModule`). After each update, in
 `on_train_batch_end`, the callback replays `Trainer._run_epoch` + `_maybe_log_save_evaluate` (T:1935-1991, 2230-2278):
 
-    on_step_end (schedule.step_end_flags, then HF callbacks) -> log -> evaluate -> save
-    [last update of the epoch, or a stop flag] on_epoch_end (schedule.epoch_end_flags, HF callbacks)
+    on_step_end (cadence.step_end_flags, then HF callbacks) -> log -> evaluate -> save
+    [last update of the epoch, or a stop flag] on_epoch_end (cadence.epoch_end_flags, HF callbacks)
         -> log -> evaluate -> save
 
 Evaluations run Lightning's own validation loop synchronously, right where HF evaluates, so several evaluations in
@@ -26,9 +26,10 @@ from lightning.pytorch.callbacks import Callback
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
-from hf_lightning.callbacks.saving import CheckpointSaver
+from hf_lightning.callbacks.best_model import BestModelTracker
+from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.train_log import FlopsCounter, TrainLossTracker, tensorboard_tag, train_summary
-from hf_lightning.schedule import TrainingPlan, epoch_end_flags, epoch_progress, plan_training, step_end_flags
+from hf_lightning.cadence import TrainingPlan, epoch_end_flags, epoch_progress, plan_training, step_end_flags
 
 __all__ = ["HFTrainerFlow", "tensorboard_tag"]
 
@@ -58,6 +59,7 @@ class HFTrainerFlow(Callback):
         self.state = TrainerState()
         self.control = TrainerControl()
         self.saver = CheckpointSaver(args, processing_class)
+        self.best = BestModelTracker(args)
         self.plan: TrainingPlan | None = None
         self.loss = TrainLossTracker(args.logging_nan_inf_filter)
         self.flos = FlopsCounter()
@@ -97,8 +99,8 @@ class HFTrainerFlow(Callback):
         trainer.fit_loop.epoch_loop._should_check_val_fx = lambda data_fetcher: False  # type: ignore[method-assign]
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Resume from `resume_from_checkpoint`, or refuse to overwrite another run's checkpoints (restore.py)."""
-        from hf_lightning.checkpointing.restore import start_fit
+        """Resume from `resume_from_checkpoint`, or refuse to overwrite another run's checkpoints (resume/load.py)."""
+        from hf_lightning.resume.load import start_fit
 
         self._restorer = start_fit(self, trainer, pl_module)
 
@@ -260,8 +262,8 @@ class HFTrainerFlow(Callback):
             self.control.should_evaluate = False
         if not during_training:
             return False
-        self.saver.step_plateau_scheduler(trainer, self.last_eval_metrics)
-        return self.saver.update_best(self.state, self.last_eval_metrics)
+        self.best.step_plateau_scheduler(trainer, self.last_eval_metrics)
+        return self.best.update(self.state, self.last_eval_metrics)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking:  # Lightning's pre-training sanity check is not an HF evaluation
@@ -380,7 +382,8 @@ class HFTrainerFlow(Callback):
                                 train_loss)
         self.train_metrics = metrics
         self.record_log(trainer, metrics)
-        self.saver.finish(trainer, pl_module, self.state)
+        self.best.load_best(pl_module.model, self.state)
+        self.saver.finish(trainer, self.state)
         self.control = self.handler.call("on_train_end", self.args, self.state, self.control)
 
     def state_dict(self) -> dict[str, Any]:

@@ -4,7 +4,8 @@
 - `distributed`: full weights / sharded optimizer state under FSDP2, plain state dicts otherwise.
 - `lightning_state`: the Lightning loop position and callback states (`lightning_state.pt`).
 - `rotation`: HF 5's `save_total_limit` rule, as pure functions.
-- `resume`: finding and checking the checkpoint to resume from; the output-directory rule.
-- `restore`: restoring a checkpoint into a starting run (driven by `HFTrainerFlow`).
 - `checks`: setup-time checks HF does not make.
+
+Resuming from a folder lives in `hf_lightning/resume/`; the save itself (when, rotation, best pointer) in
+`hf_lightning/callbacks/checkpoint_saver.py`.
 """

@@ -9,7 +9,7 @@ and Lightning callback states, a few KB; never the weights) and, under FSDP2, `o
 `torch.distributed.checkpoint` folder) instead of `optimizer.pt`.
 
 The writer is split into steps so that several processes can share one folder: rank 0 prepares and finalises, each
-rank writes its own RNG file in between (see `callbacks/saving.py`). `write_checkpoint` runs all steps in one process.
+rank writes its own RNG file in between (see `callbacks/checkpoint_saver.py`). `write_checkpoint` runs all steps in one process.
 """
 
 from __future__ import annotations

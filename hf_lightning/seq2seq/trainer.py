@@ -19,7 +19,7 @@ def to_seq2seq_args(args: Any) -> Seq2SeqTrainingArguments:
     """Our `Seq2SeqTrainingArguments` from None, ours (plain or seq2seq) or a `transformers` (Seq2Seq)TrainingArguments.
 
     Raises:
-        ValueError: a `transformers` field set to a value hf_lightning does not support (see `hf_args.py`).
+        ValueError: a `transformers` field set to a value hf_lightning does not support (see `args/from_transformers.py`).
     """
     if args is None:
         return Seq2SeqTrainingArguments(output_dir="tmp_trainer")
@@ -27,7 +27,7 @@ def to_seq2seq_args(args: Any) -> Seq2SeqTrainingArguments:
         return args
     if isinstance(args, TrainingArguments):
         return Seq2SeqTrainingArguments(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init})
-    from hf_lightning.hf_args import from_hf_training_arguments
+    from hf_lightning.args.from_transformers import from_hf_training_arguments
 
     extra = {name: getattr(args, name) for name in SEQ2SEQ_FIELDS if hasattr(args, name)}
     plain = copy.copy(args)

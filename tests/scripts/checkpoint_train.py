@@ -58,7 +58,7 @@ def make_trainer(output_dir: str, lightning_kwargs: dict, module_class=None, **o
 
 
 def kill(out_dir: str, point: str) -> None:
-    from hf_lightning.callbacks import saving
+    from hf_lightning.callbacks import checkpoint_saver as saving
     from hf_lightning.checkpointing import io
 
     def die(*_args, **_kwargs):

@@ -1,19 +1,6 @@
-"""`hf-lightning fit|validate|predict --config <yaml>`: a `LightningCLI` over the library's module and data module.
+"""Checks of the `task`, `args`, `model` and `data` config sections before Lightning is imported.
 
-A config has five sections::
-
-    task: text_classification      # a name from hf_lightning.tasks.registry
-    args: {...}                    # HF TrainingArguments (names, defaults and meaning of transformers')
-    model: {...}                   # ModelSpec: model_name_or_path, or config_class + config_kwargs
-    data: {...}                    # DataSpec: files or dataset_name, tokenizer, columns, lengths
-    trainer: {...}                 # lightning.Trainer: strategy, devices, precision, logger, callbacks...
-    hf_callbacks: [...]            # optional: transformers.TrainerCallback class paths (tasks/hf_callbacks.py)
-    eval_loss_weighting: samples   # optional: HF's eval_loss ("samples") or the per-token mean ("tokens")
-
-The model, data module, `HFTrainerFlow` and `lightning.Trainer` are assembled by the same functions as the
-`hf_lightning.Trainer` facade (`assembly.py`, `lightning_kwargs.py`), so both behave the same. Lightning options the
-HF arguments decide (`trainer.max_steps`, `trainer.accumulate_grad_batches`...) are rejected with the `args.` key
-to use. Errors in the config end the run with one `error:` line, not a traceback.
+A typo in them is answered with one `error:` line in a fraction of a second (same words as the full parser).
 """
 
 from __future__ import annotations
@@ -22,12 +9,12 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["run_cli", "HFLightningCLI", "precheck"]
+__all__ = ["precheck", "fail"]
 
 _SECTIONS = ("args", "model", "data")
 
 
-def _fail(message: str, prog: str = "hf-lightning") -> None:
+def fail(message: str, prog: str = "hf-lightning") -> None:
     """One parser-style line on stderr and exit status 2 (argparse's convention)."""
     sys.stderr.write(f"{prog}: error: {' '.join(str(message).split())}\n")
     sys.exit(2)
@@ -73,7 +60,7 @@ def _check_types(section: str, cls: type, values: dict[str, Any]) -> None:
         parser.parse_object({section: values})
     except Exception as err:  # jsonargparse raises ArgumentError; any failure here is a config problem
         lines = [line.strip() for line in str(err).splitlines() if line.strip()]
-        _fail(" ".join(lines))
+        fail(" ".join(lines))
 
 
 def precheck(argv: list[str]) -> None:
@@ -97,12 +84,12 @@ def precheck(argv: list[str]) -> None:
     try:
         task = get_task(str(config.get("task", "text_classification")))
     except ValueError as err:
-        _fail(err)
+        fail(err)
     # the parser accepts every generation field; `args_for_task` narrows them to the task's own args class
     for section, cls in (("args", resolve(GENERATION_ARGS)), ("model", ModelSpec), ("data", DataSpec)):
         values = config.get(section) or {}
         if not isinstance(values, dict):
-            _fail(f"`{section}` must be a mapping of options, got {type(values).__name__}.")
+            fail(f"`{section}` must be a mapping of options, got {type(values).__name__}.")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -110,41 +97,23 @@ def precheck(argv: list[str]) -> None:
 
             hints = [f"{u} (did you mean {m[0]}?)" if (m := difflib.get_close_matches(u, known, 1)) else u
                      for u in unknown]
-            _fail(f"unknown key(s) in `{section}`: {', '.join(hints)}. See `hf-lightning fit --help`.")
+            fail(f"unknown key(s) in `{section}`: {', '.join(hints)}. See `hf-lightning fit --help`.")
         if section == "model" and not values:
             continue
         if section == "args":
             try:
                 cls, values = args_for_task(task, values)
             except ValueError as err:
-                _fail(err)
+                fail(err)
         _check_types(section, cls, values)
         try:
             spec = cls(**values)
         except (TypeError, ValueError) as err:
-            _fail(f"in `{section}`: {err}")
+            fail(f"in `{section}`: {err}")
         if section == "data":
             from hf_lightning.tasks.loading import check_files
 
             try:
                 check_files(spec)
             except (ValueError, FileNotFoundError) as err:
-                _fail(err)
-
-
-def run_cli(argv: list[str] | None = None) -> Any:
-    """Run `fit|validate|predict` with `argv` (the command line after `hf-lightning`); returns the CLI object."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    precheck(argv[1:])
-    from hf_lightning.cli_parts import HFLightningCLI
-
-    # LightningCLI reads sys.argv itself when it is our command line (it warns when given both).
-    return HFLightningCLI(args=None if argv == sys.argv[1:] else argv)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "HFLightningCLI":
-        from hf_lightning.cli_parts import HFLightningCLI
-
-        return HFLightningCLI
-    raise AttributeError(name)
+                fail(err)

@@ -1,8 +1,8 @@
-"""Assembly shared by the `Trainer` facade and the `hf-lightning` CLI: one place decides how the pieces meet.
+"""Building the `lightning.Trainer` and its callbacks, shared by the `Trainer` facade and the `hf-lightning` CLI.
 
-Both entry points build the `HFTrainerFlow` callback, the `lightning.Trainer` keyword arguments (from
-`lightning_kwargs.py`) and the resume checkpoint with these functions, so a behaviour cannot exist in one of them
-only.
+Both entry points build the `HFTrainerFlow` callback and the `lightning.Trainer` (keyword arguments from
+`args/to_lightning.py`) with these functions, and resolve the resume checkpoint with `resume.find.resolve_resume`,
+so a behaviour cannot exist in one of them only.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from hf_lightning.args import TrainingArguments
     from hf_lightning.callbacks.flow import HFTrainerFlow
 
-__all__ = ["is_hf_callback", "split_callbacks", "build_flow", "build_lightning_trainer", "resolve_resume"]
+__all__ = ["is_hf_callback", "split_callbacks", "build_flow", "build_lightning_trainer"]
 
 
 def is_hf_callback(callback: Any) -> bool:
@@ -45,7 +45,7 @@ def build_lightning_trainer(
 ) -> pl.Trainer:
     """`lightning.Trainer` with the flow first, then the user's callbacks (also those in `trainer_kwargs`).
 
-    `trainer_kwargs` is the output of `lightning_kwargs.lightning_trainer_kwargs`.
+    `trainer_kwargs` is the output of `args.to_lightning.lightning_trainer_kwargs`.
     """
     import lightning.pytorch as pl
 
@@ -53,22 +53,3 @@ def build_lightning_trainer(
     extra = kwargs.pop("callbacks", None) or []
     extra = extra if isinstance(extra, list) else [extra]
     return pl.Trainer(callbacks=[flow, *lightning_callbacks, *extra], **kwargs)
-
-
-def resolve_resume(args: TrainingArguments, resume_from_checkpoint: str | bool | None) -> str | None:
-    """The checkpoint to resume from: the explicit value, else `args.resume_from_checkpoint`, else None.
-
-    Raises:
-        ValueError / FileNotFoundError: see `checkpointing.resume.resolve_checkpoint`.
-    """
-    if resume_from_checkpoint in (None, False):
-        resume_from_checkpoint = args.resume_from_checkpoint
-    if not resume_from_checkpoint:
-        return None
-    from hf_lightning.checkpointing.io import recover_interrupted_replacements
-    from hf_lightning.checkpointing.resume import resolve_checkpoint
-
-    # a crash between the two renames of a re-save leaves the old folder under its backup name: put it back first
-    recover_interrupted_replacements(args.resolved_output_dir)
-
-    return resolve_checkpoint(args.resolved_output_dir, resume_from_checkpoint)

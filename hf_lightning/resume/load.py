@@ -27,13 +27,9 @@ from torch import nn
 
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME, recover_interrupted_replacements
-from hf_lightning.checkpointing.lightning_state import (
-    ResumePosition,
-    apply_loop_position,
-    restore_callback_states,
-    resume_position,
-)
-from hf_lightning.checkpointing.resume import (
+from hf_lightning.checkpointing.lightning_state import restore_callback_states
+from hf_lightning.resume.position import ResumePosition, apply_loop_position, resume_position
+from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
     existing_checkpoint_conflict,

@@ -1,7 +1,7 @@
 """The HF argument map: every `transformers.TrainingArguments` field, marked supported / supported with a difference
-/ not supported, computed from the code (our `TrainingArguments` fields and `hf_args.py`'s ignored set).
+/ not supported, computed from the code (our `TrainingArguments` fields and `from_transformers.py`'s ignored set).
 
-`python -m hf_lightning.arg_map` prints the README table; tests/test_readme.py checks README holds exactly it.
+`python -m hf_lightning.args.readme_map` prints the README table; tests/test_readme.py checks README holds exactly it.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def argument_map() -> list[tuple[str, str, str]]:
     import transformers
 
     from hf_lightning.args import TrainingArguments
-    from hf_lightning.hf_args import _IGNORED
+    from hf_lightning.args.from_transformers import _IGNORED
 
     ours = {f.name for f in dataclasses.fields(TrainingArguments)}
     rows = []

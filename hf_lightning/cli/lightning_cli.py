@@ -36,7 +36,7 @@ def _check_output_dir(args: TrainingArguments, checkpoint: str | None) -> None:
     Raises:
         ValueError: this run would overwrite or rotate away checkpoints it did not write.
     """
-    from hf_lightning.checkpointing.resume import existing_checkpoint_conflict
+    from hf_lightning.resume.find import existing_checkpoint_conflict
 
     step = None
     if checkpoint is not None:
@@ -76,7 +76,7 @@ class _OneLineErrorParser(LightningArgumentParser):
 
 
 class HFLightningCLI(LightningCLI):
-    """LightningCLI whose model, data and trainer are built from an HF-style config (see `cli_app.py`)."""
+    """LightningCLI whose model, data and trainer are built from an HF-style config (see `hf_lightning/cli/__init__.py`)."""
 
     def __init__(self, args: list[str] | None = None) -> None:
         from lightning.pytorch import LightningModule
@@ -143,8 +143,9 @@ class HFLightningCLI(LightningCLI):
     def _instantiate(self) -> None:
         from transformers import set_seed
 
-        from hf_lightning.assembly import build_flow, build_lightning_trainer, resolve_resume, split_callbacks
-        from hf_lightning.lightning_kwargs import lightning_trainer_kwargs
+        from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, split_callbacks
+        from hf_lightning.resume.find import resolve_resume
+        from hf_lightning.args.to_lightning import lightning_trainer_kwargs
         from hf_lightning.tasks.datamodule import TaskDataModule, splits_for_stage
         from hf_lightning.tasks.loading import build_model, label_list_for, load_split, load_tokenizer
         from hf_lightning.tasks.registry import get_task
@@ -215,7 +216,7 @@ class HFLightningCLI(LightningCLI):
         """Train, then save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`)."""
         from hf_lightning.checkpointing.io import save_model_files
 
-        # the flow restores an HF-layout checkpoint folder itself (checkpointing/restore.py), as in the facade
+        # the flow restores an HF-layout checkpoint folder itself (resume/load.py), as in the facade
         self.flow.resume_from_checkpoint = self.ckpt_for_lightning or False
         self.trainer.fit(model, datamodule=datamodule)
         if self.trainer.is_global_zero:

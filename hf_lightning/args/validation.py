@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, get_args
 
+from hf_lightning.args import choices
+from hf_lightning.args.choices import OPTIMIZER_NAMES, SCHEDULER_NAMES
+
 if TYPE_CHECKING:
-    from hf_lightning.args import TrainingArguments
+    from hf_lightning.args.training_args import TrainingArguments
 
 __all__ = ["normalise_and_check"]
 
 
 def _choices(annotation_name: str) -> tuple[str, ...]:
-    from hf_lightning import args as args_module
-
-    return tuple(get_args(getattr(args_module, annotation_name)))
+    return tuple(get_args(getattr(choices, annotation_name)))
 
 
 def _check_choice(issues: list[str], name: str, value: Any, allowed: tuple[str, ...]) -> None:
@@ -86,8 +87,6 @@ def _check_best_model(args: TrainingArguments, issues: list[str]) -> None:
 
 def normalise_and_check(args: TrainingArguments) -> None:
     """Fill HF's derived defaults in place and raise one `ValueError` listing every invalid field."""
-    from hf_lightning.args import OPTIMIZER_NAMES, SCHEDULER_NAMES
-
     issues: list[str] = []
     # HF accepts None (its default) or a JSON string for `lr_scheduler_kwargs` (TA:792); we keep a dict.
     if args.lr_scheduler_kwargs is None:

@@ -1,12 +1,10 @@
-"""`CheckpointSaver`: what happens at an HF save, at an evaluation's end for the best metric, and at training end.
+"""`CheckpointSaver`: what happens at an HF save and at training end (best-metric tracking: `best_model.py`).
 
-- `update_best` is `Trainer._determine_best_metric` (T:3424-3460): strict comparison, `eval_` prefix rule, the
-  error listing available metrics; `best_global_step` only moves for save strategies that write checkpoints.
 - `save` is `Trainer._save_checkpoint` (T:3355-3422): point `best_model_checkpoint` at
   `checkpoint-<best_global_step>` if that folder exists, write `tmp-checkpoint-<step>` (rank 0 the shared files,
   every rank its RNG file, all ranks the FSDP2 collectives), rename it on rank 0 once all ranks are done, then
   rotate with HF's rule on rank 0 after a barrier.
-- `finish` loads the best model (`load_best_model_at_end`) and applies the `save_total_limit == 1` cleanup.
+- `finish` applies the `save_total_limit == 1` cleanup.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-import numpy as np
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpointing import distributed as dist_state
@@ -36,12 +33,7 @@ from hf_lightning.checkpointing.io import (
 from hf_lightning.checkpointing.lightning_state import capture_lightning_state
 from hf_lightning.checkpointing.rotation import CheckpointInfo, final_cleanup, parse_step, select_for_deletion
 
-__all__ = ["CheckpointSaver", "export_callback_states", "metric_key"]
-
-
-def metric_key(metric: str) -> str:
-    """HF's lookup key: `eval_` is prepended unless already there (T:3433-3445)."""
-    return metric if metric.startswith("eval_") else f"eval_{metric}"
+__all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
 
 
 def list_checkpoints(output_dir: str | Path) -> list[CheckpointInfo]:
@@ -71,7 +63,7 @@ def export_callback_states(state: Any, exportable: Sequence[Any]) -> None:
 
 
 class CheckpointSaver:
-    """Checkpoint writing, best-model tracking and rotation for `HFTrainerFlow`.
+    """Checkpoint writing and rotation for `HFTrainerFlow`.
 
     Args:
         args: the training arguments.
@@ -85,43 +77,6 @@ class CheckpointSaver:
     @property
     def output_dir(self) -> str:
         return self.args.resolved_output_dir
-
-    def update_best(self, state: Any, metrics: dict[str, Any]) -> bool:
-        """`_determine_best_metric`: update `state.best_metric` / `best_global_step`; True on a strictly better value.
-
-        As HF, the first comparison is against -inf / +inf, so a NaN metric is never a best.
-        """
-        if self.args.metric_for_best_model is None:
-            return False
-        key = metric_key(self.args.metric_for_best_model)
-        if key not in metrics:
-            raise KeyError(
-                f"The `metric_for_best_model` training argument is set to '{key}', which is not found in the "
-                f"evaluation metrics. The available evaluation metrics are: {list(metrics.keys())}. Consider "
-                "changing the `metric_for_best_model` via the TrainingArguments."
-            )
-        value = metrics[key]
-        better = np.greater if self.args.greater_is_better else np.less
-        if state.best_metric is None:
-            state.best_metric = float("-inf") if self.args.greater_is_better else float("inf")
-        if not better(value, state.best_metric):
-            return False
-        state.best_metric = value
-        if self.args.save_strategy in ("steps", "epoch", "best"):
-            state.best_global_step = state.global_step
-        return True
-
-    def step_plateau_scheduler(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
-        """`ReduceLROnPlateau` steps on the best-model metric after each training-time evaluation (T:3314-3331)."""
-        import torch
-
-        for config in trainer.lr_scheduler_configs:
-            if isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                key = metric_key(self.args.metric_for_best_model or "loss")
-                if key not in metrics:
-                    raise KeyError(f"lr_scheduler_type reduce_lr_on_plateau needs '{key}' in the eval metrics: "
-                                   f"{list(metrics)}.")
-                config.scheduler.step(metrics[key])
 
     def save(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, exportable: Sequence[Any] = ()
@@ -187,23 +142,10 @@ class CheckpointSaver:
         if zero:
             finalize_checkpoint(self.output_dir, step)
 
-    def finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any) -> None:
-        """Load the best checkpoint's weights (`load_best_model_at_end`) and the `save_total_limit == 1` cleanup."""
+    def finish(self, trainer: pl.Trainer, state: Any) -> None:
+        """At the end of training: HF's `save_total_limit == 1` cleanup (T:2004-2011), on rank 0."""
         best = state.best_model_checkpoint
-        if self.args.load_best_model_at_end and best is not None:
-            self._load_weights(pl_module.model, best)
         if trainer.is_global_zero and self.args.save_strategy != "no":
             for path in final_cleanup(list_checkpoints(self.output_dir), best, self.args.save_total_limit):
                 shutil.rmtree(path, ignore_errors=True)
         trainer.strategy.barrier("hf_lightning_finish")
-
-    @staticmethod
-    def _load_weights(model: Any, folder: str) -> None:
-        from hf_lightning.checkpointing.restore import load_weights
-        from hf_lightning.checkpointing.resume import WEIGHT_FILES
-
-        weights = next((Path(folder) / n for n in WEIGHT_FILES if (Path(folder) / n).is_file()), None)
-        if weights is None:
-            raise FileNotFoundError(f"load_best_model_at_end: no weights file in {folder} (expected one of "
-                                    f"{list(WEIGHT_FILES)}).")
-        load_weights(model, weights, what="load_best_model_at_end")

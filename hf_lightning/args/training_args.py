@@ -3,7 +3,7 @@
 Pure Python (no torch import), so the CLI can build its parser without loading the heavy stack. Each field keeps the
 name and default of `transformers.TrainingArguments` (5.x); the docstring under each field is what
 `hf-lightning --help` prints. Validation mirrors `TrainingArguments.__post_init__` (same messages where users grep
-for them) and reports every problem at once. Converting a `transformers.TrainingArguments` lives in `hf_args.py`.
+for them) and reports every problem at once. Converting a `transformers.TrainingArguments` lives in `from_transformers.py`.
 """
 
 from __future__ import annotations
@@ -11,32 +11,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-__all__ = ["TrainingArguments", "IntervalStrategyName", "SaveStrategyName", "OPTIMIZER_NAMES", "SCHEDULER_NAMES"]
+from hf_lightning.args.choices import IntervalStrategyName, SamplingStrategyName, SaveStrategyName
 
-IntervalStrategyName = Literal["no", "steps", "epoch"]
-SaveStrategyName = Literal["no", "steps", "epoch", "best"]
-SamplingStrategyName = Literal["random", "sequential"]
-
-OPTIMIZER_NAMES = ("adamw_torch", "adamw_torch_fused", "sgd", "adafactor", "adagrad", "rmsprop")
-"""The `optim` values we build (see `optim.py`); HF has more, they are rejected with this list."""
-
-SCHEDULER_NAMES = (
-    "linear",
-    "cosine",
-    "cosine_with_restarts",
-    "polynomial",
-    "constant",
-    "constant_with_warmup",
-    "inverse_sqrt",
-    "reduce_lr_on_plateau",
-    "cosine_with_min_lr",
-    "cosine_warmup_with_min_lr",
-    "warmup_stable_decay",
-)
-"""Every `lr_scheduler_type` of `transformers.get_scheduler` except `greedy` (needs per-eval state we do not keep)."""
-
+__all__ = ["TrainingArguments"]
 
 @dataclass
 class TrainingArguments:
@@ -171,7 +150,7 @@ class TrainingArguments:
     """Loggers when none is given to Lightning: `tensorboard` (default, differs from HF's `none`), `csv`, `none`."""
 
     def __post_init__(self) -> None:
-        from hf_lightning._args_checks import normalise_and_check
+        from hf_lightning.args.validation import normalise_and_check
 
         normalise_and_check(self)
 

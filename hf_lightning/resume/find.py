@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hf_lightning.checkpointing.io import (
     LIGHTNING_STATE_NAME,
@@ -25,7 +26,7 @@ from hf_lightning.checkpointing.io import (
 )
 
 __all__ = ["CheckpointFiles", "check_checkpoint", "existing_checkpoint_conflict", "last_checkpoint",
-           "list_checkpoint_steps", "resolve_checkpoint"]
+           "list_checkpoint_steps", "resolve_checkpoint", "resolve_resume"]
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 WEIGHT_FILES = (
@@ -147,3 +148,21 @@ def existing_checkpoint_conflict(output_dir: str | Path, resume_step: int | None
 def _names(steps: list[int]) -> str:
     names = [f"checkpoint-{s}" for s in steps]
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def resolve_resume(args: Any, resume_from_checkpoint: str | bool | None) -> str | None:
+    """The checkpoint to resume from: the explicit value, else `args.resume_from_checkpoint`, else None.
+
+    Raises:
+        ValueError / FileNotFoundError: see `resolve_checkpoint`.
+    """
+    if resume_from_checkpoint in (None, False):
+        resume_from_checkpoint = args.resume_from_checkpoint
+    if not resume_from_checkpoint:
+        return None
+    from hf_lightning.checkpointing.io import recover_interrupted_replacements
+
+    # a crash between the two renames of a re-save leaves the old folder under its backup name: put it back first
+    recover_interrupted_replacements(args.resolved_output_dir)
+
+    return resolve_checkpoint(args.resolved_output_dir, resume_from_checkpoint)

@@ -1,0 +1,27 @@
+"""The HF `TrainingArguments`, as hf_lightning takes them (pure Python: importing this package loads no torch).
+
+- `choices`: the allowed values of the fields that take a name.
+- `training_args`: the `TrainingArguments` dataclass (HF's names and defaults) and its derived values.
+- `validation`: HF's `__post_init__` normalisation and checks, every problem reported at once.
+- `from_transformers`: converting a `transformers.TrainingArguments` (unsupported fields reported together).
+- `to_lightning`: translating the arguments into `lightning.Trainer` keyword arguments.
+- `readme_map`: the README's argument map, generated from the code.
+"""
+
+from hf_lightning.args.choices import (
+    OPTIMIZER_NAMES,
+    SCHEDULER_NAMES,
+    IntervalStrategyName,
+    SamplingStrategyName,
+    SaveStrategyName,
+)
+from hf_lightning.args.training_args import TrainingArguments
+
+__all__ = [
+    "TrainingArguments",
+    "IntervalStrategyName",
+    "SaveStrategyName",
+    "SamplingStrategyName",
+    "OPTIMIZER_NAMES",
+    "SCHEDULER_NAMES",
+]

@@ -1,0 +1,89 @@
+"""Best-model tracking: HF's best metric, `ReduceLROnPlateau` stepping, and `load_best_model_at_end`.
+
+- `update` is `Trainer._determine_best_metric` (T:3424-3460): strict comparison, `eval_` prefix rule, the error
+  listing available metrics; `best_global_step` only moves for save strategies that write checkpoints.
+- `step_plateau_scheduler` steps a `ReduceLROnPlateau` on the best-model metric after a training-time evaluation.
+- `load_best` loads the best checkpoint's weights at the end of training.
+
+Where the best checkpoint's folder is recorded (`state.best_model_checkpoint`) at a save: `checkpoint_saver.py`.
+Rotation never deletes it: `checkpointing/rotation.py`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import numpy as np
+
+from hf_lightning.args import TrainingArguments
+
+__all__ = ["BestModelTracker", "metric_key"]
+
+
+def metric_key(metric: str) -> str:
+    """HF's lookup key: `eval_` is prepended unless already there (T:3433-3445)."""
+    return metric if metric.startswith("eval_") else f"eval_{metric}"
+
+
+class BestModelTracker:
+    """HF's best-metric bookkeeping for `HFTrainerFlow`.
+
+    Args:
+        args: the training arguments (`metric_for_best_model`, `greater_is_better`, `load_best_model_at_end`).
+    """
+
+    def __init__(self, args: TrainingArguments) -> None:
+        self.args = args
+
+    def update(self, state: Any, metrics: dict[str, Any]) -> bool:
+        """`_determine_best_metric`: update `state.best_metric` / `best_global_step`; True on a strictly better value.
+
+        As HF, the first comparison is against -inf / +inf, so a NaN metric is never a best.
+        """
+        if self.args.metric_for_best_model is None:
+            return False
+        key = metric_key(self.args.metric_for_best_model)
+        if key not in metrics:
+            raise KeyError(
+                f"The `metric_for_best_model` training argument is set to '{key}', which is not found in the "
+                f"evaluation metrics. The available evaluation metrics are: {list(metrics.keys())}. Consider "
+                "changing the `metric_for_best_model` via the TrainingArguments."
+            )
+        value = metrics[key]
+        better = np.greater if self.args.greater_is_better else np.less
+        if state.best_metric is None:
+            state.best_metric = float("-inf") if self.args.greater_is_better else float("inf")
+        if not better(value, state.best_metric):
+            return False
+        state.best_metric = value
+        if self.args.save_strategy in ("steps", "epoch", "best"):
+            state.best_global_step = state.global_step
+        return True
+
+    def step_plateau_scheduler(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
+        """`ReduceLROnPlateau` steps on the best-model metric after each training-time evaluation (T:3314-3331)."""
+        import torch
+
+        for config in trainer.lr_scheduler_configs:
+            if isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                key = metric_key(self.args.metric_for_best_model or "loss")
+                if key not in metrics:
+                    raise KeyError(f"lr_scheduler_type reduce_lr_on_plateau needs '{key}' in the eval metrics: "
+                                   f"{list(metrics)}.")
+                config.scheduler.step(metrics[key])
+
+    def load_best(self, model: Any, state: Any) -> None:
+        """`load_best_model_at_end` (T:2001-2003, 2280-2353): the best checkpoint's weights into `model`."""
+        folder = state.best_model_checkpoint
+        if not self.args.load_best_model_at_end or folder is None:
+            return
+        from hf_lightning.resume.find import WEIGHT_FILES
+        from hf_lightning.resume.load import load_weights
+
+        weights = next((Path(folder) / n for n in WEIGHT_FILES if (Path(folder) / n).is_file()), None)
+        if weights is None:
+            raise FileNotFoundError(f"load_best_model_at_end: no weights file in {folder} (expected one of "
+                                    f"{list(WEIGHT_FILES)}).")
+        load_weights(model, weights, what="load_best_model_at_end")

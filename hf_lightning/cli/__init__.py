@@ -1,0 +1,72 @@
+"""The `hf-lightning` command: `quickstart`, and `fit|validate|predict --config <yaml>` (a `LightningCLI`).
+
+A config has these sections::
+
+    task: text_classification      # a name from hf_lightning.tasks.registry
+    args: {...}                    # HF TrainingArguments (names, defaults and meaning of transformers')
+    model: {...}                   # ModelSpec: model_name_or_path, or config_class + config_kwargs
+    data: {...}                    # DataSpec: files or dataset_name, tokenizer, columns, lengths
+    trainer: {...}                 # lightning.Trainer: strategy, devices, precision, logger, callbacks...
+    hf_callbacks: [...]            # optional: transformers.TrainerCallback class paths (tasks/hf_callbacks.py)
+    eval_loss_weighting: samples   # optional: HF's eval_loss ("samples") or the per-token mean ("tokens")
+
+- `precheck`: the `task` / `args` / `model` / `data` sections checked before Lightning is imported.
+- `lightning_cli`: `HFLightningCLI`, which builds the model, data module, `HFTrainerFlow` and `lightning.Trainer`
+  with the same functions as the `hf_lightning.Trainer` facade (`lightning_trainer.py`, `args/to_lightning.py`), so
+  both behave the same. Lightning options the HF arguments decide (`trainer.max_steps`...) are rejected with the
+  `args.` key to use. Errors in the config end the run with one `error:` line, not a traceback.
+
+Heavy modules are imported only once a subcommand needs them, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["main", "run_cli"]
+
+_USAGE = """usage: hf-lightning {quickstart,fit,validate,predict} [options]
+
+  quickstart   train a tiny BERT on a generated sentiment task (CPU, a couple of minutes, no downloads)
+  fit          train from a YAML config (LightningCLI; `hf-lightning fit --help` lists every option)
+  validate     evaluate from a YAML config (prints the metrics, writes eval_results.json)
+  predict      predict from a YAML config (writes predictions.npz in args.output_dir)
+
+example:
+  hf-lightning fit --config configs/text_classification.yaml --args.max_steps 50 --trainer.devices 2 \\
+      --trainer.strategy ddp
+"""
+
+
+def run_cli(argv: list[str] | None = None) -> Any:
+    """Run `fit|validate|predict` with `argv` (the command line after `hf-lightning`); returns the CLI object."""
+    from hf_lightning.cli.precheck import precheck
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    precheck(argv[1:])
+    from hf_lightning.cli.lightning_cli import HFLightningCLI
+
+    # LightningCLI reads sys.argv itself when it is our command line (it warns when given both).
+    return HFLightningCLI(args=None if argv == sys.argv[1:] else argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Dispatch to the quickstart or the LightningCLI subcommands."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_USAGE)
+        return
+    if args[0] == "quickstart":
+        from hf_lightning.quickstart import main as quickstart
+
+        quickstart(args[1:])
+        return
+    if args[0] in ("fit", "validate", "predict"):
+        run_cli(args)
+        return
+    sys.exit(f"hf-lightning: unknown command {args[0]!r}\n{_USAGE}")
+
+
+if __name__ == "__main__":
+    main()

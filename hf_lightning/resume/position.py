@@ -1,0 +1,72 @@
+"""Where a resumed run starts, and setting Lightning's loop counters to start there.
+
+The loop counters are set before the fit loop starts (`apply_loop_position`): the epoch counter, the global step and,
+mid-epoch, the number of windows already done, so `batch_idx`, `is_last_batch` and `trainer.global_step` continue as
+in the uninterrupted run, and the data sampler starts at that window. A checkpoint with our `lightning_state.pt` gives
+the exact position; an HF checkpoint has none, and its position follows HF's own rule (`resume_position`,
+T:1706-1709).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+
+__all__ = ["ResumePosition", "apply_loop_position", "resume_position"]
+
+
+@dataclass(frozen=True)
+class ResumePosition:
+    """Where a resumed run starts: `windows` updates of epoch `epoch` are already done (0: at the epoch's start)."""
+
+    epoch: int
+    windows: int
+    global_step: int
+
+
+def resume_position(global_step: int, updates_per_epoch: int | None, saved: dict[str, Any] | None = None
+                    ) -> ResumePosition:
+    """The epoch and window to start from.
+
+    With our `lightning_state.pt` the recorded position is used (exact even after an early epoch stop); for an HF
+    checkpoint HF's rule: `epochs_trained = global_step // updates_per_epoch`, the remainder are windows to skip.
+    An unsized dataset (`updates_per_epoch` None) is one long epoch.
+    """
+    if saved is not None and saved.get("global_step") == global_step:
+        if saved["epoch_finished"]:
+            return ResumePosition(saved["epoch"] + 1, 0, global_step)
+        return ResumePosition(saved["epoch"], saved["windows_done"], global_step)
+    if not updates_per_epoch:
+        return ResumePosition(0, global_step, global_step)
+    epoch, windows = divmod(global_step, updates_per_epoch)
+    return ResumePosition(epoch, windows, global_step)
+
+
+def apply_loop_position(trainer: pl.Trainer, position: ResumePosition) -> None:
+    """Set Lightning's loop counters (before `fit_loop.run`, e.g. in `on_fit_start`) to continue at `position`.
+
+    - epoch progress = `epoch` finished epochs: `current_epoch` is `epoch` and `on_train_epoch_start` runs for it;
+    - optimizer-step progress = `global_step` (that is `trainer.global_step`);
+    - mid-epoch, the epoch loop is marked restarting with `windows` batches done: it then keeps that count (so
+      `batch_idx` and `is_last_batch` continue) and reuses the loader iterator made in `setup_data` (whose sampler
+      starts at that window) instead of making a second one.
+    """
+    fit_loop = trainer.fit_loop
+    for tracker in (fit_loop.epoch_progress.total, fit_loop.epoch_progress.current):
+        tracker.ready = tracker.started = tracker.processed = tracker.completed = position.epoch
+    epoch_loop = fit_loop.epoch_loop
+    steps = epoch_loop.manual_optimization.optim_step_progress.total
+    steps.ready = steps.completed = position.global_step
+    auto = epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
+    auto.ready = auto.completed = position.global_step
+    epoch_loop._batches_that_stepped = position.global_step
+    if position.windows > 0:
+        import warnings
+
+        # Lightning warns that a plain DataLoader cannot resume mid-epoch; ours starts at the window (sampler skip).
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+        for tracker in (epoch_loop.batch_progress.total, epoch_loop.batch_progress.current):
+            tracker.ready = tracker.started = tracker.processed = tracker.completed = position.windows
+        epoch_loop._restarting = True  # only this loop: the fit loop starts the epoch normally
