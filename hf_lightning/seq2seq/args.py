@@ -13,8 +13,10 @@ from hf_lightning.args import TrainingArguments
 
 __all__ = ["Seq2SeqTrainingArguments", "SEQ2SEQ_FIELDS"]
 
-SEQ2SEQ_FIELDS = ("predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config")
-"""The fields this class adds to `TrainingArguments` (same names and defaults as HF's)."""
+SEQ2SEQ_FIELDS = (
+    "sortish_sampler", "predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config",
+)
+"""The fields this class adds to `TrainingArguments` (every field HF's adds, same names and defaults)."""
 
 
 @dataclass
@@ -26,6 +28,8 @@ class Seq2SeqTrainingArguments(TrainingArguments):
             `generation_max_length` < 1.
     """
 
+    sortish_sampler: bool = False
+    """Accepted as in HF, whose `Seq2SeqTrainer` does not use it either (no effect)."""
     predict_with_generate: bool = False
     """Evaluate and predict by calling `model.generate` (predictions are token ids, metrics compare texts)."""
     generation_max_length: int | None = None
@@ -34,7 +38,8 @@ class Seq2SeqTrainingArguments(TrainingArguments):
     generation_num_beams: int | None = None
     """`num_beams` passed to `generate` when `evaluate`/`predict` do not get one (1 = greedy)."""
     generation_config: Any = None
-    """A `transformers.GenerationConfig`, a folder/file path or a name; replaces `model.generation_config`."""
+    """A `transformers.GenerationConfig`, a folder/file path or a name; replaces `model.generation_config`.
+    (HF's type `str | Path | GenerationConfig | None`, written `Any` here so that importing needs no transformers.)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -45,11 +50,3 @@ class Seq2SeqTrainingArguments(TrainingArguments):
                 issues.append(f"`{name}`={value!r} must be None or an integer >= 1.")
         if issues:
             raise ValueError("Invalid Seq2SeqTrainingArguments: " + " ".join(issues))
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly copy of every field (a `GenerationConfig` becomes its dict, as HF does)."""
-        out = super().to_dict()
-        config = out.get("generation_config")
-        if config is not None and hasattr(config, "to_dict"):
-            out["generation_config"] = config.to_dict()
-        return out
