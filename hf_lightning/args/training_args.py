@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -352,6 +353,8 @@ class TrainingArguments(ProcessLayoutMixin):
                 value = f"<{name.upper()}>"
             elif hasattr(value, "to_dict"):  # e.g. a `GenerationConfig` (HF serialises it the same way)
                 value = value.to_dict()
+            elif isinstance(value, os.PathLike):  # a `Path` from the command line stays JSON-friendly
+                value = os.fspath(value)
             out[name] = value
         return out
 

@@ -7,6 +7,7 @@ path to a folder or file, or a name; it is loaded by the module (`load_generatio
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
@@ -37,9 +38,10 @@ class Seq2SeqTrainingArguments(TrainingArguments):
     For a decoder-only model it counts the prompt too (HF's `generate` semantics)."""
     generation_num_beams: int | None = None
     """`num_beams` passed to `generate` when `evaluate`/`predict` do not get one (1 = greedy)."""
-    generation_config: Any = None
+    generation_config: str | Path | Any | None = None
     """A `transformers.GenerationConfig`, a folder/file path or a name; replaces `model.generation_config`.
-    (HF's type `str | Path | GenerationConfig | None`, written `Any` here so that importing needs no transformers.)"""
+    (HF's type `str | Path | GenerationConfig | None`, with `Any` for the config so that importing needs no
+    transformers.)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
