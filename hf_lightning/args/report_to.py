@@ -94,9 +94,11 @@ def _logger(name: str, args: Any) -> Any:
     if name == "wandb":  # HF's WandbCallback: project from WANDB_PROJECT, run name from run_name
         return loggers.WandbLogger(name=args.run_name, project=os.getenv("WANDB_PROJECT", "huggingface"),
                                    save_dir=os.getenv("WANDB_DIR", "."))
-    if name == "mlflow":  # HF's MLflowCallback: MLFLOW_TRACKING_URI / MLFLOW_EXPERIMENT_NAME, run name
+    if name == "mlflow":  # HF's MLflowCallback: MLFLOW_TRACKING_URI else mlflow's default store, experiment, run name
+        import mlflow
+
         return loggers.MLFlowLogger(experiment_name=os.getenv("MLFLOW_EXPERIMENT_NAME", "Default"),
-                                    run_name=args.run_name, tracking_uri=os.getenv("MLFLOW_TRACKING_URI"))
+                                    run_name=args.run_name, tracking_uri=mlflow.get_tracking_uri())
     if name == "comet_ml":  # HF's CometCallback: project from COMET_PROJECT_NAME, run name as the experiment name
         return loggers.CometLogger(project=os.getenv("COMET_PROJECT_NAME"), name=args.run_name)
     raise ValueError(f"no Lightning logger for report_to {name!r}")  # resolve_report_to refused it already
