@@ -196,3 +196,20 @@ def test_cli_parser_takes_every_field_with_its_description():
     values["generation_config"] = str(values["generation_config"])
     parsed = parser.parse_object({"args": {**values, "fsdp": "full_shard"}})
     assert parsed.args.fsdp == "full_shard" and parsed.args.report_to == "csv"
+
+
+def test_the_arguments_stay_importable_without_the_heavy_stack():
+    """The CLI's fast path builds the arguments before torch, Lightning or transformers are imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments\n"
+        "args = Seq2SeqTrainingArguments(report_to='all', eval_strategy='steps', predict_with_generate=True)\n"
+        "str(args); args.to_json_string(); args.process_index, args.world_size, args.should_log, args.should_save\n"
+        "print(sorted(m for m in ('torch', 'lightning', 'transformers', 'datasets') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -82,9 +82,9 @@ DIFFERENCES: dict[str, str] = {
     "fp16": "becomes Lightning `precision=\"16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` wins",
     "use_cpu": "sets Lightning `accelerator=\"cpu\"`",
     "disable_tqdm": "switches Lightning's progress bar",
-    "report_to": "default `tensorboard` (HF: `none`); `tensorboard`, `csv`, `wandb`, `mlflow`, `comet_ml`, `neptune` "
-                 "become Lightning loggers (one error names a missing package); `all` = every installed one, "
-                 "resolved when the Trainer is built; other HF integrations raise an error; a logger in "
+    "report_to": "default `tensorboard` (HF: `none`); `tensorboard`, `csv` (ours), `wandb`, `mlflow`, `comet_ml` become "
+                 "Lightning loggers fed HF's log entries at HF's steps (a missing package is one error naming it); "
+                 "`all` = every installed one, as HF; HF's other integrations raise an error; a logger in "
                  "`lightning_kwargs[\"logger\"]` replaces them",
     "run_name": "the logger's run name (TensorBoard / CSV: the version folder under `runs/` / `csv/`)",
     "train_sampling_strategy": "`random` and `sequential`; `group_by_length` and `batch_rebalance` raise an error",
