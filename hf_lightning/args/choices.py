@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
 from typing import Literal
 
 __all__ = [
@@ -13,6 +15,7 @@ __all__ = [
     "SAMPLING_STRATEGIES",
     "OPTIMIZER_NAMES",
     "SCHEDULER_NAMES",
+    "default_optimizer",
 ]
 
 IntervalStrategyName = Literal["no", "steps", "epoch"]
@@ -25,6 +28,16 @@ LogLevelName = Literal["detail", "debug", "info", "warning", "error", "critical"
 
 SAMPLING_STRATEGIES = ("random", "sequential")
 """The `train_sampling_strategy` values we build; `group_by_length` and `batch_rebalance` are rejected."""
+
+def default_optimizer() -> str:
+    """HF's default `optim` (TA:800-806): the fused AdamW from torch 2.8 on, plain AdamW before (read from the
+    installed distribution's version, without importing torch)."""
+    try:
+        match = re.match(r"(\d+)\.(\d+)", importlib.metadata.version("torch"))
+    except importlib.metadata.PackageNotFoundError:
+        return "adamw_torch"
+    return "adamw_torch_fused" if match and (int(match[1]), int(match[2])) >= (2, 8) else "adamw_torch"
+
 
 OPTIMIZER_NAMES = ("adamw_torch", "adamw_torch_fused", "sgd", "adafactor", "adagrad", "rmsprop")
 """The `optim` values we build (see `optim.py`); HF has more, they are rejected with this list."""

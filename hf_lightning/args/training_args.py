@@ -22,6 +22,7 @@ from hf_lightning.args.choices import (
     LogLevelName,
     SamplingStrategyName,
     SaveStrategyName,
+    default_optimizer,
 )
 from hf_lightning.args.process import ProcessLayoutMixin
 
@@ -65,8 +66,9 @@ class TrainingArguments(ProcessLayoutMixin):
     """Warmup updates: an int >= 1, or a fraction of the total updates in [0, 1)."""
 
     # --- Optimizer ---
-    optim: str = "adamw_torch_fused"
-    """Optimizer: one of `adamw_torch`, `adamw_torch_fused`, `sgd`, `adafactor`, `adagrad`, `rmsprop`."""
+    optim: str = default_optimizer()
+    """Optimizer: `adamw_torch`, `adamw_torch_fused` (the default from torch 2.8, as HF), `sgd`, `adafactor`, `adagrad`,
+    `rmsprop`."""
     optim_args: str | None = None
     """Extra optimizer arguments as `key=value,key=value`."""
     weight_decay: float = 0.0
