@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 
 import pytest
 import transformers
@@ -213,3 +214,14 @@ def test_the_arguments_stay_importable_without_the_heavy_stack():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_a_json_config_as_scripts_read_it(tmp_path):
+    """`parser.parse_json_file(...)` (the official scripts' single-argument form) builds our arguments like HF's."""
+    config = tmp_path / "args.json"
+    config.write_text(json.dumps({"output_dir": str(tmp_path / "o"), "do_train": True, "eval_strategy": "epoch",
+                                  "report_to": ["csv"], "optim": "adamw_torch", "lr_scheduler_type": "cosine"}))
+    (hf,) = HfArgumentParser(transformers.TrainingArguments).parse_json_file(str(config))
+    (ours,) = HfArgumentParser(hf_lightning.TrainingArguments).parse_json_file(str(config))
+    for name in ("output_dir", "do_train", "do_eval", "eval_strategy", "report_to", "optim", "lr_scheduler_type"):
+        assert getattr(ours, name) == _plain(getattr(hf, name)), name
