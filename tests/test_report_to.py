@@ -99,6 +99,7 @@ def test_mlflow_file_store_holds_hfs_entries_at_hfs_steps(tmp_path, monkeypatch)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # mlflow 3 wants a database unless told otherwise
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "hfl-test")
     trainer = _train(tmp_path, report_to=["mlflow"], run_name="run-b")
+    trainer.evaluate()  # into the same MLflow run, at the final step (as HF's one run per Trainer)
     (run_dir,) = [Path(p).parent.parent for p in glob.glob(str(tmp_path / "mlruns" / "*" / "*" / "metrics" / "train"))]
     assert (run_dir / "tags" / "mlflow.runName").read_text() == "run-b"
 
@@ -106,7 +107,7 @@ def test_mlflow_file_store_holds_hfs_entries_at_hfs_steps(tmp_path, monkeypatch)
         rows = [line.split() for line in (run_dir / "metrics" / name).read_text().splitlines()]
         return [(int(step), float(value)) for _, value, step in rows]  # "timestamp value step"
 
-    assert [s for s, _ in metric("train/loss")] == [2, 4, 6] and [s for s, _ in metric("eval/loss")] == [3, 6]
+    assert [s for s, _ in metric("train/loss")] == [2, 4, 6] and [s for s, _ in metric("eval/loss")] == [3, 6, 6]
     assert metric("train/loss") == _logged(trainer, "loss")  # the same numbers, at the same steps
     assert metric("eval/loss") == _logged(trainer, "eval_loss")
 

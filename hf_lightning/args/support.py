@@ -85,7 +85,8 @@ DIFFERENCES: dict[str, str] = {
     "report_to": "default `tensorboard` (HF: `none`); `tensorboard`, `csv` (ours), `wandb`, `mlflow`, `comet_ml` become "
                  "Lightning loggers fed HF's log entries at HF's steps (a missing package is one error naming it); "
                  "`all` = every installed one, as HF; HF's other integrations raise an error; a logger in "
-                 "`lightning_kwargs[\"logger\"]` replaces them",
+                 "`lightning_kwargs[\"logger\"]` replaces them; the arguments and model config are not sent as "
+                 "hyperparameters (HF's callbacks send them)",
     "run_name": "the logger's run name (TensorBoard / CSV: the version folder under `runs/` / `csv/`)",
     "train_sampling_strategy": "`random` and `sequential`; `group_by_length` and `batch_rebalance` raise an error",
     "resume_from_checkpoint": "`train()` also reads it when called without `resume_from_checkpoint` (HF's Trainer "
