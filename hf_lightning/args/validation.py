@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, get_args
 
 from hf_lightning.args import choices
-from hf_lightning.args.choices import OPTIMIZER_NAMES, SCHEDULER_NAMES
+from hf_lightning.args.choices import OPTIMIZER_NAMES, SAMPLING_STRATEGIES, SCHEDULER_NAMES
+from hf_lightning.args.hf_fields import normalise_hf_fields
 
 if TYPE_CHECKING:
     from hf_lightning.args.training_args import TrainingArguments
@@ -88,6 +89,7 @@ def _check_best_model(args: TrainingArguments, issues: list[str]) -> None:
 def normalise_and_check(args: TrainingArguments) -> None:
     """Fill HF's derived defaults in place and raise one `ValueError` listing every invalid field."""
     issues: list[str] = []
+    normalise_hf_fields(args, issues)
     # HF accepts None (its default) or a JSON string for `lr_scheduler_kwargs` (TA:792); we keep a dict.
     if args.lr_scheduler_kwargs is None:
         args.lr_scheduler_kwargs = {}
@@ -101,7 +103,11 @@ def normalise_and_check(args: TrainingArguments) -> None:
     _check_choice(issues, "eval_strategy", args.eval_strategy, _choices("IntervalStrategyName"))
     _check_choice(issues, "logging_strategy", args.logging_strategy, _choices("IntervalStrategyName"))
     _check_choice(issues, "save_strategy", args.save_strategy, _choices("SaveStrategyName"))
-    _check_choice(issues, "train_sampling_strategy", args.train_sampling_strategy, _choices("SamplingStrategyName"))
+    if args.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
+        issues.append(f"`train_sampling_strategy`={args.train_sampling_strategy!r} is not supported by hf_lightning "
+                      f"(length-grouped sampling is not implemented); allowed: {', '.join(SAMPLING_STRATEGIES)}.")
+    else:
+        _check_choice(issues, "train_sampling_strategy", args.train_sampling_strategy, SAMPLING_STRATEGIES)
     _check_choice(issues, "optim", args.optim, OPTIMIZER_NAMES)
     _check_choice(issues, "lr_scheduler_type", args.lr_scheduler_type, SCHEDULER_NAMES)
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
@@ -143,11 +149,6 @@ def normalise_and_check(args: TrainingArguments) -> None:
     if args.lr_scheduler_type == "reduce_lr_on_plateau" and args.eval_strategy == "no":
         issues.append("lr_scheduler_type reduce_lr_on_plateau requires an eval strategy")
     _check_best_model(args, issues)
-    if isinstance(args.report_to, str):
-        args.report_to = [args.report_to]
-    for name in args.report_to:
-        if name not in ("tensorboard", "csv", "none", "all"):
-            issues.append(f"`report_to` entry {name!r} is not valid; allowed: tensorboard, csv, all, none.")
     if issues:
         raise ValueError("Invalid TrainingArguments:\n- " + "\n- ".join(issues))
 
