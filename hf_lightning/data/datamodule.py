@@ -12,8 +12,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import DataLoader, IterableDataset
 
+from hf_lightning._lightning_compat import uses_distributed_sampler
 from hf_lightning.args import TrainingArguments
 from hf_lightning.data.collate import (
     ColumnFilter,
@@ -23,42 +24,9 @@ from hf_lightning.data.collate import (
     remove_unused_columns,
     signature_columns,
 )
-from hf_lightning.data.sampling import WindowBatchSampler
+from hf_lightning.data.sampling import ContiguousShardSampler, WindowBatchSampler
 
 __all__ = ["TransformerDataModule", "ContiguousShardSampler"]
-
-
-class ContiguousShardSampler(Sampler[int]):
-    """Rank `r` of `w` reads one contiguous block of the dataset; nothing repeats, nothing is dropped.
-
-    Blocks are cut at multiples of `batch_size` (their sizes in batches differ by at most one), so every eval batch
-    of a rank is exactly a batch of the single-process run with the same `per_device_eval_batch_size`: same rows,
-    same padding, hence bit-identical logits and batch losses, and an `eval_loss` that does not depend on the number
-    of processes. With fewer batches than processes, blocks are cut per sample instead, so that every process
-    still gets rows (Lightning refuses a process with an empty loader); the predictions are the same, but the
-    batches, hence HF's sample-weighted `eval_loss`, are those of a smaller batch size.
-
-    Raises:
-        ValueError: fewer samples than processes (some process would have nothing to evaluate).
-    """
-
-    def __init__(self, num_samples: int, world_size: int, rank: int, batch_size: int = 1) -> None:
-        if 0 < num_samples < world_size:
-            raise ValueError(
-                f"An evaluation / prediction dataset of {num_samples} sample(s) cannot be split over {world_size} "
-                "processes: every process needs at least one sample. Use fewer devices for it, or more samples."
-            )
-        unit = batch_size if -(-num_samples // batch_size) >= world_size else 1
-        base, extra = divmod(-(-num_samples // unit), world_size)
-        first = rank * base + min(rank, extra)
-        self.start = min(first * unit, num_samples)
-        self.stop = min((first + base + (1 if rank < extra else 0)) * unit, num_samples)
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.start, self.stop))
 
 
 class _WindowedIterable:
@@ -175,7 +143,7 @@ class TransformerDataModule(pl.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return 1, 0
-        if trainer.world_size > 1 and trainer._accelerator_connector.use_distributed_sampler:
+        if trainer.world_size > 1 and uses_distributed_sampler(trainer):
             raise ValueError(
                 "TransformerDataModule shards data itself; create the Lightning Trainer with "
                 "`use_distributed_sampler=False` (got use_distributed_sampler=True with "
