@@ -28,12 +28,13 @@ from torch import nn
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME, recover_interrupted_replacements
 from hf_lightning.checkpointing.lightning_state import restore_callback_states
+from hf_lightning.contracts import FlowDataModule
 from hf_lightning.resume.position import ResumePosition, apply_loop_position, resume_position
 from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
     existing_checkpoint_conflict,
-    last_checkpoint,
+    resolve_resume,
 )
 
 __all__ = ["CheckpointRestorer", "load_weights", "read_weights", "start_fit", "weight_mismatches"]
@@ -164,14 +165,8 @@ class CheckpointRestorer:
         apply_loop_position(trainer, position)
         if saved is not None:
             restore_callback_states(trainer, saved)
-        datamodule = trainer.datamodule
-        if position.windows and not hasattr(datamodule, "resume_position"):
-            raise ValueError(
-                f"resume_from_checkpoint={self.path!r} resumes mid-epoch ({position.windows} updates into epoch "
-                f"{position.epoch}); skipping the trained batches needs hf_lightning's TransformerDataModule."
-            )
-        if datamodule is not None and hasattr(datamodule, "resume_position"):
-            datamodule.resume_position = (position.epoch, position.windows)
+        datamodule: FlowDataModule = trainer.datamodule  # type: ignore[assignment]  # checked by the flow's setup
+        datamodule.resume_position = (position.epoch, position.windows)
         self._rng_pending = True
 
     def restore_trainer_state(self, flow: Any, trainer: pl.Trainer, max_steps: int, num_train_epochs: int) -> None:
@@ -249,20 +244,14 @@ def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     if trainer.is_global_zero:
         recover_interrupted_replacements(output_dir)
     trainer.strategy.barrier("hf_lightning_recover")
-    resume = flow.resume_from_checkpoint
-    if resume is None:  # a Lightning-native run (e.g. from a config file) may set it in the arguments
-        resume = args.resume_from_checkpoint
+    # None: a Lightning-native run (e.g. from a config file) may set it in the arguments
+    resume = resolve_resume(args, flow.resume_from_checkpoint) if flow.resume_from_checkpoint is not False else None
     if not resume:
         conflict = existing_checkpoint_conflict(output_dir, None, args.save_strategy != "no")
         if conflict:
             raise ValueError(conflict)
         return None
-    if resume is True:
-        found = last_checkpoint(output_dir)
-        if found is None:
-            raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
-        resume = found
-    restorer = CheckpointRestorer(str(resume), args)
+    restorer = CheckpointRestorer(resume, args)
     plan = flow.plan
     restorer.on_fit_start(trainer, pl_module, plan.updates_per_epoch if plan is not None and plan.sized else None)
     return restorer
