@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hf_lightning.tasks.registry import Task
+from hf_lightning.tasks.task import Task
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 
 __all__ = ["load_split", "load_tokenizer", "label_list_for", "build_model", "FILE_BUILDERS"]

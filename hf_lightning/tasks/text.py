@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_lightning.tasks.registry import Task, register_task
+from hf_lightning.tasks.task import Task, register_task
 
 __all__ = ["token_accuracy", "accuracy", "group_texts"]
 
