@@ -10,12 +10,16 @@
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 import torch
 from torch import nn
+from transformers import get_scheduler
+from transformers.optimization import Adafactor
+from transformers.trainer_pt_utils import get_parameter_names
 
-from hf_lightning.args import TrainingArguments
+from hf_lightning.args import OPTIMIZER_NAMES, TrainingArguments
 
 __all__ = ["build_optimizer", "build_scheduler", "decay_parameter_names", "parameter_groups"]
 
@@ -24,8 +28,6 @@ _NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)"
 
 def decay_parameter_names(model: nn.Module) -> list[str]:
     """Names of the parameters that get weight decay (HF `Trainer.get_decay_parameter_names`)."""
-    from transformers.trainer_pt_utils import get_parameter_names
-
     return get_parameter_names(model, [nn.LayerNorm], _NO_DECAY_PATTERNS)
 
 
@@ -41,8 +43,6 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
 
 def _parse_optim_args(optim_args: str | None) -> dict[str, Any]:
     """`"momentum=0.9,nesterov=True"` -> `{"momentum": 0.9, "nesterov": True}` (HF's `optim_args` format)."""
-    import ast
-
     parsed: dict[str, Any] = {}
     for item in (optim_args or "").replace(" ", "").split(","):
         if not item:
@@ -82,11 +82,7 @@ def build_optimizer(model: nn.Module, args: TrainingArguments) -> torch.optim.Op
     if args.optim == "rmsprop":
         return torch.optim.RMSprop(groups, lr=lr, **extra)
     if args.optim == "adafactor":
-        from transformers.optimization import Adafactor
-
         return Adafactor(groups, **{"lr": lr, "scale_parameter": False, "relative_step": False, **extra})
-    from hf_lightning.args import OPTIMIZER_NAMES
-
     raise ValueError(f"`optim`={args.optim!r} is not supported; allowed: {', '.join(OPTIMIZER_NAMES)}.")
 
 
@@ -94,8 +90,6 @@ def build_scheduler(
     optimizer: torch.optim.Optimizer, args: TrainingArguments, max_steps: int
 ) -> torch.optim.lr_scheduler.LRScheduler | Any:
     """`transformers.get_scheduler(args.lr_scheduler_type, ...)` over `max_steps` updates with HF's warmup rule."""
-    from transformers import get_scheduler
-
     return get_scheduler(
         args.lr_scheduler_type,
         optimizer,

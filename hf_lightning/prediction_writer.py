@@ -32,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 __all__ = ["write_predictions"]
 
@@ -93,9 +95,6 @@ def write_predictions(
     np.savez(tmp, **_arrays(predictions, label_ids))
     os.replace(tmp, path)
     if per_sample:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
         tmp_parquet = directory / f".{name}.tmp.parquet"
         pq.write_table(pa.table(_rows(predictions, label_ids)), tmp_parquet)
         os.replace(tmp_parquet, directory / f"{name}.parquet")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from torchmetrics.text import ROUGEScore, SacreBLEUScore
 
 __all__ = ["build_text_metrics", "decode_ids", "TEXT_METRICS"]
 
@@ -64,8 +65,6 @@ class _TextMetrics:
         self._reset()
 
     def _reset(self) -> None:
-        from torchmetrics.text import ROUGEScore, SacreBLEUScore
-
         self._bleu = SacreBLEUScore(tokenize=self.bleu_tokenize) if "sacrebleu" in self.metrics else None
         self._rouge = ROUGEScore(rouge_keys=self.rouge_keys) if "rouge" in self.metrics else None
         self._matches = 0

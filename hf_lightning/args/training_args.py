@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_lightning.args.choices import IntervalStrategyName, SamplingStrategyName, SaveStrategyName
+from hf_lightning.args.validation import normalise_and_check
 
 __all__ = ["TrainingArguments"]
 
@@ -150,8 +151,6 @@ class TrainingArguments:
     """Loggers when none is given to Lightning: `tensorboard` (default, differs from HF's `none`), `csv`, `none`."""
 
     def __post_init__(self) -> None:
-        from hf_lightning.args.validation import normalise_and_check
-
         normalise_and_check(self)
 
     # ----- derived values (HF's TrainingArguments properties) -----

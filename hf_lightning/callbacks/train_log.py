@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from transformers.trainer_utils import speed_metrics
 
 __all__ = ["FlopsCounter", "TrainLossTracker", "tensorboard_tag", "train_summary"]
 
@@ -125,8 +126,6 @@ def train_summary(
     train_loss: float,
 ) -> dict[str, Any]:
     """`train_runtime, train_samples_per_second, train_steps_per_second, total_flos, train_loss` (HF's order)."""
-    from transformers.trainer_utils import speed_metrics
-
     metrics = speed_metrics(
         "train", start_time, num_samples=num_train_samples * steps_this_call / max(max_steps, 1),
         num_steps=steps_this_call,

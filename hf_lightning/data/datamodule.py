@@ -12,6 +12,9 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
+from datasets import IterableDataset as HFIterable
+from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset
 
 from hf_lightning._lightning_compat import uses_distributed_sampler
@@ -152,8 +155,6 @@ class TransformerDataModule(pl.LightningDataModule):
         return trainer.world_size, trainer.global_rank
 
     def _loader_kwargs(self) -> dict[str, Any]:
-        import torch
-
         args = self.args
         kwargs: dict[str, Any] = {
             "num_workers": args.dataloader_num_workers,
@@ -175,9 +176,6 @@ class TransformerDataModule(pl.LightningDataModule):
         if isinstance(self.train_dataset, IterableDataset):
             dataset = self.train_dataset
             if world > 1:
-                from datasets import IterableDataset as HFIterable
-                from datasets.distributed import split_dataset_by_node
-
                 if not isinstance(dataset, HFIterable):
                     raise ValueError(
                         "A torch IterableDataset cannot be sharded across processes by hf_lightning; use a "

@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.facade import Trainer
 from hf_lightning.seq2seq.args import SEQ2SEQ_FIELDS, Seq2SeqTrainingArguments
 from hf_lightning.seq2seq.gen_kwargs import resolve_gen_kwargs
@@ -27,8 +28,6 @@ def to_seq2seq_args(args: Any) -> Seq2SeqTrainingArguments:
         return args
     if isinstance(args, TrainingArguments):
         return Seq2SeqTrainingArguments(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init})
-    from hf_lightning.args.from_transformers import from_hf_training_arguments
-
     extra = {name: getattr(args, name) for name in SEQ2SEQ_FIELDS if hasattr(args, name)}
     plain = copy.copy(args)
     for name in (*SEQ2SEQ_FIELDS, "sortish_sampler"):  # sortish_sampler: unused by HF's Seq2SeqTrainer too
