@@ -19,10 +19,13 @@ from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
 
 __all__ = [
     "attached_trainer",
+    "callbacks_of",
+    "datamodule_of",
     "disable_validation_trigger",
     "grad_scaler",
     "ignore_mid_epoch_resume_warning",
@@ -39,6 +42,16 @@ _MID_EPOCH_RESUME_WARNING = "You're resuming from a checkpoint that ended before
 def attached_trainer(module: pl.LightningModule) -> pl.Trainer | None:
     """The `lightning.Trainer` running `module`, or None (`module.trainer` raises when there is none)."""
     return module._trainer
+
+
+def callbacks_of(trainer: pl.Trainer) -> list[Callback]:
+    """`trainer.callbacks` (public, but set by Lightning's callback connector, so not declared on the class)."""
+    return trainer.callbacks  # type: ignore[attr-defined]  # see the docstring
+
+
+def datamodule_of(trainer: pl.Trainer) -> Any:
+    """`trainer.datamodule`, or None (public, but set by Lightning's data connector, so not declared on the class)."""
+    return trainer.datamodule  # type: ignore[attr-defined]  # see the docstring
 
 
 def uses_distributed_sampler(trainer: pl.Trainer) -> bool:
@@ -98,8 +111,8 @@ def set_loop_position(trainer: pl.Trainer, epoch: int, batches: int, global_step
       `batch_idx` and `is_last_batch` continue) and uses the loader iterator made in `setup_data`.
     """
     fit_loop = trainer.fit_loop
-    for tracker in (fit_loop.epoch_progress.total, fit_loop.epoch_progress.current):
-        tracker.ready = tracker.started = tracker.processed = tracker.completed = epoch
+    _set_counters(fit_loop.epoch_progress.total, epoch)
+    _set_counters(fit_loop.epoch_progress.current, epoch)
     epoch_loop = fit_loop.epoch_loop
     steps = epoch_loop.manual_optimization.optim_step_progress.total
     steps.ready = steps.completed = global_step
@@ -107,9 +120,15 @@ def set_loop_position(trainer: pl.Trainer, epoch: int, batches: int, global_step
     auto.ready = auto.completed = global_step
     epoch_loop._batches_that_stepped = global_step
     if batches > 0:
-        for batch_tracker in (epoch_loop.batch_progress.total, epoch_loop.batch_progress.current):
-            batch_tracker.ready = batch_tracker.started = batch_tracker.processed = batch_tracker.completed = batches
+        _set_counters(epoch_loop.batch_progress.total, batches)
+        _set_counters(epoch_loop.batch_progress.current, batches)
         epoch_loop._restarting = True  # only this loop: the fit loop starts the epoch normally
+
+
+def _set_counters(tracker: Any, value: int) -> None:
+    """Every counter of a progress tracker (`ready`, `started`, `processed`, `completed`) to `value`."""
+    for counter in ("ready", "started", "processed", "completed"):
+        setattr(tracker, counter, value)  # the tracker classes declare different subsets of these
 
 
 @contextmanager

@@ -19,18 +19,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
 import torch
+from torch import nn
 from typing_extensions import NotRequired, get_protocol_members
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
-    from torch import nn
 
     from hf_lightning.eval_run import EvalAccumulator
     from hf_lightning.evaluation import EvalRequest
 
 __all__ = [
     "FlowDataModule", "FlowModule", "HFEvaluationListener", "HFFlowView", "HFStepHooks", "TrainingStepListener",
-    "TrainingStepOutput", "check_flow_contracts", "missing_members",
+    "TrainingStepOutput", "check_flow_contracts", "flow_model", "flow_module", "missing_members",
 ]
 
 
@@ -112,7 +112,8 @@ class HFStepHooks(Protocol):
         """The loss of one micro-batch (and the model outputs with `return_outputs`)."""
 
     def prediction_step(
-        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool, ignore_keys: list[str] | None = None,
+        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """`(loss, logits, labels)` of one eval / predict batch."""
 
@@ -133,6 +134,23 @@ class TrainingStepOutput(TypedDict):
 def missing_members(obj: Any, protocol: type) -> list[str]:
     """The members of `protocol` that `obj` lacks, sorted."""
     return sorted(name for name in get_protocol_members(protocol) if not hasattr(obj, name))
+
+
+def flow_module(pl_module: Any) -> FlowModule:
+    """`pl_module` as the `FlowModule` the flow's `setup` checked it to be.
+
+    Raises:
+        TypeError: it is not one (the flow's `setup` did not run for it).
+    """
+    if not isinstance(pl_module, FlowModule):
+        raise TypeError(f"{type(pl_module).__name__} is not an hf_lightning.contracts.FlowModule; lacks "
+                        f"{', '.join(missing_members(pl_module, FlowModule))}.")
+    return pl_module
+
+
+def flow_model(pl_module: Any) -> nn.Module:
+    """The model a `FlowModule` wraps."""
+    return flow_module(pl_module).model
 
 
 def check_flow_contracts(pl_module: Any, datamodule: Any) -> None:

@@ -236,7 +236,8 @@ def concat_padded(batches: list[Any], padding_index: int = -100) -> Any:
     if isinstance(first, (tuple, list)):
         return type(first)(concat_padded([b[i] for b in batches], padding_index) for i in range(len(first)))
     if isinstance(first, Mapping):
-        return type(first)({k: concat_padded([b[k] for b in batches], padding_index) for k in first})
+        mapping_type: Any = type(first)  # the batches' own mapping class (a dict, a `BatchEncoding`...)
+        return mapping_type({k: concat_padded([b[k] for b in batches], padding_index) for k in first})
     arrays = [np.asarray(b) for b in batches]
     if arrays[0].ndim == 0 or all(a.shape[1:] == arrays[0].shape[1:] for a in arrays):
         return np.concatenate(arrays, axis=0) if arrays[0].ndim else np.stack(arrays)
@@ -244,6 +245,6 @@ def concat_padded(batches: list[Any], padding_index: int = -100) -> Any:
     out = np.full((sum(len(a) for a in arrays), *tail), padding_index, dtype=arrays[0].dtype)
     row = 0
     for a in arrays:
-        out[(slice(row, row + len(a)), *(slice(0, n) for n in a.shape[1:]))] = a
+        out[(slice(row, row + len(a)),) + tuple(slice(0, n) for n in a.shape[1:])] = a
         row += len(a)
     return out

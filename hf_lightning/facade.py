@@ -98,13 +98,14 @@ class Trainer:
                 f"`eval_loss_weighting` must be one of {EVAL_LOSS_WEIGHTINGS}, got {eval_loss_weighting!r}."
             )
         self.eval_loss_weighting = eval_loss_weighting
-        if self.args.batch_eval_metrics and compute_metrics is not None and not is_streaming_metric(compute_metrics):
-            if "compute_result" not in inspect.signature(compute_metrics).parameters:
-                raise ValueError(
-                    "When using `batch_eval_metrics`, your `compute_metrics` function must take a `compute_result`"
-                    " boolean argument which will be triggered after the last batch of the eval set to signal that"
-                    " the summary statistics should be returned by the function."
-                )
+        plain_function = compute_metrics is not None and not is_streaming_metric(compute_metrics)
+        if self.args.batch_eval_metrics and plain_function and compute_metrics is not None \
+                and "compute_result" not in inspect.signature(compute_metrics).parameters:
+            raise ValueError(
+                "When using `batch_eval_metrics`, your `compute_metrics` function must take a `compute_result`"
+                " boolean argument which will be triggered after the last batch of the eval set to signal that"
+                " the summary statistics should be returned by the function."
+            )
         self.model = model
         self.model_init = model_init
         self.processing_class = processing_class

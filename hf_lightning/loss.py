@@ -59,7 +59,7 @@ def loss_shifts_labels(model: nn.Module) -> bool:
     model = unwrap_model(model)
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         return False
-    if LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss:
+    if LOSS_MAPPING.get(str(getattr(model, "loss_type", None))) is ForCausalLMLoss:
         return True
     return is_causal_lm(model)
 

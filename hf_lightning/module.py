@@ -25,10 +25,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import ParallelStrategy
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 from transformers.trainer_pt_utils import LabelSmoother
 from typing_extensions import override
 
-from hf_lightning._lightning_compat import attached_trainer, grad_scaler
+from hf_lightning._lightning_compat import attached_trainer, callbacks_of, grad_scaler
 from hf_lightning.args import TrainingArguments
 from hf_lightning.contracts import HFStepHooks, TrainingStepListener, TrainingStepOutput
 from hf_lightning.data.collate import find_label_names
@@ -103,8 +104,15 @@ class TransformerModule(pl.LightningModule):
         config = getattr(model, "config", None)  # any nn.Module is accepted; only HF models have a config
         if config is not None and hasattr(config, "use_cache"):
             config.use_cache = self.args.use_cache  # HF 5 forces args.use_cache onto the config (T:645-646)
-        if self.args.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable()
+        if self.args.gradient_checkpointing:
+            enable = getattr(model, "gradient_checkpointing_enable", None)  # a PreTrainedModel (or PEFT) method
+            if not callable(enable):
+                raise ValueError(
+                    f"`gradient_checkpointing`=True needs a model with `gradient_checkpointing_enable()` (a "
+                    f"transformers PreTrainedModel); {type(model).__name__} has none. Set gradient_checkpointing=False "
+                    "or enable checkpointing in the model yourself."
+                )
+            enable()
         self._epoch_stop_requested = False
         self._grad_norm: torch.Tensor | None = None
         self._trainable: list[nn.Parameter] | None = None
@@ -115,7 +123,8 @@ class TransformerModule(pl.LightningModule):
         if not self.args.label_smoothing_factor:
             return None
         if getattr(getattr(self.model, "config", None), "problem_type", None) == "multi_label_classification":
-            warnings.warn("Label smoothing is not compatible with multi-label classification; disabled.", UserWarning)
+            warnings.warn("Label smoothing is not compatible with multi-label classification; disabled.", UserWarning,
+                          stacklevel=3)
             return None
         return LabelSmoother(epsilon=self.args.label_smoothing_factor)
 
@@ -223,8 +232,11 @@ class TransformerModule(pl.LightningModule):
         window = [batch] if isinstance(batch, Mapping) else list(batch)
         num_items, scaled, world_factor = self._normalisation(window)
         optimizer = self.optimizers()
+        if isinstance(optimizer, list):
+            raise TypeError(f"TransformerModule steps one optimizer; configure_optimizers returned {len(optimizer)}.")
         micro_losses: list[torch.Tensor] = []
         strategy = self.trainer.strategy
+        block_sync = strategy.block_backward_sync if isinstance(strategy, ParallelStrategy) else nullcontext
         self._grad_norm = None
 
         def closure() -> None:
@@ -232,8 +244,7 @@ class TransformerModule(pl.LightningModule):
             for i, micro in enumerate(window):
                 last = i == len(window) - 1
                 # Gradients are all-reduced once per update: skip the sync on every micro-batch but the last.
-                blocked = not last and isinstance(strategy, ParallelStrategy)
-                with strategy.block_backward_sync() if blocked else nullcontext():  # type: ignore[union-attr]
+                with block_sync() if not last else nullcontext():
                     loss = self.hooks.compute_loss(self.model, dict(micro), num_items_in_batch=num_items)
                     if not scaled and len(window) > 1:
                         loss = loss / len(window)
@@ -250,8 +261,9 @@ class TransformerModule(pl.LightningModule):
         scheduler = self.lr_schedulers()
         learning_rate = self._current_lr(optimizer, scheduler)
         skipped = scaler is not None and scaler.get_scale() < scale_before
-        if scheduler is not None and not skipped and not self._is_plateau(scheduler):
-            scheduler.step()  # type: ignore[call-arg]  # a plateau scheduler is stepped after evaluations
+        # a plateau scheduler is stepped after evaluations, on the eval metric (callbacks/best_model.py)
+        if isinstance(scheduler, LRScheduler) and not skipped and not self._is_plateau(scheduler):
+            scheduler.step()
         optimizer.zero_grad()
         stacked = torch.stack(micro_losses)
         return {"loss": stacked.sum(), "micro_losses": stacked, "grad_norm": self._grad_norm,
@@ -263,7 +275,7 @@ class TransformerModule(pl.LightningModule):
 
     def _current_lr(self, optimizer: Any, scheduler: Any) -> float:
         """The LR the update just used (HF reads it after `optimizer.step()`, before `scheduler.step()`)."""
-        if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler) and not self._is_plateau(scheduler):
+        if isinstance(scheduler, LRScheduler) and not self._is_plateau(scheduler):
             return float(scheduler.get_last_lr()[0])
         return float(optimizer.param_groups[0]["lr"])
 
@@ -327,7 +339,7 @@ class TransformerModule(pl.LightningModule):
         """`from_pretrained` returns a model in eval mode; HF trains with dropout on, so do we."""
         self.model.train()
         self._trainable = None  # parameters may have been frozen or replaced since the last fit
-        self._step_listeners = [cb for cb in self.trainer.callbacks if isinstance(cb, TrainingStepListener)]
+        self._step_listeners = [cb for cb in callbacks_of(self.trainer) if isinstance(cb, TrainingStepListener)]
 
     @override
     def configure_optimizers(self) -> Any:
@@ -373,7 +385,9 @@ class TransformerModule(pl.LightningModule):
         return EvalStep(*self.hooks.prediction_step(self.model, dict(batch), loss_only, self._eval_request.ignore_keys))
 
     @override
-    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> EvalStep:
+    def validation_step(  # type: ignore[override]  # Lightning types step outputs as tensors / mappings
+        self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0
+    ) -> EvalStep:
         """HF evaluation of one batch: `prediction_step`'s `(loss, logits, labels)`, accumulated by the flow."""
         return self._eval_step(batch, is_prediction=False)
 

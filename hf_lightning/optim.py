@@ -49,7 +49,9 @@ def _parse_optim_args(optim_args: str | None) -> dict[str, Any]:
             continue
         key, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"`optim_args` entry {item!r} is not of the form key=value (got optim_args={optim_args!r}).")
+            raise ValueError(
+                f"`optim_args` entry {item!r} is not of the form key=value (got optim_args={optim_args!r})."
+            )
         if value.lower() in ("true", "yes", "false", "no"):
             # HF reads `nesterov=true` / `yes` as True; literal_eval would leave the (truthy) string "false"
             parsed[key] = value.lower() in ("true", "yes")

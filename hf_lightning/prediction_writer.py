@@ -92,7 +92,8 @@ def write_predictions(
     directory.mkdir(parents=True, exist_ok=True)
     # Write to temporary names, then rename: a crash never leaves a truncated file under the final name.
     tmp = directory / f".{name}.tmp.npz"
-    np.savez(tmp, **_arrays(predictions, label_ids))
+    arrays: dict[str, Any] = _arrays(predictions, label_ids)  # (numpy's stub would read a key as `allow_pickle`)
+    np.savez(tmp, **arrays)
     os.replace(tmp, path)
     if per_sample:
         tmp_parquet = directory / f".{name}.tmp.parquet"

@@ -3,7 +3,8 @@
 Pure Python (no torch import), so the CLI can build its parser without loading the heavy stack. Each field keeps the
 name and default of `transformers.TrainingArguments` (5.x); the docstring under each field is what
 `hf-lightning --help` prints. Validation mirrors `TrainingArguments.__post_init__` (same messages where users grep
-for them) and reports every problem at once. Converting a `transformers.TrainingArguments` lives in `from_transformers.py`.
+for them) and reports every problem at once. Converting a `transformers.TrainingArguments` lives in
+`from_transformers.py`.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from hf_lightning.checkpointing.io import (
 )
 from hf_lightning.checkpointing.lightning_state import capture_lightning_state
 from hf_lightning.checkpointing.rotation import CheckpointInfo, final_cleanup, parse_step, select_for_deletion
+from hf_lightning.contracts import flow_model
 
 __all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
 
@@ -113,7 +114,7 @@ class CheckpointSaver:
         """
         import torch
 
-        model = pl_module.model
+        model = flow_model(pl_module)
         world, rank, zero = trainer.world_size, trainer.global_rank, trainer.is_global_zero
         strategy = trainer.strategy
         tmp = Path(self.output_dir) / f"{TMP_PREFIX}-{step}"
@@ -128,7 +129,7 @@ class CheckpointSaver:
             optimizer = trainer.optimizers[0] if trainer.optimizers else None
             optimizer = getattr(optimizer, "optimizer", optimizer)
             sharded = optimizer is not None and dist_state.is_sharded(model)
-            if sharded:
+            if sharded and optimizer is not None:
                 dist_state.save_sharded_optimizer(model, optimizer, tmp / SHARDED_OPTIMIZER_DIR)
             if zero:
                 scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None

@@ -26,6 +26,7 @@ import numpy as np
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from hf_lightning._lightning_compat import callbacks_of
 from hf_lightning.callbacks.flow import HFTrainerFlow
 from hf_lightning.contracts import HFFlowView
 
@@ -74,7 +75,7 @@ class HFEarlyStopping(Callback):
 
     @staticmethod
     def _flow(trainer: pl.Trainer) -> HFTrainerFlow:
-        for callback in trainer.callbacks:
+        for callback in callbacks_of(trainer):
             if isinstance(callback, HFTrainerFlow):
                 return callback
         raise ValueError(

@@ -23,8 +23,8 @@ from typing import Any, Protocol
 
 import lightning.pytorch as pl
 
-from hf_lightning._lightning_compat import run_validation_now
-from hf_lightning.contracts import FlowDataModule, FlowModule
+from hf_lightning._lightning_compat import datamodule_of, run_validation_now
+from hf_lightning.contracts import FlowDataModule, flow_module
 from hf_lightning.data.sampling import dataset_length
 from hf_lightning.eval_run import EvalAccumulator, EvaluationRun
 from hf_lightning.evaluation import EvalRequest, EvalResult, EvalStep, EvaluationOutput
@@ -103,9 +103,10 @@ class HFEvaluator:
         return run.output
 
     # ----- Lightning hooks, forwarded by the flow -----
-    def start(self, trainer: pl.Trainer, pl_module: FlowModule, is_prediction: bool) -> None:
+    def start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, is_prediction: bool) -> None:
         """A validation or prediction loop starts: open the requested run (or a default one) for its datasets."""
-        datamodule: FlowDataModule = trainer.datamodule  # type: ignore[assignment]  # checked in the flow's setup
+        module = flow_module(pl_module)
+        datamodule: FlowDataModule = datamodule_of(trainer)  # checked in the flow's setup
         if is_prediction:
             names: list[str] = [""]
             datasets = [datamodule.predict_dataset]
@@ -118,17 +119,18 @@ class HFEvaluator:
         if run is None or run.request.is_prediction != is_prediction:  # a loop the user started directly
             run = EvaluationRun(EvalRequest(is_prediction=is_prediction))
         self._requested = None  # one request, one loop
-        pl_module.start_eval_run(run.request)
+        module.start_eval_run(run.request)
         world_size = trainer.world_size
 
         def new_accumulator(index: int) -> EvalAccumulator:
-            return pl_module.new_eval_accumulator(is_prediction, world_size, _loader(loaders, index))
+            return module.new_eval_accumulator(is_prediction, world_size, _loader(loaders, index))
 
         run.open(names, [dataset_length(d) for d in datasets], world_size, new_accumulator)
         self._active = run
         self._current = -1
 
-    def batch_start(self, trainer: pl.Trainer, pl_module: FlowModule, dataloader_idx: int, loaders: Any) -> None:
+    def batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, dataloader_idx: int, loaders: Any
+                    ) -> None:
         """A new dataset starts: finish the earlier ones first, as HF evaluates datasets one after another."""
         if dataloader_idx == self._current:
             return
@@ -150,7 +152,7 @@ class HFEvaluator:
         self._active.add(dataloader_idx, batch, step)
         self.host.hf_event("on_prediction_step")
 
-    def end(self, trainer: pl.Trainer, pl_module: FlowModule, num_dataloaders: int) -> None:
+    def end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, num_dataloaders: int) -> None:
         """Finish the datasets not finished yet, then close the run."""
         run = self._active
         if run is None:
@@ -159,7 +161,7 @@ class HFEvaluator:
             self._finish(trainer, pl_module, index)
         self._active = None
 
-    def _finish(self, trainer: pl.Trainer, pl_module: FlowModule, index: int) -> None:
+    def _finish(self, trainer: pl.Trainer, pl_module: pl.LightningModule, index: int) -> None:
         run = self._active
         assert run is not None
         result = run.finish(index)

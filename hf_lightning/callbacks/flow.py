@@ -36,6 +36,8 @@ from transformers.trainer_utils import TrainOutput
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import (
+    callbacks_of,
+    datamodule_of,
     disable_validation_trigger,
     ignore_mid_epoch_resume_warning,
     position_in_epoch,
@@ -49,8 +51,8 @@ from hf_lightning.callbacks.evaluator import HFEvaluator
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
 from hf_lightning.callbacks.train_log import FlopsCounter, TrainLossTracker, tensorboard_tag, train_summary
 from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
+from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, flow_model, flow_module
 from hf_lightning.data.sampling import dataset_length
-from hf_lightning.contracts import FlowDataModule, FlowModule, HFEvaluationListener, check_flow_contracts
 from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
 from hf_lightning.resume.load import CheckpointRestorer, start_fit
 
@@ -169,11 +171,10 @@ class HFTrainerFlow(Callback):
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Check the contracts, fix the plan (max_steps, intervals) and hand Lightning its step budget."""
-        check_flow_contracts(pl_module, trainer.datamodule)
-        module: FlowModule = pl_module  # type: ignore[assignment]  # checked above
-        datamodule: FlowDataModule = trainer.datamodule  # type: ignore[assignment]
-        self.handler.model = module.model
-        self._eval_listeners = [cb for cb in trainer.callbacks if isinstance(cb, HFEvaluationListener)]
+        datamodule = datamodule_of(trainer)
+        check_flow_contracts(pl_module, datamodule)
+        self.handler.model = flow_model(pl_module)
+        self._eval_listeners = [cb for cb in callbacks_of(trainer) if isinstance(cb, HFEvaluationListener)]
         if stage != "fit":
             return
         self.plan = plan = plan_training(self.args, datamodule.num_train_microbatches())
@@ -197,16 +198,18 @@ class HFTrainerFlow(Callback):
         """A fresh `TrainerState` (T:1682-1689), HF `on_train_begin`, then `eval_on_start` (T:1655-1656)."""
         assert self.plan is not None
         exportable = [cb for cb in [*self.handler.callbacks, self.control] if isinstance(cb, ExportableState)]
+        # HF annotates the intervals `int` and `stateful_callbacks` as TrainerCallbacks, but passes what we pass: an
+        # interval as given (1.0 stays a float in trainer_state.json) and the control among the exportable states.
         self.state = TrainerState(
             max_steps=self.plan.max_steps,
             num_train_epochs=self.plan.num_train_epochs,
-            logging_steps=self.plan.logging_steps,
-            eval_steps=self.plan.eval_steps,
-            save_steps=self.plan.save_steps,
+            logging_steps=self.plan.logging_steps,  # type: ignore[arg-type]  # see above
+            eval_steps=self.plan.eval_steps,  # type: ignore[arg-type]
+            save_steps=self.plan.save_steps,  # type: ignore[arg-type]
             train_batch_size=self.args.per_device_train_batch_size,
             is_local_process_zero=trainer.local_rank == 0,
             is_world_process_zero=trainer.is_global_zero,
-            stateful_callbacks=exportable,
+            stateful_callbacks=exportable,  # type: ignore[arg-type]
         )
         self.state.global_step = trainer.global_step
         if self._restorer is not None:
@@ -265,11 +268,10 @@ class HFTrainerFlow(Callback):
     ) -> None:
         """After an update: HF's bookkeeping, `on_step_end`, the step pass, and at an epoch's end the epoch pass."""
         assert self.plan is not None
-        module: FlowModule = pl_module  # type: ignore[assignment]  # checked in setup
         update = UpdateReport.from_outputs(outputs)
         window = [batch] if isinstance(batch, Mapping) else list(batch)
         self.loss.add(update.micro_losses, self.state.global_step)
-        self.flos.add_window(module.model, window)
+        self.flos.add_window(flow_model(pl_module), window)
         # every earlier window of the epoch is full, so this also holds after a mid-epoch resume
         micro_done = batch_idx * self.args.gradient_accumulation_steps + len(window)
         self.state.global_step = trainer.global_step
@@ -287,7 +289,7 @@ class HFTrainerFlow(Callback):
             if self.control.should_training_stop:
                 trainer.should_stop = True
             elif epoch_stop and not last_batch:
-                module.request_epoch_stop()  # Lightning ends the epoch at the next batch start
+                flow_module(pl_module).request_epoch_stop()  # Lightning ends the epoch at the next batch start
                 self._epoch_stop_requested = True
         if self.loss.latest_loss is not None and trainer.progress_bar_callback is not None:
             pl_module.log("loss", self.loss.latest_loss, prog_bar=True, logger=False)
@@ -346,8 +348,7 @@ class HFTrainerFlow(Callback):
     # ----- evaluation (HFEvaluator runs it; the flow logs and decides what follows) -----
     def _evaluate(self, trainer: pl.Trainer, during_training: bool) -> bool:
         """`Trainer._evaluate` + `_determine_best_metric`: run Lightning's validation loop now; True on a new best."""
-        datamodule: FlowDataModule = trainer.datamodule  # type: ignore[assignment]  # checked in setup
-        if not datamodule.eval_datasets:
+        if not datamodule_of(trainer).eval_datasets:
             raise ValueError(
                 "Trainer: evaluation requires an eval_dataset. `control.should_evaluate` was set at step "
                 f"{self.state.global_step} but no eval_dataset was given."
@@ -370,14 +371,14 @@ class HFTrainerFlow(Callback):
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:  # Lightning's pre-training sanity check is not an HF evaluation
-            self.evaluator.start(trainer, pl_module, is_prediction=False)  # type: ignore[arg-type]
+            self.evaluator.start(trainer, pl_module, is_prediction=False)
 
     @override
     def on_validation_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
         if not trainer.sanity_checking:
-            self.evaluator.batch_start(trainer, pl_module, dataloader_idx, trainer.val_dataloaders)  # type: ignore[arg-type]
+            self.evaluator.batch_start(trainer, pl_module, dataloader_idx, trainer.val_dataloaders)
 
     @override
     def on_validation_batch_end(
@@ -390,17 +391,17 @@ class HFTrainerFlow(Callback):
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:
-            self.evaluator.end(trainer, pl_module, len(trainer.num_val_batches))  # type: ignore[arg-type]
+            self.evaluator.end(trainer, pl_module, len(trainer.num_val_batches))
 
     @override
     def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.evaluator.start(trainer, pl_module, is_prediction=True)  # type: ignore[arg-type]
+        self.evaluator.start(trainer, pl_module, is_prediction=True)
 
     @override
     def on_predict_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self.evaluator.batch_start(trainer, pl_module, dataloader_idx, trainer.predict_dataloaders)  # type: ignore[arg-type]
+        self.evaluator.batch_start(trainer, pl_module, dataloader_idx, trainer.predict_dataloaders)
 
     @override
     def on_predict_batch_end(
@@ -411,19 +412,17 @@ class HFTrainerFlow(Callback):
 
     @override
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.evaluator.end(trainer, pl_module, 1)  # type: ignore[arg-type]
+        self.evaluator.end(trainer, pl_module, 1)
 
     # ----- end -----
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The train summary entry (T:1993-2014), best-model loading, rotation cleanup, then HF `on_train_end`."""
         assert self.plan is not None
-        module: FlowModule = pl_module  # type: ignore[assignment]  # checked in setup
-        datamodule: FlowDataModule = trainer.datamodule  # type: ignore[assignment]
         self._end_quiet_resume()
         steps = self.state.global_step - self.loss.initial_step
         train_loss = self.loss.train_loss(trainer.strategy, self.state.global_step)
-        dataset = datamodule.train_dataset
+        dataset = datamodule_of(trainer).train_dataset
         total_batch = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps * trainer.world_size
         num_samples: float
         if self.args.max_steps > 0 or dataset_length(dataset) is None:
@@ -435,7 +434,7 @@ class HFTrainerFlow(Callback):
                                 train_loss)
         self.record_log(trainer, metrics)  # adds "epoch", as HF's `TrainOutput.metrics` has it
         self._summary = metrics
-        self.best.load_best(module.model, self.state)
+        self.best.load_best(flow_model(pl_module), self.state)
         self.saver.finish(trainer, self.state)
         self.hf_event("on_train_end")
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from hf_lightning._lightning_compat import position_in_epoch
+from hf_lightning._lightning_compat import callbacks_of, datamodule_of, position_in_epoch
 
 __all__ = ["capture_lightning_state", "restore_callback_states"]
 
@@ -31,13 +31,13 @@ def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False, ski
     """
     windows_done, is_last_batch = position_in_epoch(trainer)
     callbacks = {}
-    for callback in trainer.callbacks:
+    for callback in callbacks_of(trainer):
         if any(callback is skipped for skipped in skip_callbacks):
             continue
         state = callback.state_dict()
         if state:
             callbacks[callback.state_key] = state
-    datamodule = trainer.datamodule
+    datamodule = datamodule_of(trainer)
     return {
         "format": FORMAT,
         "global_step": trainer.global_step,
@@ -53,8 +53,9 @@ def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False, ski
 def restore_callback_states(trainer: pl.Trainer, saved: dict[str, Any]) -> None:
     """`load_state_dict` on each Lightning callback (and the datamodule) whose state was saved."""
     states = saved.get("callbacks", {})
-    for callback in trainer.callbacks:
+    for callback in callbacks_of(trainer):
         if callback.state_key in states:
             callback.load_state_dict(states[callback.state_key])
-    if trainer.datamodule is not None and saved.get("datamodule"):
-        trainer.datamodule.load_state_dict(saved["datamodule"])
+    datamodule = datamodule_of(trainer)
+    if datamodule is not None and saved.get("datamodule"):
+        datamodule.load_state_dict(saved["datamodule"])

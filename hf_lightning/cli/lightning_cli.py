@@ -85,7 +85,7 @@ class _OneLineErrorParser(LightningArgumentParser):
 
 
 class HFLightningCLI(LightningCLI):
-    """LightningCLI whose model, data and trainer are built from an HF-style config (see `hf_lightning/cli/__init__.py`)."""
+    """LightningCLI whose model, data and trainer are built from an HF-style config (see `cli/__init__.py`)."""
 
     def __init__(self, args: list[str] | None = None) -> None:
         super().__init__(
@@ -113,7 +113,7 @@ class HFLightningCLI(LightningCLI):
                                    help="HF TrainingArguments (transformers' names and defaults); the generation "
                                         "tasks also take the Seq2SeqTrainingArguments fields.")
         parser.add_argument(
-            "--hf_callbacks", type=list[Union[str, dict[str, Any]]], default=[],
+            "--hf_callbacks", type=list[Union[str, dict[str, Any]]], default=[],  # noqa: UP007  (read by jsonargparse)
             help="transformers.TrainerCallback classes, each a class path or {class_path, init_args} (e.g. "
                  "transformers.EarlyStoppingCallback); Lightning callbacks go in trainer.callbacks.",
         )
@@ -149,6 +149,8 @@ class HFLightningCLI(LightningCLI):
 
     def _instantiate(self) -> None:
         sub = self.subcommand
+        if sub is None:
+            raise ValueError("hf-lightning needs a subcommand: fit, validate or predict.")
         self.config_init = self.parser.instantiate_classes(self.config)
         cfg = self.config[sub]
         task = get_task(cfg["task"])

@@ -21,7 +21,9 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["ContiguousShardSampler", "WindowBatchSampler", "dataset_length", "epoch_order", "shard_batches", "split_window"]
+__all__ = [
+    "ContiguousShardSampler", "WindowBatchSampler", "dataset_length", "epoch_order", "shard_batches", "split_window",
+]
 
 
 def dataset_length(dataset: Any) -> int | None:
@@ -58,7 +60,7 @@ def shard_batches(
     mine: list[list[int]] = []
     initial: list[int] = []
     to_yield: list[int] = []
-    idx, batch = -1, []
+    idx, batch = -1, list[int]()
     for idx, batch in enumerate(batches):
         if not drop_last and idx < world_size:
             initial += batch

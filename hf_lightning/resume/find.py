@@ -62,11 +62,6 @@ class CheckpointFiles:
     rng: Path | None
     lightning_state: Path | None
 
-    @property
-    def model_only(self) -> bool:
-        """Written with `save_only_model` (or by hand): weights and state only, no optimizer to restore."""
-        return self.optimizer is None and self.sharded_optimizer is None and self.scheduler is None
-
 
 def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> CheckpointFiles:
     """The files of checkpoint folder `path`.

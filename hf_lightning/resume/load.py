@@ -25,17 +25,18 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
+from hf_lightning._lightning_compat import datamodule_of
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME, recover_interrupted_replacements
 from hf_lightning.checkpointing.lightning_state import restore_callback_states
-from hf_lightning.contracts import FlowDataModule
-from hf_lightning.resume.position import ResumePosition, apply_loop_position, resume_position
+from hf_lightning.contracts import FlowDataModule, flow_model
 from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
     existing_checkpoint_conflict,
     resolve_resume,
 )
+from hf_lightning.resume.position import ResumePosition, apply_loop_position, resume_position
 
 __all__ = ["CheckpointRestorer", "load_weights", "read_weights", "start_fit", "weight_mismatches"]
 
@@ -141,7 +142,7 @@ class CheckpointRestorer:
                                                 self.args.save_strategy != "no")
         if conflict:
             raise ValueError(conflict)
-        model = pl_module.model
+        model = flow_model(pl_module)
         load_weights(model, files.weights)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         optimizer = getattr(optimizer, "optimizer", optimizer)
@@ -165,7 +166,7 @@ class CheckpointRestorer:
         apply_loop_position(trainer, position)
         if saved is not None:
             restore_callback_states(trainer, saved)
-        datamodule: FlowDataModule = trainer.datamodule  # type: ignore[assignment]  # checked by the flow's setup
+        datamodule: FlowDataModule = datamodule_of(trainer)  # checked by the flow's setup
         datamodule.resume_position = (position.epoch, position.windows)
         self._rng_pending = True
 

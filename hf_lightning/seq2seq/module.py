@@ -14,7 +14,7 @@ generated_ids, labels)` returned. Differences (README "Generation-based evaluati
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
@@ -76,8 +76,9 @@ class Seq2SeqTransformerModule(TransformerModule):
                 "usable `generate` (use a *ForConditionalGeneration / *ForCausalLM / *LMHeadModel class, or set "
                 "`predict_with_generate`=False)."
             )
-        if getattr(self.args, "generation_config", None) is not None:
-            model.generation_config = load_generation_config(self.args.generation_config)
+        generation_config = getattr(self.args, "generation_config", None)  # plain TrainingArguments have none
+        if generation_config is not None:
+            model.generation_config = load_generation_config(generation_config)
         self.gen_kwargs: dict[str, Any] = resolve_gen_kwargs(self.args)
         self._generate_inputs: list[dict[str, Any]] = []  # the `generate` calls of the current eval step
 
@@ -130,7 +131,7 @@ class Seq2SeqTransformerModule(TransformerModule):
         if kwargs["synced_gpus"] and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             kwargs["synced_gpus"] = False  # one process: nothing to sync (generate would fail without a group)
         with torch.no_grad():
-            generated = self.model.generate(**generation_inputs, **kwargs)
+            generated = cast(Any, self.model).generate(**generation_inputs, **kwargs)  # checked by `can_generate`
         config = getattr(self.model, "generation_config", None)
         if config is not None and getattr(config, "_from_model_config", False):
             config._from_model_config = False  # as HF: do not rebuild the config from the model config every batch
@@ -183,7 +184,7 @@ class Seq2SeqTransformerModule(TransformerModule):
         loss = None
         if has_labels:
             with torch.no_grad():
-                loss = self.compute_loss(model, dict(inputs)).detach().mean()
+                loss = self.hooks.compute_loss(model, dict(inputs)).detach().mean()
         if self.args.prediction_loss_only:
             return loss, None, None
         return loss, generated, labels

@@ -20,7 +20,8 @@ def to_seq2seq_args(args: Any) -> Seq2SeqTrainingArguments:
     """Our `Seq2SeqTrainingArguments` from None, ours (plain or seq2seq) or a `transformers` (Seq2Seq)TrainingArguments.
 
     Raises:
-        ValueError: a `transformers` field set to a value hf_lightning does not support (see `args/from_transformers.py`).
+        ValueError: a `transformers` field set to a value hf_lightning does not support (see
+            `args/from_transformers.py`).
     """
     if args is None:
         return Seq2SeqTrainingArguments(output_dir="tmp_trainer")
@@ -48,6 +49,7 @@ class Seq2SeqTrainer(Trainer):
 
     module_class = Seq2SeqTransformerModule
     args: Seq2SeqTrainingArguments
+    module: Seq2SeqTransformerModule
 
     @staticmethod
     def _resolve_args(args: Any) -> TrainingArguments:

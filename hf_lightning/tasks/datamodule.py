@@ -11,8 +11,8 @@ from typing import Any
 from hf_lightning.args import TrainingArguments
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.tasks.loading import load_split
-from hf_lightning.tasks.task import Task
 from hf_lightning.tasks.specs import DataSpec
+from hf_lightning.tasks.task import Task
 
 __all__ = ["TaskDataModule", "splits_for_stage"]
 
