@@ -70,7 +70,8 @@ def disable_validation_trigger(trainer: pl.Trainer) -> None:
 
     `HFTrainerFlow` starts every evaluation itself, at HF's optimizer steps (`run_validation_now`).
     """
-    trainer.fit_loop.epoch_loop._should_check_val_fx = lambda data_fetcher: False  # type: ignore[method-assign]
+    loop = trainer.fit_loop.epoch_loop
+    loop._should_check_val_fx = lambda data_fetcher: False  # type: ignore[method-assign]  # replaced on purpose
 
 
 def set_step_budget(trainer: pl.Trainer, max_steps: int, max_epochs: int) -> None:

@@ -204,12 +204,12 @@ class HFTrainerFlow(Callback):
             max_steps=self.plan.max_steps,
             num_train_epochs=self.plan.num_train_epochs,
             logging_steps=self.plan.logging_steps,  # type: ignore[arg-type]  # see above
-            eval_steps=self.plan.eval_steps,  # type: ignore[arg-type]
-            save_steps=self.plan.save_steps,  # type: ignore[arg-type]
+            eval_steps=self.plan.eval_steps,  # type: ignore[arg-type]  # see above
+            save_steps=self.plan.save_steps,  # type: ignore[arg-type]  # see above
             train_batch_size=self.args.per_device_train_batch_size,
             is_local_process_zero=trainer.local_rank == 0,
             is_world_process_zero=trainer.is_global_zero,
-            stateful_callbacks=exportable,  # type: ignore[arg-type]
+            stateful_callbacks=exportable,  # type: ignore[arg-type]  # see above
         )
         self.state.global_step = trainer.global_step
         if self._restorer is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Literal, Union
+from typing import Any, Literal, NoReturn, Union
 
 import jsonargparse
 from lightning.fabric.utilities.exceptions import MisconfigurationException
@@ -18,6 +18,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 from transformers import set_seed
 from transformers.trainer_utils import PredictionOutput
+from typing_extensions import override
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
@@ -77,7 +78,8 @@ def _check_input_columns(data_spec: Any, raw: dict[str, Any]) -> None:
 class _OneLineErrorParser(LightningArgumentParser):
     """Parse errors as one `error:` line (no usage dump), like the errors of our own checks."""
 
-    def error(self, message: str, ex: Exception | None = None) -> None:  # type: ignore[override]
+    @override
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         lines = [line.strip() for line in str(message).splitlines() if line.strip()]
         prog = str(self.prog).replace(" [options]", "")
         sys.stderr.write(f"{prog}: error: {' '.join(lines)} (see `{prog} --help`)\n")
@@ -102,6 +104,7 @@ class HFLightningCLI(LightningCLI):
         )
 
     # ----- parser -----
+    @override
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(self.trainer_class, "trainer")
         parser.add_argument(
@@ -141,6 +144,7 @@ class HFLightningCLI(LightningCLI):
         given = self.config[self.subcommand]["trainer"]
         return {k: v for k, v in trainer_cfg.items() if given.get(k) != defaults.get(k)}
 
+    @override
     def instantiate_classes(self) -> None:
         try:
             self._instantiate()

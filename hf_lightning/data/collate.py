@@ -35,8 +35,7 @@ Collator = Callable[[list[Any]], Any]
 def default_collator(processing_class: Any = None) -> Collator:
     """HF's choice: pad with the tokenizer / feature extractor when one is given, else `default_data_collator`."""
     if isinstance(processing_class, (PreTrainedTokenizerBase, SequenceFeatureExtractor)):
-        # HF's own choice passes a feature extractor too; the class annotates a tokenizer only
-        return DataCollatorWithPadding(processing_class)  # type: ignore[arg-type]
+        return DataCollatorWithPadding(processing_class)  # type: ignore[arg-type]  # HF passes extractors too
     return default_data_collator
 
 

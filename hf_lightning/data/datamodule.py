@@ -16,6 +16,7 @@ import torch
 from datasets import IterableDataset as HFIterable
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset
+from typing_extensions import override
 
 from hf_lightning._lightning_compat import uses_distributed_sampler
 from hf_lightning.args import TrainingArguments
@@ -118,6 +119,7 @@ class TransformerDataModule(pl.LightningDataModule):
         return list(self.eval_datasets or {})
 
     # ----- column handling -----
+    @override
     def setup(self, stage: str) -> None:
         """Resolve the model's accepted columns and drop the others (HF `remove_unused_columns`)."""
         module = self.trainer.lightning_module if self.trainer is not None else None
@@ -167,6 +169,7 @@ class TransformerDataModule(pl.LightningDataModule):
         return kwargs
 
     # ----- loaders -----
+    @override
     def train_dataloader(self) -> Any:
         """Windows of `gradient_accumulation_steps` micro-batches, in HF's seeded order."""
         if self.train_dataset is None:
@@ -237,6 +240,7 @@ class TransformerDataModule(pl.LightningDataModule):
             kwargs["sampler"] = ContiguousShardSampler(len(dataset), world, rank, self.args.per_device_eval_batch_size)
         return DataLoader(dataset, **kwargs)
 
+    @override
     def val_dataloader(self) -> Any:
         """One loader per eval dataset, in the order of `eval_dataset_names`."""
         if not self.eval_datasets:
@@ -244,10 +248,12 @@ class TransformerDataModule(pl.LightningDataModule):
         loaders = [self._eval_loader(ds) for ds in self.eval_datasets.values()]
         return loaders[0] if len(loaders) == 1 else loaders
 
+    @override
     def test_dataloader(self) -> Any:
         """Same as `val_dataloader` (Lightning's `test` runs the evaluation code)."""
         return self.val_dataloader()
 
+    @override
     def predict_dataloader(self) -> Any:
         """The prediction dataset, in dataset order."""
         if self.predict_dataset is None:
