@@ -119,7 +119,8 @@ def test_patience_counter_survives_a_lightning_checkpoint(tmp_path):
     assert trainer.state.global_step == 6 and callback.patience_counter == 2
     path = tmp_path / "last.ckpt"
     trainer.lightning_trainer.save_checkpoint(path)
-    saved = torch.load(path, weights_only=False)["callbacks"]["HFEarlyStopping"]
+    saved = torch.load(path, weights_only=False)["callbacks"][callback.state_key]
+    assert callback.state_key.startswith("HFEarlyStopping")
     assert json.loads(json.dumps(saved)) == saved == {
         "patience_counter": 2, "early_stopping_patience": 3, "early_stopping_threshold": 0.0}
 

@@ -71,7 +71,9 @@ class HFEarlyStopping(Callback):
     @property
     @override
     def state_key(self) -> str:
-        return "HFEarlyStopping"
+        """Distinct per settings, so two instances keep their own state in a checkpoint (Lightning's convention)."""
+        return self._generate_state_key(early_stopping_patience=self.early_stopping_patience,
+                                        early_stopping_threshold=self.early_stopping_threshold)
 
     @staticmethod
     def _flow(trainer: pl.Trainer) -> HFTrainerFlow:

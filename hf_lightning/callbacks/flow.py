@@ -444,4 +444,11 @@ class HFTrainerFlow(Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
+        """HF's log history and FLOPs (what a Lightning `.ckpt` keeps of the flow; our resume reads
+        `trainer_state.json` instead)."""
         return {"log_history": list(self.state.log_history), "total_flos": self.state.total_flos}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.state.log_history = list(state_dict.get("log_history", []))
+        self.state.total_flos = float(state_dict.get("total_flos", 0.0))

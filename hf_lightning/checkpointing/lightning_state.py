@@ -54,8 +54,12 @@ def restore_callback_states(trainer: pl.Trainer, saved: dict[str, Any]) -> None:
     """`load_state_dict` on each Lightning callback (and the datamodule) whose state was saved."""
     states = saved.get("callbacks", {})
     for callback in callbacks_of(trainer):
-        if callback.state_key in states:
-            callback.load_state_dict(states[callback.state_key])
+        key = callback.state_key
+        if key not in states:  # e.g. saved with other settings in the key: the one state of the same class
+            same_class = [k for k in states if k.partition("{")[0] == type(callback).__qualname__]
+            key = same_class[0] if len(same_class) == 1 else key
+        if key in states:
+            callback.load_state_dict(states[key])
     datamodule = datamodule_of(trainer)
     if datamodule is not None and saved.get("datamodule"):
         datamodule.load_state_dict(saved["datamodule"])
