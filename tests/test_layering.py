@@ -108,7 +108,7 @@ THIRD_PARTY_LAYER = {
 }
 
 LAZY = {
-    "hf_lightning.args.readme_map": "transformers is needed only to print the map; `hf_lightning.args` stays torch-free",
+    "hf_lightning.args.readme_map": "transformers only to print the map; `hf_lightning.args` stays torch-free",
     "hf_lightning.args.to_lightning": "Lightning loggers are built only when `report_to` asks for them",
     "hf_lightning.args.training_args": "json only for `to_json_string`",
     "hf_lightning.args.validation": "json only for a `*_kwargs` given as a JSON string",
@@ -263,7 +263,8 @@ def test_function_local_imports_only_where_laziness_is_needed():
 def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
     """The parser itself: a local relative import resolves to the absolute module and is marked local."""
     source = tmp_path / "mod.py"
-    source.write_text("import os\n\ndef f():\n    from .evaluation import EvalStep\n    from hf_lightning import module\n")
+    source.write_text("import os\n\ndef f():\n    from .evaluation import EvalStep\n"
+                      "    from hf_lightning import module\n")
     found = _imports("hf_lightning.callbacks.mod", source)
     assert ("os", 1, False) in found
     assert ("hf_lightning.callbacks.evaluation.EvalStep", 4, True) in found
