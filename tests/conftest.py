@@ -53,6 +53,7 @@ TIERS = {
     "test_checkpoint_processes.py": "e2e",
     "test_cli.py": "e2e",
     "test_evaluation.py": "e2e",
+    "test_final_save.py": "e2e",
     "test_generation_decoder_only.py": "e2e",
     "test_notebook_generation.py": "e2e",
     "test_notebooks.py": "e2e",
@@ -72,6 +73,7 @@ DISTRIBUTED = {
     "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
     "test_cli.py::test_ddp_fit_from_the_command_line",
+    "test_final_save.py::test_cli_fit_saves_the_gathered_model_under_fsdp2",
 }
 """Files, or `file::test` names, whose tests spawn 2 processes."""
 
