@@ -3,7 +3,7 @@
 - Parameter groups (T:1269-1286, T:1408-1418): group 0 decays every trainable parameter except biases and
   normalisation weights (by `nn.LayerNorm` type or name pattern); group 1 holds the rest with `weight_decay=0`. Both
   groups always exist.
-- `optim` names (OPT `trainer_optimizer.py`): AdamW (`adamw_torch`, `adamw_torch_fused`), SGD, Adafactor (HF's
+- `optim` names (transformers `trainer_optimizer.py`): AdamW (`adamw_torch`, `adamw_torch_fused`), SGD, Adafactor (HF's
   implementation), Adagrad, RMSprop, with `optim_args` as `key=value,...`.
 - Schedulers come from `transformers.get_scheduler` with `num_warmup_steps = args.get_warmup_steps(max_steps)`.
 """

@@ -30,6 +30,7 @@ import torch
 TIERS = {
     "test_args.py": "unit",
     "test_callback_contract.py": "unit",
+    "test_citations.py": "unit",
     "test_layering.py": "unit",
     "test_lightning_compat.py": "unit",
     "test_public_api.py": "unit",

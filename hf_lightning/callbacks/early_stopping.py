@@ -1,6 +1,6 @@
 """`HFEarlyStopping`: `transformers.EarlyStoppingCallback` as a Lightning callback, with its state in checkpoints.
 
-Semantics of HF's callback (CB:711-784, spec section 12):
+Semantics of HF's callback (`EarlyStoppingCallback`, CB:711-784):
 - patience is counted in *evaluations*: every evaluation (each eval dataset of it, a manual `evaluate()` too) whose
   `eval_<metric_for_best_model>` is not an improvement adds one; an improvement resets the count to 0;
 - an improvement is a value strictly better than `state.best_metric` (the best *before* this evaluation, per

@@ -2,8 +2,9 @@
 
 Weights, optimizer and scheduler live in the HF files of the folder; this small file only adds what Lightning needs
 to continue exactly where it stopped. Resuming does not go through `fit(ckpt_path=...)`: Lightning's restart
-machinery re-runs `on_train_epoch_start` differently per restart stage and its loaders are not resumable (findings
-Q3). Instead the loop counters are set before the fit loop starts from what this file records (`resume/position.py`).
+machinery re-runs `on_train_epoch_start` differently per restart stage and a plain DataLoader restarts its epoch
+(lightning 2.6 `loops/training_epoch_loop.py`, `_TrainingEpochLoop.reset` and `on_run_start`). Instead the loop
+counters are set before the fit loop starts from what this file records (`resume/position.py`).
 An HF checkpoint has no such file: its position follows HF's own rule there.
 """
 

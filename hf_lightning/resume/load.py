@@ -183,7 +183,7 @@ class CheckpointRestorer:
                         "this run.", state.best_model_checkpoint)
             state.best_model_checkpoint = None
         _warn_on_changed_intervals(flow.plan, state, self.args.per_device_train_batch_size)
-        if flow.plan is not None:  # HF keeps the checkpoint's intervals (spec 7.2): the loaded state drives them
+        if flow.plan is not None:  # HF keeps the checkpoint's intervals (T:1694-1710): the loaded state drives them
             flow.plan = dataclasses.replace(flow.plan, logging_steps=state.logging_steps, eval_steps=state.eval_steps,
                                             save_steps=state.save_steps)
         state.max_steps, state.num_train_epochs = max_steps, num_train_epochs
