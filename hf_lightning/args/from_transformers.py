@@ -20,6 +20,7 @@ _IGNORED = {
     "do_train", "do_eval", "do_predict", "local_rank", "ddp_backend", "log_level", "log_level_replica",
     "log_on_each_node", "disable_tqdm", "skip_memory_metrics", "push_to_hub_token", "hub_token",
     "logging_dir", "_n_gpu", "accelerator_config", "deepspeed_plugin", "parallelism_config",
+    "activation_checkpointing",  # HF 5 mirrors it into `gradient_checkpointing`, which we read
 }
 
 

@@ -21,7 +21,8 @@ DIFFERENCES = {
     "optim": "`adamw_torch`, `adamw_torch_fused`, `sgd`, `adafactor`, `adagrad`, `rmsprop` only",
     "use_cpu": "sets Lightning `accelerator=\"cpu\"`",
     "disable_tqdm": "switches Lightning's progress bar",
-    "resume_from_checkpoint": "routed to the shared resume function (exact resume lands with the checkpoint issue)",
+    "resume_from_checkpoint": "`train()` reads it when called without one (HF leaves it to the scripts); the resumed "
+                              "run is exact (README \"Checkpoints and resume\")",
 }
 """Supported fields that behave differently from HF, and why."""
 
@@ -41,6 +42,7 @@ IGNORED_REASONS = {
     "accelerator_config": "no accelerate; Lightning owns devices",
     "deepspeed_plugin": "use a Lightning DeepSpeed strategy",
     "parallelism_config": "use a Lightning strategy",
+    "activation_checkpointing": "HF 5 copies it into `gradient_checkpointing` (its old name), which hf_lightning reads",
 }
 
 NOT_SUPPORTED_REASONS = {
