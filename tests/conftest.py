@@ -36,6 +36,7 @@ TIERS = {
     "test_public_api.py": "unit",
     "test_text_metrics.py": "unit",
     "test_units.py": "unit",
+    "test_where_things_live.py": "unit",
     "test_callback_events.py": "parity",
     "test_checkpoint_rotation.py": "parity",
     "test_data.py": "parity",
