@@ -31,6 +31,38 @@ from hf_lightning.resume.find import resolve_resume
 __all__ = ["Trainer"]
 
 
+def _check_arguments(
+    args: TrainingArguments, train_dataset: Any, eval_dataset: Any, compute_metrics: Any, eval_loss_weighting: str
+) -> None:
+    """The constructor's checks of the arguments against each other, with HF's words where HF makes them.
+
+    Raises:
+        ValueError: an unsized `train_dataset` without `max_steps`; an `eval_strategy` without `eval_dataset`; an
+            unknown `eval_loss_weighting`; a `batch_eval_metrics` function without `compute_result`.
+    """
+    if train_dataset is not None and dataset_length(train_dataset) is None and args.max_steps <= 0:
+        # HF raises this in `Trainer.__init__` (T:728-733), not at `train()`: same place, same words.
+        raise ValueError(
+            "The train_dataset does not implement __len__, so the number of training steps cannot be inferred; "
+            "max_steps has to be specified. The total number of steps must be known in advance to bound the "
+            f"training loop and to configure the learning rate scheduler (got max_steps={args.max_steps})."
+        )
+    if args.eval_strategy != "no" and eval_dataset is None:
+        raise ValueError(
+            f"You have set `args.eval_strategy` to {args.eval_strategy} but you didn't pass an "
+            "`eval_dataset` to `Trainer`. Either set `args.eval_strategy` to `no` or pass an `eval_dataset`."
+        )
+    if eval_loss_weighting not in EVAL_LOSS_WEIGHTINGS:
+        raise ValueError(f"`eval_loss_weighting` must be one of {EVAL_LOSS_WEIGHTINGS}, got {eval_loss_weighting!r}.")
+    if args.batch_eval_metrics and compute_metrics is not None and not is_streaming_metric(compute_metrics) \
+            and "compute_result" not in inspect.signature(compute_metrics).parameters:
+        raise ValueError(
+            "When using `batch_eval_metrics`, your `compute_metrics` function must take a `compute_result`"
+            " boolean argument which will be triggered after the last batch of the eval set to signal that"
+            " the summary statistics should be returned by the function."
+        )
+
+
 class Trainer:
     """Drop-in for `transformers.Trainer` with Lightning underneath.
 
@@ -76,27 +108,11 @@ class Trainer:
     ) -> None:
         self.args = self._resolve_args(args)
         set_seed(self.args.seed)
-        if model is None and model_init is None:
-            raise ValueError("`Trainer` requires either a `model` or `model_init` argument (both are None).")
         if model is None:
-            assert model_init is not None
+            if model_init is None:
+                raise ValueError("`Trainer` requires either a `model` or `model_init` argument (both are None).")
             model = model_init()
-        if train_dataset is not None and dataset_length(train_dataset) is None and self.args.max_steps <= 0:
-            # HF raises this in `Trainer.__init__` (T:728-733), not at `train()`: same place, same words.
-            raise ValueError(
-                "The train_dataset does not implement __len__, so the number of training steps cannot be inferred; "
-                "max_steps has to be specified. The total number of steps must be known in advance to bound the "
-                f"training loop and to configure the learning rate scheduler (got max_steps={self.args.max_steps})."
-            )
-        if self.args.eval_strategy != "no" and eval_dataset is None:
-            raise ValueError(
-                f"You have set `args.eval_strategy` to {self.args.eval_strategy} but you didn't pass an "
-                "`eval_dataset` to `Trainer`. Either set `args.eval_strategy` to `no` or pass an `eval_dataset`."
-            )
-        if eval_loss_weighting not in EVAL_LOSS_WEIGHTINGS:
-            raise ValueError(
-                f"`eval_loss_weighting` must be one of {EVAL_LOSS_WEIGHTINGS}, got {eval_loss_weighting!r}."
-            )
+        _check_arguments(self.args, train_dataset, eval_dataset, compute_metrics, eval_loss_weighting)
         self.eval_loss_weighting = eval_loss_weighting
         plain_function = compute_metrics is not None and not is_streaming_metric(compute_metrics)
         if self.args.batch_eval_metrics and plain_function and compute_metrics is not None \

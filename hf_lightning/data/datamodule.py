@@ -177,23 +177,7 @@ class TransformerDataModule(pl.LightningDataModule):
         args, (world, rank) = self.args, self._world()
         collate = self._collator(self.train_dataset)
         if isinstance(self.train_dataset, IterableDataset):
-            dataset = self.train_dataset
-            if world > 1:
-                if not isinstance(dataset, HFIterable):
-                    raise ValueError(
-                        "A torch IterableDataset cannot be sharded across processes by hf_lightning; use a "
-                        "`datasets.IterableDataset` or a map-style dataset for `train_dataset` under DDP."
-                    )
-                dataset = split_dataset_by_node(dataset, rank=rank, world_size=world)
-            loader = DataLoader(
-                dataset, batch_size=args.per_device_train_batch_size, collate_fn=collate,
-                drop_last=args.dataloader_drop_last, **self._loader_kwargs(),
-            )
-            windowed = _WindowedIterable(loader, args.gradient_accumulation_steps)
-            if self.resume_position is not None:  # an iterable dataset can only skip by reading (as HF)
-                windowed.set_epoch(self.resume_position[0])
-                windowed.skip, self.resume_position = self.resume_position[1], None
-            return windowed
+            return self._iterable_train_loader(collate, world, rank)
         self.train_sampler = WindowBatchSampler(
             num_samples=len(self.train_dataset),
             batch_size=args.per_device_train_batch_size,
@@ -215,6 +199,26 @@ class TransformerDataModule(pl.LightningDataModule):
             collate_fn=WindowCollator(collate, args.per_device_train_batch_size),
             **self._loader_kwargs(),
         )
+
+    def _iterable_train_loader(self, collate: Any, world: int, rank: int) -> _WindowedIterable:
+        """Windows read from an `IterableDataset` (a `datasets` one is split across processes by node)."""
+        args, dataset = self.args, self.train_dataset
+        if world > 1:
+            if not isinstance(dataset, HFIterable):
+                raise ValueError(
+                    "A torch IterableDataset cannot be sharded across processes by hf_lightning; use a "
+                    "`datasets.IterableDataset` or a map-style dataset for `train_dataset` under DDP."
+                )
+            dataset = split_dataset_by_node(dataset, rank=rank, world_size=world)
+        loader = DataLoader(
+            dataset, batch_size=args.per_device_train_batch_size, collate_fn=collate,
+            drop_last=args.dataloader_drop_last, **self._loader_kwargs(),
+        )
+        windowed = _WindowedIterable(loader, args.gradient_accumulation_steps)
+        if self.resume_position is not None:  # an iterable dataset can only skip by reading (as HF)
+            windowed.set_epoch(self.resume_position[0])
+            windowed.skip, self.resume_position = self.resume_position[1], None
+        return windowed
 
     def num_train_microbatches(self) -> int | None:
         """Micro-batches per epoch on one process (`None` for an unsized dataset): HF's `len(train_dataloader)`."""
