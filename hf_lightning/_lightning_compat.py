@@ -7,8 +7,9 @@ that names the function, not somewhere deep in a training run.
 
 Why `lightning>=2.6,<2.7` (pyproject.toml): the names used below (`_TrainingEpochLoop._should_check_val_fx`,
 `_LoggerConnector._first_loop_iter`, `_TrainingEpochLoop._batches_that_stepped` / `_restarting`, the progress
-trackers' counters, `_AcceleratorConnector.use_distributed_sampler`, `LightningModule._trainer`) are private and may
-change in any minor release. Raise the upper bound only after tests/test_lightning_compat.py passes on the new series.
+trackers' counters, `_AcceleratorConnector.use_distributed_sampler`, `LightningModule._trainer`, and torch's
+`Optimizer._step_supports_amp_scaling` that Lightning reads too) are private and may change in any minor release.
+Raise the upper bound only after tests/test_lightning_compat.py passes on the new series.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ __all__ = [
     "disable_validation_trigger",
     "grad_scaler",
     "ignore_mid_epoch_resume_warning",
+    "optimizer_unscales_itself",
     "position_in_epoch",
     "run_validation_now",
     "set_loop_position",
@@ -63,6 +65,12 @@ def grad_scaler(trainer: pl.Trainer) -> Any:
     """The AMP grad scaler of a `"16-mixed"` run, else None."""
     plugin = trainer.precision_plugin
     return plugin.scaler if isinstance(plugin, MixedPrecision) else None
+
+
+def optimizer_unscales_itself(optimizer: Any) -> bool:
+    """Whether an optimizer unscales AMP gradients inside its own `step()` (torch's fused ones do; Lightning's
+    `MixedPrecision` then skips its unscaling before `on_before_optimizer_step`, reading the same torch flag)."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
 def disable_validation_trigger(trainer: pl.Trainer) -> None:

@@ -29,7 +29,7 @@ from torch.optim.lr_scheduler import LRScheduler
 from transformers.trainer_pt_utils import LabelSmoother
 from typing_extensions import override
 
-from hf_lightning._lightning_compat import attached_trainer, callbacks_of, grad_scaler
+from hf_lightning._lightning_compat import attached_trainer, callbacks_of, grad_scaler, optimizer_unscales_itself
 from hf_lightning.args import TrainingArguments
 from hf_lightning.contracts import HFStepHooks, TrainingStepListener, TrainingStepOutput
 from hf_lightning.data.collate import find_label_names
@@ -283,8 +283,9 @@ class TransformerModule(pl.LightningModule):
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Clip (after AMP unscaling) and keep the pre-clip norm for logging; then HF's `on_pre_optimizer_step`."""
         scaler = grad_scaler(self.trainer)
-        # fused optimizers unscale inside step() (torch's private flag says so); clipping needs true gradients now
-        if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+        # Lightning unscales before this hook, except for optimizers that unscale inside step(); clipping needs
+        # true gradients now
+        if scaler is not None and optimizer_unscales_itself(optimizer):
             scaler.unscale_(optimizer)
         if self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:
             # `clip_grad_norm_` itself skips parameters without a gradient

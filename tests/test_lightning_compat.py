@@ -177,3 +177,10 @@ def test_ignore_mid_epoch_resume_warning_hides_exactly_lightnings_warning():
     messages = [str(w.message) for w in caught]
     assert not any("ended before the epoch ended" in m for m in messages)
     assert "another warning" in messages and any(m.endswith("(after)") for m in messages)
+
+
+def test_optimizer_unscales_itself():
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert compat.optimizer_unscales_itself(torch.optim.SGD(params, lr=0.1)) is False
+    # torch's fused Adam unscales inside step(); Lightning reads the same flag
+    assert compat.optimizer_unscales_itself(torch.optim.Adam(params, lr=0.1, fused=True)) is True

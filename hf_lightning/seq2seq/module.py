@@ -134,7 +134,7 @@ class Seq2SeqTransformerModule(TransformerModule):
             generated = cast(Any, self.model).generate(**generation_inputs, **kwargs)  # checked by `can_generate`
         config = getattr(self.model, "generation_config", None)
         if config is not None and getattr(config, "_from_model_config", False):
-            config._from_model_config = False  # as HF: do not rebuild the config from the model config every batch
+            config._from_model_config = False  # as HF (S2S:334-335): no rebuilding from the model config per batch
         return generated
 
     def pad_token_id(self) -> int:
