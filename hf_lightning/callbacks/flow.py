@@ -23,13 +23,9 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
-from lightning.pytorch.callbacks import Callback
-from torch.distributed.tensor import DTensor
 from transformers import TrainerControl, TrainerState
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import TrainOutput
@@ -47,43 +43,25 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.cadence import TrainingPlan, epoch_end_flags, epoch_progress, plan_training, step_end_flags
 from hf_lightning.callbacks.best_model import BestModelTracker
 from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
-from hf_lightning.callbacks.evaluator import HFEvaluator
+from hf_lightning.callbacks.evaluator import EvaluationHooks, HFEvaluator
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
-from hf_lightning.callbacks.train_log import FlopsCounter, TrainLossTracker, tensorboard_tag, train_summary
+from hf_lightning.callbacks.train_log import (
+    FlopsCounter,
+    TrainLossTracker,
+    UpdateReport,
+    tensorboard_tag,
+    train_summary,
+)
 from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
 from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, flow_model, flow_module
 from hf_lightning.data.sampling import dataset_length
 from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
 from hf_lightning.resume.load import CheckpointRestorer, start_fit
 
-__all__ = ["HFTrainerFlow", "UpdateReport", "tensorboard_tag"]
+__all__ = ["HFTrainerFlow", "tensorboard_tag"]
 
 
-@dataclass(frozen=True)
-class UpdateReport:
-    """What one optimizer update reported through `training_step`'s output (`contracts.TrainingStepOutput`)."""
-
-    micro_losses: torch.Tensor
-    grad_norm: float | None = None
-    learning_rate: float | None = None
-
-    @classmethod
-    def from_outputs(cls, outputs: Any) -> UpdateReport:
-        """Read a `TrainingStepOutput` dict, or a bare loss tensor (a module returning only its loss)."""
-        if not isinstance(outputs, Mapping):
-            return cls(torch.as_tensor(outputs))
-        losses = outputs.get("micro_losses")
-        grad_norm = outputs.get("grad_norm")
-        if isinstance(grad_norm, DTensor):  # FSDP2: the norm of the whole model, not of this rank's shard
-            grad_norm = grad_norm.full_tensor()
-        return cls(
-            micro_losses=torch.as_tensor(losses if losses is not None else outputs["loss"]),
-            grad_norm=None if grad_norm is None else float(grad_norm),
-            learning_rate=outputs.get("learning_rate"),
-        )
-
-
-class HFTrainerFlow(Callback):
+class HFTrainerFlow(EvaluationHooks):
     """Drives logging, evaluation and checkpointing at the HF Trainer's steps, and feeds HF `TrainerCallback`s.
 
     Args:
@@ -367,52 +345,6 @@ class HFTrainerFlow(Callback):
         self.hf_event("on_evaluate", metrics=metrics)
         for listener in self._eval_listeners:
             listener.on_hf_evaluate(trainer, pl_module, self, metrics)
-
-    @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:  # Lightning's pre-training sanity check is not an HF evaluation
-            self.evaluator.start(trainer, pl_module, is_prediction=False)
-
-    @override
-    def on_validation_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        if not trainer.sanity_checking:
-            self.evaluator.batch_start(trainer, pl_module, dataloader_idx, trainer.val_dataloaders)
-
-    @override
-    def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if not trainer.sanity_checking:
-            self.evaluator.batch_end(batch, outputs, dataloader_idx)
-
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:
-            self.evaluator.end(trainer, pl_module, len(trainer.num_val_batches))
-
-    @override
-    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.evaluator.start(trainer, pl_module, is_prediction=True)
-
-    @override
-    def on_predict_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        self.evaluator.batch_start(trainer, pl_module, dataloader_idx, trainer.predict_dataloaders)
-
-    @override
-    def on_predict_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self.evaluator.batch_end(batch, outputs, dataloader_idx)
-
-    @override
-    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.evaluator.end(trainer, pl_module, 1)
 
     # ----- end -----
     @override
