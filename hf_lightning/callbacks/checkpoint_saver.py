@@ -17,6 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from hf_lightning._lightning_compat import grad_scaler
 from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.io import (
@@ -135,7 +136,7 @@ class CheckpointSaver:
                 scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
                 write_training_files(
                     tmp, optimizer=None if sharded else optimizer, scheduler=scheduler,
-                    scaler=getattr(trainer.precision_plugin, "scaler", None),
+                    scaler=grad_scaler(trainer),
                     lightning_state=capture_lightning_state(trainer, epoch_ending, skip_callbacks),
                 )
             write_rng_state(tmp, world, rank)

@@ -25,7 +25,7 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
-from hf_lightning._lightning_compat import datamodule_of
+from hf_lightning._lightning_compat import datamodule_of, grad_scaler
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME, recover_interrupted_replacements
 from hf_lightning.checkpointing.lightning_state import restore_callback_states
@@ -152,7 +152,7 @@ class CheckpointRestorer:
             optimizer.load_state_dict(torch.load(files.optimizer, map_location="cpu", weights_only=True))
         if files.scheduler is not None and trainer.lr_scheduler_configs:
             trainer.lr_scheduler_configs[0].scheduler.load_state_dict(_torch_load(files.scheduler))
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        scaler = grad_scaler(trainer)
         if scaler is not None and files.scaler is not None:
             scaler.load_state_dict(torch.load(files.scaler, map_location="cpu", weights_only=True))
         # weights_only, as Lightning loads its own checkpoints: a checkpoint folder is not trusted code
