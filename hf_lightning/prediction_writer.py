@@ -32,8 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 __all__ = ["write_predictions"]
 
@@ -96,6 +94,9 @@ def write_predictions(
     np.savez(tmp, **arrays)
     os.replace(tmp, path)
     if per_sample:
+        import pyarrow as pa  # only for the per-sample table: importing the writer stays light
+        import pyarrow.parquet as pq
+
         tmp_parquet = directory / f".{name}.tmp.parquet"
         pq.write_table(pa.table(_rows(predictions, label_ids)), tmp_parquet)
         os.replace(tmp_parquet, directory / f"{name}.parquet")

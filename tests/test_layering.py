@@ -108,6 +108,8 @@ THIRD_PARTY_LAYER = {
 }
 
 LAZY = {
+    "hf_lightning.data.datamodule": "`datasets` (pandas, pyarrow) only to shard an iterable dataset across processes",
+    "hf_lightning.prediction_writer": "pyarrow only for the per-sample table",
     "hf_lightning.args.readme_map": "transformers only to print the map; `hf_lightning.args` stays torch-free",
     "hf_lightning.args.to_lightning": "Lightning loggers are built only when `report_to` asks for them",
     "hf_lightning.args.training_args": "json only for `to_json_string`",
@@ -275,6 +277,9 @@ def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
     ("import hf_lightning", ["torch", "lightning", "transformers"]),
     ("import hf_lightning.args as a; a.TrainingArguments()", ["torch", "lightning", "transformers"]),
     ("from hf_lightning.cli import main; main(['--help'])", ["torch", "lightning", "transformers"]),
+    # the facade and the CLI's parser need none of the data stack (it comes with the data, when the data is loaded)
+    ("from hf_lightning import Trainer, Seq2SeqTrainer, HFTrainerFlow", ["datasets", "pandas", "pyarrow"]),
+    ("import hf_lightning.cli.lightning_cli", ["datasets", "pandas", "pyarrow", "transformers.modeling_utils"]),
 ])
 def test_light_entry_points_stay_light(code, heavy):
     """The package root, the arguments and `hf-lightning --help` load none of the ML stack."""

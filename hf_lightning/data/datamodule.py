@@ -13,8 +13,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from datasets import IterableDataset as HFIterable
-from datasets.distributed import split_dataset_by_node
 from torch.utils.data import DataLoader, IterableDataset
 from typing_extensions import override
 
@@ -204,6 +202,10 @@ class TransformerDataModule(pl.LightningDataModule):
         """Windows read from an `IterableDataset` (a `datasets` one is split across processes by node)."""
         args, dataset = self.args, self.train_dataset
         if world > 1:
+            # `datasets` (with pandas and pyarrow) only for this case: importing the data module stays light
+            from datasets import IterableDataset as HFIterable
+            from datasets.distributed import split_dataset_by_node
+
             if not isinstance(dataset, HFIterable):
                 raise ValueError(
                     "A torch IterableDataset cannot be sharded across processes by hf_lightning; use a "
