@@ -267,3 +267,11 @@ def test_save_final_model_writes_on_global_zero_only(tmp_path):
     assert {"config.json", "model.safetensors", "training_args.bin"} <= set(os.listdir(folder))
     saved = load_file(str(folder / "model.safetensors"))
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items() if k in saved)
+
+
+def test_gradient_checkpointing_without_support_is_refused_by_name():
+    """HF calls `model.gradient_checkpointing_enable()` and fails on a plain module; we say what to do instead."""
+    with pytest.raises(ValueError, match="`gradient_checkpointing`=True needs a model with"):
+        TransformerModule(torch.nn.Linear(2, 2), hf_lightning.TrainingArguments(gradient_checkpointing=True))
+    module = TransformerModule(tiny_bert(), hf_lightning.TrainingArguments(gradient_checkpointing=True))
+    assert module.model.is_gradient_checkpointing
