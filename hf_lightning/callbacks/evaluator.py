@@ -5,10 +5,11 @@
 evaluator adds it to the dataset's accumulator, and finishes each dataset when the next one starts (HF evaluates
 datasets one after another, each with its `log` and `on_evaluate`) or when the loop ends.
 
-Entry points, each returning what the run produced (an `EvaluationOutput`):
+Entry points, each returning what the run produced:
 
-- `evaluate` / `predict`: `lightning.Trainer.validate` / `predict` for one request (`metric_key_prefix`,
-  `ignore_keys`), as HF's `Trainer.evaluate` / `predict`;
+- `evaluate`: `lightning.Trainer.validate` for one request (`metric_key_prefix`, `ignore_keys`), as HF's
+  `Trainer.evaluate`; an `EvaluationOutput` (every dataset's `EvalResult`, `.metrics` merged as HF returns them);
+- `predict`: `lightning.Trainer.predict`, as HF's `Trainer.predict`; the dataset's `EvalResult`;
 - `evaluate_during_fit`: the validation loop run right now inside `fit`, at an HF evaluation step.
 
 A `validate` / `predict` started by the user directly (`lightning.Trainer.validate(...)`) runs the same code with
