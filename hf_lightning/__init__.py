@@ -35,10 +35,10 @@ if TYPE_CHECKING:
     from hf_lightning.callbacks.flow import HFTrainerFlow
     from hf_lightning.data.datamodule import TransformerDataModule
     from hf_lightning.facade import Trainer
+    from hf_lightning.module import TransformerModule
     from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
     from hf_lightning.seq2seq.module import Seq2SeqTransformerModule
     from hf_lightning.seq2seq.trainer import Seq2SeqTrainer
-    from hf_lightning.module import TransformerModule
 
 
 def __getattr__(name: str) -> Any:

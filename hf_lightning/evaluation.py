@@ -1,56 +1,143 @@
-"""Evaluation as the HF Trainer does it: `prediction_step`, accumulation across batches and processes, metrics.
+"""Evaluation as the HF Trainer does it: `prediction_step`, the metric dict's rules, and what a run returns.
 
-- `hf_prediction_step` is `Trainer.prediction_step` (T:3185-3292).
-- `EvalAccumulator` collects one evaluation run: the batch mean loss repeated per sample (so `eval_loss` is HF's
-  sample-weighted mean of batch means, T:2999/3089; a token-weighted alternative is `eval_loss_weighting="tokens"`),
-  logits after `preprocess_logits_for_metrics`, labels, and optional inputs, kept per batch and concatenated once
-  with -100 padding (HF's `EvalLoopContainer` result). A streaming `compute_metrics` (torchmetrics, see
-  `hf_lightning.metrics`) or `batch_eval_metrics` is fed per batch instead, and no predictions are kept.
-- `finish` gathers the per-rank results in rank order (each rank holds a contiguous, unpadded shard, so the result
-  is in dataset order with no duplicate) and builds HF's metric dict (key order and prefix rule of T:3089-3101),
-  after `check_metrics` rejected non-numeric values and keys colliding with the built-in ones.
+- `hf_prediction_step` is `Trainer.prediction_step` (transformers `trainer.py`, `Trainer.prediction_step`).
+- `check_metrics` / `prefix_metrics`: what `compute_metrics` may return and how its keys get the `eval_` prefix
+  (`Trainer.evaluation_loop`'s renaming), and `check_batch_columns`: a clear error for an eval batch without the
+  model's main input.
+- `concat_padded`: per-batch arrays concatenated once, padded with -100 (the result of HF's `nested_concat`).
+- The value types of a run: `EvalRequest` (what to run), `EvalStep` (what one `validation_step` / `predict_step`
+  returns), `EvalResult` (one finished dataset: HF's `EvalLoopOutput`), `EvaluationOutput` (a whole `evaluate()` /
+  `predict()`), and `EvalSettings` (what the accumulation needs from the module).
+
+The accumulation across batches and processes is in `eval_run.py`.
 """
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
-
-if TYPE_CHECKING:
-    from hf_lightning.module import TransformerModule
+from transformers.trainer_pt_utils import nested_detach
+from transformers.trainer_utils import denumpify_detensorize
+from transformers.utils import can_return_loss
 
 __all__ = [
-    "EvalAccumulator", "EvalResult", "check_batch_columns", "check_metrics", "concat_padded", "hf_prediction_step",
-    "prefix_metrics",
+    "EVAL_LOSS_WEIGHTINGS", "EvalRequest", "EvalResult", "EvalSettings", "EvalStep", "EvaluationOutput",
+    "check_batch_columns", "check_metrics", "concat_padded", "hf_prediction_step", "prefix_metrics",
 ]
+
+# Keys HF puts into every evaluation result; a compute_metrics key landing on one of them would overwrite it.
+BUILT_IN_SUFFIXES = ("loss", "runtime", "samples_per_second", "steps_per_second", "model_preparation_time")
+RESERVED_KEYS = ("epoch", "step", "total_flos")
+EVAL_LOSS_WEIGHTINGS = ("samples", "tokens")
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """What one evaluation or prediction run is asked for (HF's `evaluate` / `predict` arguments).
+
+    Attributes:
+        metric_key_prefix: the metric keys' prefix (`eval`, `test`, ...).
+        ignore_keys: output keys `prediction_step` drops (None: the model config's `keys_to_ignore_at_inference`).
+        is_prediction: a `predict()` run: predictions always kept, no log entry, `on_predict` instead of `on_evaluate`.
+    """
+
+    metric_key_prefix: str = "eval"
+    ignore_keys: list[str] | None = None
+    is_prediction: bool = False
+
+
+@dataclass
+class EvalStep:
+    """What `validation_step` / `predict_step` return: `prediction_step`'s `(loss, logits, labels)`.
+
+    Attributes:
+        generate_inputs: the inputs of each `generate` call the step made (generation evaluation only; the
+            accumulator counts them to even out the calls across processes, see `seq2seq/sync.py`).
+    """
+
+    loss: torch.Tensor | None
+    logits: Any
+    labels: Any
+    generate_inputs: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class EvalResult:
+    """One finished evaluation / prediction of one dataset (HF's `EvalLoopOutput`)."""
+
+    predictions: Any
+    label_ids: Any
+    metrics: dict[str, Any]
+    num_samples: int
+
+
+@dataclass
+class EvaluationOutput:
+    """What one `evaluate()` / `predict()` returned: every dataset's result, in evaluation order.
+
+    Attributes:
+        results: per eval dataset name (`""` for a single unnamed dataset).
+    """
+
+    results: dict[str, EvalResult] = field(default_factory=dict)
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """Every dataset's metrics in one dict, as HF's `evaluate()` returns them for a dict of eval datasets."""
+        merged: dict[str, Any] = {}
+        for result in self.results.values():
+            merged.update(result.metrics)
+        return merged
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What accumulating an evaluation needs to know about the module (all of it passed in, nothing looked up).
+
+    Attributes:
+        args: the training arguments (`include_for_metrics`, `batch_eval_metrics`, `eval_do_concat_batches`,
+            `logging_nan_inf_filter`, `per_device_eval_batch_size`).
+        compute_metrics: `fn(EvalPrediction) -> dict`, a streaming metric, or None.
+        preprocess_logits_for_metrics: `fn(logits, labels) -> tensor`, or None.
+        label_names: the label columns (HF's `label_names`).
+        shift_labels: the model predicts token t + 1 at position t (a causal LM), for token counts.
+        main_input_name: the model's main input column (for `include_for_metrics=["inputs"]`).
+        eval_loss_weighting: "samples" (HF's `eval_loss`) or "tokens" (the mean over every label token).
+    """
+
+    args: Any
+    compute_metrics: Callable[..., Any] | None = None
+    preprocess_logits_for_metrics: Callable[..., Any] | None = None
+    label_names: list[str] = field(default_factory=lambda: ["labels"])
+    shift_labels: bool = False
+    main_input_name: str = "input_ids"
+    eval_loss_weighting: str = "samples"
 
 
 def hf_prediction_step(
-    module: TransformerModule,
+    compute_loss: Callable[..., Any],
+    label_names: list[str],
     model: torch.nn.Module,
     inputs: dict[str, Any],
     prediction_loss_only: bool,
     ignore_keys: list[str] | None,
 ) -> tuple[torch.Tensor | None, Any, Any]:
-    """`Trainer.prediction_step`: loss (if labels), logits without `loss` and ignored keys, labels."""
-    from transformers.trainer_pt_utils import nested_detach
-    from transformers.utils import can_return_loss
+    """`Trainer.prediction_step`: loss (if labels), logits without `loss` and ignored keys, labels.
 
+    `compute_loss` is the `compute_loss(model, inputs, return_outputs=True)` to use (the module's hook).
+    """
     check_batch_columns(model, inputs)
-    label_names = module.label_names
     has_labels = bool(label_names) and all(inputs.get(k) is not None for k in label_names)
     return_loss = inputs.get("return_loss")
     if return_loss is None:
         return_loss = can_return_loss(type(model))
     loss_without_labels = not label_names and return_loss
     if ignore_keys is None:
-        config = getattr(model, "config", None)
+        config = getattr(model, "config", None)  # any nn.Module may be evaluated; only HF models have a config
         ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"])) if config else []
     labels = None
     if has_labels or loss_without_labels:
@@ -58,14 +145,14 @@ def hf_prediction_step(
         labels = labels[0] if len(labels) == 1 else labels
     with torch.no_grad():
         if has_labels or loss_without_labels:
-            loss, outputs = module.compute_loss(model, inputs, return_outputs=True)
+            loss, outputs = compute_loss(model, inputs, return_outputs=True)
             loss = loss.detach().mean()
             skip = [*ignore_keys, "loss"]
-            logits = tuple(v for k, v in outputs.items() if k not in skip) if isinstance(outputs, Mapping) else outputs[1:]
+            logits = _without(outputs, skip) if isinstance(outputs, Mapping) else outputs[1:]
         else:
             loss = None
             outputs = model(**inputs)
-            logits = tuple(v for k, v in outputs.items() if k not in ignore_keys) if isinstance(outputs, Mapping) else outputs
+            logits = _without(outputs, ignore_keys) if isinstance(outputs, Mapping) else outputs
     if prediction_loss_only:
         return loss, None, None
     logits = nested_detach(logits)
@@ -74,19 +161,17 @@ def hf_prediction_step(
     return loss, logits, labels
 
 
+def _without(outputs: Mapping[str, Any], keys: list[str]) -> tuple[Any, ...]:
+    return tuple(v for k, v in outputs.items() if k not in keys)
+
+
 def prefix_metrics(metrics: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """HF's renaming (T:3098-3101): keys not starting with `prefix_` get it, and move after the prefixed ones."""
+    """HF's renaming (`evaluation_loop`): keys not starting with `prefix_` get it, and move after the prefixed ones."""
     out = dict(metrics)
     for key in list(out):
         if not key.startswith(f"{prefix}_"):
             out[f"{prefix}_{key}"] = out.pop(key)
     return out
-
-
-# Keys HF puts into every evaluation result; a compute_metrics key landing on one of them would overwrite it.
-BUILT_IN_SUFFIXES = ("loss", "runtime", "samples_per_second", "steps_per_second", "model_preparation_time")
-RESERVED_KEYS = ("epoch", "step", "total_flos")
-EVAL_LOSS_WEIGHTINGS = ("samples", "tokens")
 
 
 def check_metrics(metrics: Any, prefix: str) -> dict[str, Any]:
@@ -99,8 +184,6 @@ def check_metrics(metrics: Any, prefix: str) -> dict[str, Any]:
         TypeError: not a dict, or a value that is not a scalar number (the key, the value's type and shape).
         ValueError: a key that becomes one of the built-in keys (`<prefix>_loss`, runtime keys, `epoch`, `step`).
     """
-    from transformers.trainer_utils import denumpify_detensorize
-
     if not isinstance(metrics, Mapping):
         raise TypeError(f"`compute_metrics` must return a dict of metric name -> number, got {type(metrics).__name__}.")
     out: dict[str, Any] = {}
@@ -109,13 +192,12 @@ def check_metrics(metrics: Any, prefix: str) -> dict[str, Any]:
             value = value.reshape(()).item()
         value = denumpify_detensorize(value)
         if not isinstance(value, (int, float)):
-            shape = getattr(value, "shape", None)
+            shape = getattr(value, "shape", None)  # any type may come back from user code
             raise TypeError(
                 f"`compute_metrics` returned a non-scalar or non-numeric value for {key!r}: {type(value).__name__}"
                 f"{f' of shape {tuple(shape)}' if shape is not None else ''} ({str(value)[:60]!r}). Every value must "
-                "be "
-                "a single number (int or float, a numpy scalar or a one-element tensor); reduce it (e.g. a mean) or "
-                "log per-class values under separate keys."
+                "be a single number (int or float, a numpy scalar or a one-element tensor); reduce it (e.g. a mean) "
+                "or log per-class values under separate keys."
             )
         name = key if str(key).startswith(f"{prefix}_") else f"{prefix}_{key}"
         if key in RESERVED_KEYS or name in {f"{prefix}_{s}" for s in BUILT_IN_SUFFIXES}:
@@ -134,7 +216,7 @@ def check_batch_columns(model: torch.nn.Module, inputs: Mapping[str, Any]) -> No
 
     Without it the model fails deep in `forward` with a message that names no dataset column.
     """
-    main = getattr(model, "main_input_name", None)
+    main = getattr(model, "main_input_name", None)  # a PreTrainedModel attribute; plain modules have none
     if not isinstance(main, str) or main in inputs or any(str(k).endswith("_embeds") for k in inputs):
         return
     raise ValueError(
@@ -142,23 +224,6 @@ def check_batch_columns(model: torch.nn.Module, inputs: Mapping[str, Any]) -> No
         f"input (`model.main_input_name`); the batch has the columns {sorted(map(str, inputs))}. Add a {main!r} "
         "column to the eval / test dataset (tokenise it), or check the collator."
     )
-
-
-@dataclass
-class EvalResult:
-    """One finished evaluation / prediction run (HF's `EvalLoopOutput`)."""
-
-    predictions: Any
-    label_ids: Any
-    metrics: dict[str, float]
-    num_samples: int
-
-
-def _numpy(value: Any) -> Any:
-    """Detached numpy copy of a (nested) tensor batch: evaluation results live on the CPU, as numpy, like HF's."""
-    from transformers.trainer_pt_utils import nested_detach, nested_numpify
-
-    return None if value is None else nested_numpify(nested_detach(value))
 
 
 def concat_padded(batches: list[Any], padding_index: int = -100) -> Any:
@@ -171,7 +236,8 @@ def concat_padded(batches: list[Any], padding_index: int = -100) -> Any:
     if isinstance(first, (tuple, list)):
         return type(first)(concat_padded([b[i] for b in batches], padding_index) for i in range(len(first)))
     if isinstance(first, Mapping):
-        return type(first)({k: concat_padded([b[k] for b in batches], padding_index) for k in first})
+        mapping_type: Any = type(first)  # the batches' own mapping class (a dict, a `BatchEncoding`...)
+        return mapping_type({k: concat_padded([b[k] for b in batches], padding_index) for k in first})
     arrays = [np.asarray(b) for b in batches]
     if arrays[0].ndim == 0 or all(a.shape[1:] == arrays[0].shape[1:] for a in arrays):
         return np.concatenate(arrays, axis=0) if arrays[0].ndim else np.stack(arrays)
@@ -179,189 +245,6 @@ def concat_padded(batches: list[Any], padding_index: int = -100) -> Any:
     out = np.full((sum(len(a) for a in arrays), *tail), padding_index, dtype=arrays[0].dtype)
     row = 0
     for a in arrays:
-        out[(slice(row, row + len(a)), *(slice(0, n) for n in a.shape[1:]))] = a
+        out[(slice(row, row + len(a)),) + tuple(slice(0, n) for n in a.shape[1:])] = a
         row += len(a)
     return out
-
-
-class EvalAccumulator:
-    """Collects one evaluation (or prediction) run on one process; `finish` gathers and computes the metrics.
-
-    Per batch it keeps the batch's mean loss repeated per sample (HF's `eval_loss` is their mean), and, only when
-    something needs them, the predictions (after `preprocess_logits_for_metrics`), labels and inputs as numpy on the
-    CPU. A streaming `compute_metrics` (torchmetrics, see `hf_lightning.metrics`) is updated per batch instead, so an
-    evaluation keeps no predictions at all; `batch_eval_metrics` likewise (HF's rule).
-
-    Args:
-        module: the module being evaluated (its args, `compute_metrics`, `preprocess_logits_for_metrics`, and
-            `eval_loss_weighting`: "samples" (HF) or "tokens", see `finish`).
-        prediction_loss_only: keep only losses (no logits, labels or metrics).
-        is_prediction: a `predict` run: predictions are always kept (HF's `description == "Prediction"`), and
-            missing labels are normal (no metrics, no loss).
-    """
-
-    def __init__(self, module: TransformerModule, prediction_loss_only: bool, is_prediction: bool = False) -> None:
-        from hf_lightning.metrics import as_streaming_metrics
-
-        self.module = module
-        self.args = module.args
-        self.prediction_loss_only = prediction_loss_only
-        self.is_prediction = is_prediction
-        self.start = time.time()
-        self.losses: list[Any] = []
-        self.preds: list[Any] = []
-        self.labels: list[Any] = []
-        self.inputs: list[Any] = []
-        self.token_loss_sum = 0.0  # sum over batches of mean_loss * label_tokens, for the token-weighted loss
-        self.token_count = 0
-        self.num_batches = 0
-        self.num_samples = 0
-        self._pending_batch: Any = None
-        self.batch_metrics: dict[str, Any] | None = None
-        weighting = getattr(module, "eval_loss_weighting", "samples")
-        if weighting not in EVAL_LOSS_WEIGHTINGS:
-            raise ValueError(f"`eval_loss_weighting` must be one of {EVAL_LOSS_WEIGHTINGS}, got {weighting!r}.")
-        self.weighting = weighting
-        compute = module.compute_metrics
-        self.streaming = None if prediction_loss_only else as_streaming_metrics(compute)
-        if self.streaming is not None:
-            self.streaming.reset(getattr(module, "device", None))
-        self.per_batch = bool(self.args.batch_eval_metrics) and compute is not None and self.streaming is None
-
-    def _keeps_arrays(self) -> bool:
-        return self.is_prediction or (self.streaming is None and not self.per_batch)
-
-    def add(self, batch: Mapping[str, Any], loss: Any, logits: Any, labels: Any) -> None:
-        """Record one batch's `prediction_step` output."""
-        from transformers.trainer_pt_utils import find_batch_size
-
-        batch_size = find_batch_size(batch) or 1
-        self.num_batches += 1
-        self.num_samples += batch_size
-        if loss is not None:
-            # a Python float per batch, expanded at `finish`: a small array kept per batch would pin fragments of
-            # the heap between the large per-batch logits, and a long evaluation's memory would creep up
-            self.losses.append((float(loss.detach().float()), batch_size))
-            if self.weighting == "tokens":
-                self._add_tokens(batch, loss)
-        self._check_labels(batch, labels)
-        if logits is not None and self.module.preprocess_logits_for_metrics is not None:
-            logits = self.module.preprocess_logits_for_metrics(logits, labels)
-        inputs = None
-        if "inputs" in self.args.include_for_metrics:
-            inputs = batch.get(getattr(self.module.model, "main_input_name", "input_ids"))
-        streams = self.streaming is not None and (labels is not None or not self.streaming.needs_labels)
-        if streams and logits is not None:
-            from hf_lightning.metrics import EvalBatch
-
-            self.streaming.update(EvalBatch(preds=logits, labels=labels, inputs=batch, loss=loss))
-        if self.per_batch and logits is not None and labels is not None:
-            self._flush_batch_metrics(compute_result=False)
-            losses = loss.detach().repeat(batch_size) if loss is not None else None
-            self._pending_batch = (logits, labels, batch if inputs is not None else None, losses)
-        if self._keeps_arrays():
-            self.preds.append(_numpy(logits))
-            self.labels.append(_numpy(labels))
-            self.inputs.append(_numpy(inputs))
-
-    def _add_tokens(self, batch: Mapping[str, Any], loss: torch.Tensor) -> None:
-        from hf_lightning.loss import count_label_tokens
-
-        tokens = count_label_tokens(batch, bool(getattr(self.module, "_shift_labels", False)))
-        if tokens is None:
-            raise ValueError(
-                "`eval_loss_weighting='tokens'` needs a `labels` (or `shift_labels`) column in the eval batches to "
-                f"count label tokens; the batch has {sorted(map(str, batch))}. Use eval_loss_weighting='samples'."
-            )
-        count = int(tokens)
-        if count:  # a batch without label tokens has a NaN mean loss and no weight
-            self.token_loss_sum += float(loss.detach().double()) * count
-            self.token_count += count
-
-    def _check_labels(self, batch: Mapping[str, Any], labels: Any) -> None:
-        """An evaluation whose metrics need labels must get them (HF silently skips the metrics instead)."""
-        if labels is not None or self.is_prediction or self.prediction_loss_only or self.module.compute_metrics is None:
-            return
-        if self.streaming is not None and not self.streaming.needs_labels:
-            return
-        raise ValueError(
-            f"`compute_metrics` needs labels, but the eval batch has no label column {self.module.label_names} "
-            f"(`label_names`); the batch has the columns {sorted(map(str, batch))}. Add the labels to the eval "
-            "dataset, set `args.label_names`, or evaluate without `compute_metrics`."
-        )
-
-    def _flush_batch_metrics(self, compute_result: bool) -> None:
-        if self._pending_batch is None:
-            return
-        from transformers.trainer_utils import EvalPrediction
-
-        logits, labels, inputs, losses = self._pending_batch
-        self._pending_batch = None
-        include = self.args.include_for_metrics
-        pred = EvalPrediction(predictions=logits, label_ids=labels, inputs=inputs if "inputs" in include else None,
-                              losses=losses if "loss" in include else None)
-        self.batch_metrics = self.module.compute_metrics(pred, compute_result=compute_result)
-
-    def _world(self) -> int:
-        trainer = self.module._trainer
-        return trainer.world_size if trainer is not None else 1
-
-    def _gathered(self, value: Any) -> Any:
-        """Every rank's value in rank order (ranks hold contiguous shards, so this is dataset order); on every rank."""
-        if self._world() == 1:
-            return [value]
-        parts: list[Any] = [None] * self._world()
-        torch.distributed.all_gather_object(parts, value)
-        return parts
-
-    def _concat(self, batches: list[Any]) -> Any:
-        if not self.args.eval_do_concat_batches:
-            return [b for b in batches if b is not None] or None
-        return concat_padded(batches)
-
-    def finish(self, prefix: str, num_samples: int | None = None) -> EvalResult:
-        """Gather, compute the metrics, and return HF's metric dict with the `prefix_` keys and speed keys.
-
-        `<prefix>_loss` is HF's by default: the sample-weighted mean of the batch mean losses. With
-        `module.eval_loss_weighting = "tokens"` it is the mean over every label token of the eval set
-        (`sum(batch_mean * batch_tokens) / sum(tokens)`), which does not depend on how the samples are batched.
-        """
-        from transformers.trainer_utils import EvalPrediction, speed_metrics
-
-        gathered = self._gathered((self.num_samples, self.losses, self.preds, self.labels, self.inputs,
-                                   self.token_loss_sum, self.token_count))
-        total = sum(part[0] for part in gathered)
-        n = num_samples if num_samples is not None else total
-        pairs = [pair for part in gathered for pair in part[1]]
-        losses = np.repeat(np.array([v for v, _ in pairs], dtype=np.float32), [n for _, n in pairs]) if pairs else None
-        preds = self._concat([b for part in gathered for b in part[2]])
-        labels = self._concat([b for part in gathered for b in part[3]])
-        inputs = self._concat([b for part in gathered for b in part[4]])
-        metrics: dict[str, Any] = {}
-        compute = self.module.compute_metrics
-        if self.streaming is not None:
-            metrics = self.streaming.compute()
-        elif self.per_batch:
-            self._flush_batch_metrics(compute_result=True)
-            metrics = dict(self.batch_metrics or {})
-        elif compute is not None and preds is not None and labels is not None and not self.prediction_loss_only:
-            extra: dict[str, Any] = {}
-            if "inputs" in self.args.include_for_metrics:
-                extra["inputs"] = inputs
-            if "loss" in self.args.include_for_metrics:
-                extra["losses"] = losses
-            metrics = compute(EvalPrediction(predictions=preds, label_ids=labels, **extra))
-        metrics = check_metrics(metrics, prefix)
-        if losses is not None and np.size(losses):
-            if self.weighting == "tokens":
-                tokens = sum(part[6] for part in gathered)
-                metrics[f"{prefix}_loss"] = sum(part[5] for part in gathered) / tokens if tokens else float("nan")
-            else:
-                finite = np.isfinite(losses)
-                if self.args.logging_nan_inf_filter and finite.any():  # HF drops non-finite batch losses (T:3089-3094)
-                    losses = losses[finite]
-                metrics[f"{prefix}_loss"] = losses.mean().item()
-        metrics = prefix_metrics(metrics, prefix)
-        steps = math.ceil(n / (self.args.per_device_eval_batch_size * self._world()))
-        metrics.update(speed_metrics(prefix, self.start, num_samples=n, num_steps=steps))
-        return EvalResult(predictions=preds, label_ids=labels, metrics=metrics, num_samples=n)

@@ -13,23 +13,55 @@ from typing import Any
 
 import lightning.pytorch as pl
 from torch import nn
+from transformers import set_seed
+from transformers.trainer_utils import PredictionOutput, TrainOutput
+from transformers.utils import logging as hf_logging
 
 from hf_lightning.args import TrainingArguments
-from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, is_hf_callback, split_callbacks
-from hf_lightning.resume.find import resolve_resume
-from hf_lightning.data.datamodule import TransformerDataModule
+from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
+from hf_lightning.checkpointing.final_model import save_final_model
+from hf_lightning.data.datamodule import TransformerDataModule
+from hf_lightning.data.sampling import dataset_length
+from hf_lightning.evaluation import EVAL_LOSS_WEIGHTINGS
+from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, is_hf_callback, split_callbacks
+from hf_lightning.metrics import is_streaming_metric
 from hf_lightning.module import TransformerModule
+from hf_lightning.resume.find import resolve_resume
 
 __all__ = ["Trainer"]
 
 
-def _has_length(dataset: Any) -> bool:
-    """HF's `has_length`: whether `len(dataset)` works (an `IterableDataset` has none)."""
-    try:
-        return len(dataset) is not None
-    except (TypeError, AttributeError, NotImplementedError):
-        return False
+def _check_arguments(
+    args: TrainingArguments, train_dataset: Any, eval_dataset: Any, compute_metrics: Any, eval_loss_weighting: str
+) -> None:
+    """The constructor's checks of the arguments against each other, with HF's words where HF makes them.
+
+    Raises:
+        ValueError: an unsized `train_dataset` without `max_steps`; an `eval_strategy` without `eval_dataset`; an
+            unknown `eval_loss_weighting`; a `batch_eval_metrics` function without `compute_result`.
+    """
+    if train_dataset is not None and dataset_length(train_dataset) is None and args.max_steps <= 0:
+        # HF raises this in `Trainer.__init__` (T:728-733), not at `train()`: same place, same words.
+        raise ValueError(
+            "The train_dataset does not implement __len__, so the number of training steps cannot be inferred; "
+            "max_steps has to be specified. The total number of steps must be known in advance to bound the "
+            f"training loop and to configure the learning rate scheduler (got max_steps={args.max_steps})."
+        )
+    if args.eval_strategy != "no" and eval_dataset is None:
+        raise ValueError(
+            f"You have set `args.eval_strategy` to {args.eval_strategy} but you didn't pass an "
+            "`eval_dataset` to `Trainer`. Either set `args.eval_strategy` to `no` or pass an `eval_dataset`."
+        )
+    if eval_loss_weighting not in EVAL_LOSS_WEIGHTINGS:
+        raise ValueError(f"`eval_loss_weighting` must be one of {EVAL_LOSS_WEIGHTINGS}, got {eval_loss_weighting!r}.")
+    if args.batch_eval_metrics and compute_metrics is not None and not is_streaming_metric(compute_metrics) \
+            and "compute_result" not in inspect.signature(compute_metrics).parameters:
+        raise ValueError(
+            "When using `batch_eval_metrics`, your `compute_metrics` function must take a `compute_result`"
+            " boolean argument which will be triggered after the last batch of the eval set to signal that"
+            " the summary statistics should be returned by the function."
+        )
 
 
 class Trainer:
@@ -75,44 +107,23 @@ class Trainer:
         lightning_kwargs: dict[str, Any] | None = None,
         eval_loss_weighting: str = "samples",
     ) -> None:
-        from transformers import set_seed
-
         self.args = self._resolve_args(args)
-        from transformers.utils import logging as hf_logging
-
         hf_logging.set_verbosity(self.args.get_process_log_level())  # as HF's Trainer.__init__ does
         set_seed(self.args.seed)
-        if model is None and model_init is None:
-            raise ValueError("`Trainer` requires either a `model` or `model_init` argument (both are None).")
         if model is None:
+            if model_init is None:
+                raise ValueError("`Trainer` requires either a `model` or `model_init` argument (both are None).")
             model = model_init()
-        if train_dataset is not None and not _has_length(train_dataset) and self.args.max_steps <= 0:
-            # HF raises this in `Trainer.__init__` (T:728-733), not at `train()`: same place, same words.
-            raise ValueError(
-                "The train_dataset does not implement __len__, so the number of training steps cannot be inferred; "
-                "max_steps has to be specified. The total number of steps must be known in advance to bound the "
-                f"training loop and to configure the learning rate scheduler (got max_steps={self.args.max_steps})."
-            )
-        if self.args.eval_strategy != "no" and eval_dataset is None:
-            raise ValueError(
-                f"You have set `args.eval_strategy` to {self.args.eval_strategy} but you didn't pass an "
-                "`eval_dataset` to `Trainer`. Either set `args.eval_strategy` to `no` or pass an `eval_dataset`."
-            )
-        from hf_lightning.evaluation import EVAL_LOSS_WEIGHTINGS
-        from hf_lightning.metrics import is_streaming_metric
-
-        if eval_loss_weighting not in EVAL_LOSS_WEIGHTINGS:
-            raise ValueError(
-                f"`eval_loss_weighting` must be one of {EVAL_LOSS_WEIGHTINGS}, got {eval_loss_weighting!r}."
-            )
+        _check_arguments(self.args, train_dataset, eval_dataset, compute_metrics, eval_loss_weighting)
         self.eval_loss_weighting = eval_loss_weighting
-        if self.args.batch_eval_metrics and compute_metrics is not None and not is_streaming_metric(compute_metrics):
-            if "compute_result" not in inspect.signature(compute_metrics).parameters:
-                raise ValueError(
-                    "When using `batch_eval_metrics`, your `compute_metrics` function must take a `compute_result`"
-                    " boolean argument which will be triggered after the last batch of the eval set to signal that"
-                    " the summary statistics should be returned by the function."
-                )
+        plain_function = compute_metrics is not None and not is_streaming_metric(compute_metrics)
+        if self.args.batch_eval_metrics and plain_function and compute_metrics is not None \
+                and "compute_result" not in inspect.signature(compute_metrics).parameters:
+            raise ValueError(
+                "When using `batch_eval_metrics`, your `compute_metrics` function must take a `compute_result`"
+                " boolean argument which will be triggered after the last batch of the eval set to signal that"
+                " the summary statistics should be returned by the function."
+            )
         self.model = model
         self.model_init = model_init
         self.processing_class = processing_class
@@ -128,8 +139,9 @@ class Trainer:
         self.lightning_kwargs = dict(lightning_kwargs or {})
         self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs)
         self.module = self._build_module(model)
-        self.flow.handler.model = model
-        self.flow.control = self.flow.handler.call("on_init_end", self.args, self.flow.state, self.flow.control)
+        self.lightning_trainer: pl.Trainer | None = None
+        """The `lightning.Trainer` of the last `train()` / `evaluate()` / `predict()` call."""
+        self.flow.hf_init_end(model)
 
     @staticmethod
     def _resolve_args(args: Any) -> TrainingArguments:
@@ -137,8 +149,6 @@ class Trainer:
             return TrainingArguments(output_dir="tmp_trainer")
         if isinstance(args, TrainingArguments):
             return args
-        from hf_lightning.args.from_transformers import from_hf_training_arguments
-
         return from_hf_training_arguments(args)
 
     def _build_module(self, model: nn.Module) -> TransformerModule:
@@ -150,7 +160,9 @@ class Trainer:
         return module
 
     def _lightning_trainer(self) -> pl.Trainer:
-        return build_lightning_trainer(self.flow, self._lightning_callbacks, self._trainer_kwargs)
+        """A fresh `lightning.Trainer` for one run (a Lightning trainer runs one fit / validate / predict)."""
+        self.lightning_trainer = build_lightning_trainer(self.flow, self._lightning_callbacks, self._trainer_kwargs)
+        return self.lightning_trainer
 
     @property
     def state(self) -> Any:
@@ -179,7 +191,7 @@ class Trainer:
         self.pop_callback(callback)
 
     # ----- the HF methods -----
-    def train(self, resume_from_checkpoint: str | bool | None = None) -> Any:
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
         """Train; returns `TrainOutput(global_step, training_loss, metrics)`.
 
         Args:
@@ -191,26 +203,14 @@ class Trainer:
                 checkpoints of another run (see README "Checkpoints and resume").
             FileNotFoundError: the checkpoint folder does not exist or is incomplete (names the missing file).
         """
-        from transformers import set_seed
-        from transformers.trainer_utils import TrainOutput
-
         if self.model_init is not None:
             set_seed(self.args.seed)
             self.model = self.model_init()
             self.module = self._build_module(self.model)
             self.flow.handler.model = self.model
-        self.flow.resume_from_checkpoint = self._resolve_resume(resume_from_checkpoint) or False
-        self.lightning_trainer = self._lightning_trainer()
-        try:  # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path
-            self.lightning_trainer.fit(self.module, datamodule=self.datamodule)
-        finally:
-            self.flow.resume_from_checkpoint = None
-        metrics = dict(getattr(self.flow, "train_metrics", {}))
-        metrics["epoch"] = self.state.epoch
-        return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
-
-    def _resolve_resume(self, resume_from_checkpoint: str | bool | None) -> str | None:
-        return resolve_resume(self.args, resume_from_checkpoint)
+        resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
+        # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path
+        return self.flow.fit(self._lightning_trainer(), self.module, self.datamodule, resume_from_checkpoint=resume)
 
     def evaluate(
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
@@ -221,26 +221,15 @@ class Trainer:
             datamodule = self._datamodule_with(eval_dataset=eval_dataset)
         if not datamodule.eval_datasets:
             raise ValueError("Trainer: evaluation requires an eval_dataset (pass one to `evaluate` or `Trainer`).")
-        self.module.eval_ignore_keys = ignore_keys
-        self.flow.eval_prefix = metric_key_prefix
-        try:
-            self._lightning_trainer().validate(self.module, datamodule=datamodule, verbose=False)
-        finally:
-            self.flow.eval_prefix = "eval"
-            self.module.eval_ignore_keys = None
-        return dict(self.flow.last_eval_metrics)
+        output = self.flow.evaluate(self._lightning_trainer(), self.module, datamodule, ignore_keys, metric_key_prefix)
+        return output.metrics
 
-    def predict(self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test") -> Any:
+    def predict(
+        self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
+    ) -> PredictionOutput:
         """Predict on `test_dataset`; returns `PredictionOutput(predictions, label_ids, metrics)`, logs nothing."""
-        from transformers.trainer_utils import PredictionOutput
-
         datamodule = self._datamodule_with(predict_dataset=test_dataset)
-        self.module.eval_ignore_keys = ignore_keys
-        try:
-            self._lightning_trainer().predict(self.module, datamodule=datamodule, return_predictions=False)
-        finally:
-            self.module.eval_ignore_keys = None
-        result = self.flow.last_prediction(metric_key_prefix, len(test_dataset) if hasattr(test_dataset, "__len__") else None)
+        result = self.flow.predict(self._lightning_trainer(), self.module, datamodule, ignore_keys, metric_key_prefix)
         return PredictionOutput(predictions=result.predictions, label_ids=result.label_ids, metrics=result.metrics)
 
     def _datamodule_with(self, **datasets: Any) -> TransformerDataModule:
@@ -253,17 +242,10 @@ class Trainer:
         )
 
     def save_model(self, output_dir: str | None = None) -> None:
-        """Write the model (and tokenizer, `training_args.bin`) to `output_dir` (default: `args.output_dir`)."""
-        import torch
+        """Write the model (and tokenizer, `training_args.bin`) to `output_dir` (default: `args.output_dir`).
 
-        from hf_lightning.checkpointing.io import save_model_files
-
-        from hf_lightning.checkpointing.distributed import full_model_state_dict
-
-        target = output_dir or self.args.resolved_output_dir
-        full_state = full_model_state_dict(self.model)  # FSDP2: a collective on every rank
-        trainer = getattr(self, "lightning_trainer", None)
-        if trainer is not None and not trainer.is_global_zero:
-            return
-        save_model_files(self.model, target, self.processing_class, state_dict=full_state)
-        torch.save(self.args, f"{target}/training_args.bin")
+        Under FSDP2 call it on every process (the full weights are gathered); the global-zero process writes.
+        """
+        trainer = self.lightning_trainer
+        save_final_model(self.model, output_dir or self.args.resolved_output_dir, self.processing_class, self.args,
+                         is_global_zero=trainer is None or trainer.is_global_zero)

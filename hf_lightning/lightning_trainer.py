@@ -7,21 +7,19 @@ so a behaviour cannot exist in one of them only.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    import lightning.pytorch as pl
+import lightning.pytorch as pl
+from transformers import TrainerCallback
 
-    from hf_lightning.args import TrainingArguments
-    from hf_lightning.callbacks.flow import HFTrainerFlow
+from hf_lightning.args import TrainingArguments
+from hf_lightning.callbacks.flow import HFTrainerFlow
 
 __all__ = ["is_hf_callback", "split_callbacks", "build_flow", "build_lightning_trainer"]
 
 
 def is_hf_callback(callback: Any) -> bool:
     """Whether `callback` is a `transformers.TrainerCallback` instance or class (else: a Lightning callback)."""
-    from transformers import TrainerCallback
-
     if isinstance(callback, type):
         return issubclass(callback, TrainerCallback)
     return isinstance(callback, TrainerCallback)
@@ -35,8 +33,6 @@ def split_callbacks(callbacks: list[Any] | None) -> tuple[list[Any], list[Any]]:
 
 def build_flow(args: TrainingArguments, hf_callbacks: list[Any] | None, processing_class: Any) -> HFTrainerFlow:
     """The `HFTrainerFlow` callback for these arguments and HF callbacks."""
-    from hf_lightning.callbacks.flow import HFTrainerFlow
-
     return HFTrainerFlow(args, list(hf_callbacks or []), processing_class)
 
 
@@ -47,8 +43,6 @@ def build_lightning_trainer(
 
     `trainer_kwargs` is the output of `args.to_lightning.lightning_trainer_kwargs`.
     """
-    import lightning.pytorch as pl
-
     kwargs = dict(trainer_kwargs)
     extra = kwargs.pop("callbacks", None) or []
     extra = extra if isinstance(extra, list) else [extra]

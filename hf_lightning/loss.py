@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 __all__ = [
     "count_label_tokens",
@@ -45,8 +47,6 @@ def model_accepts_loss_kwargs(model: nn.Module) -> bool:
 
 def is_causal_lm(model: nn.Module) -> bool:
     """Whether HF's label smoother shifts labels for this model (its class is a registered causal LM)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     return unwrap_model(model)._get_name() in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
 
 
@@ -59,13 +59,8 @@ def loss_shifts_labels(model: nn.Module) -> bool:
     model = unwrap_model(model)
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         return False
-    try:
-        from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
-
-        if LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss:
-            return True
-    except ImportError:  # pragma: no cover - older transformers
-        pass
+    if LOSS_MAPPING.get(str(getattr(model, "loss_type", None))) is ForCausalLMLoss:
+        return True
     return is_causal_lm(model)
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torchmetrics import Metric, MetricCollection
 
 __all__ = ["CombinedMetrics", "EvalBatch", "StreamingMetrics", "as_streaming_metrics", "is_streaming_metric"]
 
@@ -62,13 +63,7 @@ class EvalBatch:
 
 def is_streaming_metric(obj: Any) -> bool:
     """Whether `compute_metrics` is a streaming metric (torchmetrics `Metric`, `MetricCollection` or an adapter)."""
-    if isinstance(obj, StreamingMetrics):
-        return True
-    try:
-        from torchmetrics import Metric, MetricCollection
-    except ImportError:  # torchmetrics is a Lightning dependency, but stay importable without it
-        return False
-    return isinstance(obj, (Metric, MetricCollection))
+    return isinstance(obj, (StreamingMetrics, Metric, MetricCollection))
 
 
 def as_streaming_metrics(obj: Any) -> StreamingMetrics | None:
@@ -107,8 +102,6 @@ class StreamingMetrics:
         name: str | None = None,
         needs_labels: bool | None = None,
     ) -> None:
-        from torchmetrics import Metric, MetricCollection
-
         if not isinstance(metric, (Metric, MetricCollection)):
             raise TypeError(
                 "StreamingMetrics needs a torchmetrics Metric or MetricCollection, got "

@@ -9,20 +9,32 @@ Gradient accumulation is token-correct for every model: the built-in `compute_lo
 `mean_loss * tokens_in_micro_batch / tokens_in_window` (the window's `num_items_in_batch`), which equals HF's
 `sum / num_items_in_batch` for models that honour it and fixes those that ignore it (BERT classifiers in
 transformers 5 get GA-times too large losses under HF; see README "Differences").
+
+The module implements `hf_lightning.contracts.FlowModule`: `HFTrainerFlow` ends epochs through
+`request_epoch_stop`, and evaluation steps return an `EvalStep` that the flow's evaluator accumulates.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import ParallelStrategy
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
+from transformers.trainer_pt_utils import LabelSmoother
+from typing_extensions import override
 
+from hf_lightning._lightning_compat import attached_trainer, callbacks_of, grad_scaler, optimizer_unscales_itself
 from hf_lightning.args import TrainingArguments
-from hf_lightning.evaluation import EvalAccumulator
+from hf_lightning.contracts import HFStepHooks, TrainingStepListener, TrainingStepOutput
+from hf_lightning.data.collate import find_label_names
+from hf_lightning.eval_run import EvalAccumulator
+from hf_lightning.evaluation import EvalRequest, EvalSettings, EvalStep, hf_prediction_step
 from hf_lightning.loss import (
     count_label_tokens,
     is_causal_lm,
@@ -33,6 +45,8 @@ from hf_lightning.loss import (
 from hf_lightning.optim import build_optimizer, build_scheduler
 
 __all__ = ["TransformerModule"]
+
+StepEvent = Literal["on_substep_end", "on_pre_optimizer_step", "on_optimizer_step"]
 
 
 class TransformerModule(pl.LightningModule):
@@ -83,38 +97,50 @@ class TransformerModule(pl.LightningModule):
         self.processing_class = processing_class
         self._user_optimizers = optimizers
         self.model_accepts_loss_kwargs = model_accepts_loss_kwargs(model)
-        self._shift_labels = loss_shifts_labels(model)
-        from hf_lightning.data.collate import find_label_names
-
+        self.shift_labels = loss_shifts_labels(model)
+        """Whether the model's loss predicts `labels[..., 1:]` (label tokens are counted accordingly)."""
         self.label_names = self.args.label_names if self.args.label_names is not None else find_label_names(model)
         self.label_smoother = self._make_label_smoother()
-        config = getattr(model, "config", None)
+        config = getattr(model, "config", None)  # any nn.Module is accepted; only HF models have a config
         if config is not None and hasattr(config, "use_cache"):
             config.use_cache = self.args.use_cache  # HF 5 forces args.use_cache onto the config (T:645-646)
-        if self.args.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable()
-        self.epoch_stop_requested = False
-        self.last_grad_norm: torch.Tensor | None = None
+        if self.args.gradient_checkpointing:
+            enable = getattr(model, "gradient_checkpointing_enable", None)  # a PreTrainedModel (or PEFT) method
+            if not callable(enable):
+                raise ValueError(
+                    f"`gradient_checkpointing`=True needs a model with `gradient_checkpointing_enable()` (a "
+                    f"transformers PreTrainedModel); {type(model).__name__} has none. Set gradient_checkpointing=False "
+                    "or enable checkpointing in the model yourself."
+                )
+            enable()
+        self._epoch_stop_requested = False
+        self._grad_norm: torch.Tensor | None = None
         self._trainable: list[nn.Parameter] | None = None
-        self.last_learning_rate: float | None = None
-        self.eval_accumulators: dict[int, EvalAccumulator] = {}
-        self.eval_ignore_keys: list[str] | None = None
+        self._step_listeners: list[TrainingStepListener] = []
+        self._eval_request = EvalRequest()
 
-    def _make_label_smoother(self) -> Any:
+    def _make_label_smoother(self) -> LabelSmoother | None:
         if not self.args.label_smoothing_factor:
             return None
         if getattr(getattr(self.model, "config", None), "problem_type", None) == "multi_label_classification":
-            import warnings
-
-            warnings.warn("Label smoothing is not compatible with multi-label classification; disabled.", UserWarning)
+            warnings.warn("Label smoothing is not compatible with multi-label classification; disabled.", UserWarning,
+                          stacklevel=3)
             return None
-        from transformers.trainer_pt_utils import LabelSmoother
-
         return LabelSmoother(epsilon=self.args.label_smoothing_factor)
 
+    @override
     def forward(self, **inputs: Any) -> Any:
         """Calls the wrapped model."""
         return self.model(**inputs)
+
+    @property
+    def hooks(self) -> HFStepHooks:
+        """The owner of the `compute_loss` / `prediction_step` the steps call: this module.
+
+        Every step calls the two hooks through this one object, so an owner with the same signatures (a
+        `transformers.Trainer`-style subclass) can take them over in one place.
+        """
+        return self
 
     # ----- the two HF hooks -----
     def compute_loss(
@@ -135,14 +161,14 @@ class TransformerModule(pl.LightningModule):
         outputs = model(**inputs)
         if self.compute_loss_func is not None:
             loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-        elif labels is not None:
+        elif labels is not None and self.label_smoother is not None:
             loss = self.label_smoother(
                 outputs, labels, shift_labels=is_causal_lm(model), num_items_in_batch=num_items_in_batch
             )
         else:
             loss = loss_from_outputs(outputs, inputs)
             if num_items_in_batch is not None:
-                tokens = count_label_tokens(inputs, self._shift_labels)
+                tokens = count_label_tokens(inputs, self.shift_labels)
                 if tokens is not None:
                     share = tokens.to(loss.dtype) / torch.as_tensor(num_items_in_batch, device=loss.device)
                     # A micro-batch without label tokens has a NaN mean loss (0/0) in most models; its share of the
@@ -158,9 +184,8 @@ class TransformerModule(pl.LightningModule):
         ignore_keys: list[str] | None = None,
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """HF's `Trainer.prediction_step` (T:3185-3292): returns `(loss, logits, labels)`."""
-        from hf_lightning.evaluation import hf_prediction_step
-
-        return hf_prediction_step(self, model, inputs, prediction_loss_only, ignore_keys)
+        return hf_prediction_step(self.hooks.compute_loss, self.label_names, model, inputs, prediction_loss_only,
+                                  ignore_keys)
 
     # ----- training -----
     def _loss_is_scaled(self, num_items: torch.Tensor | None) -> bool:
@@ -179,63 +204,70 @@ class TransformerModule(pl.LightningModule):
 
     def _window_num_items(self, window: list[Mapping[str, Any]]) -> tuple[torch.Tensor | None, bool]:
         """HF's `num_items_in_batch` over the whole window, summed over processes when averaging across devices."""
-        counts = [count_label_tokens(micro, self._shift_labels) for micro in window]
+        counts = [count_label_tokens(micro, self.shift_labels) for micro in window]
         if any(c is None for c in counts):
             return None, False
-        total = torch.stack(counts).sum()
+        total = torch.stack([c for c in counts if c is not None]).sum()
         if self.args.average_tokens_across_devices and self.trainer.world_size > 1:
             return self.trainer.strategy.reduce(total, reduce_op="sum"), True
         return total, False
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | dict[str, torch.Tensor]:
-        """One optimizer update over a window of micro-batches.
-
-        Returns the update's loss; with several micro-batches, `{"loss": sum, "micro_losses": per micro-batch}` so
-        the logging callback can apply HF's `logging_nan_inf_filter` to each micro-batch loss as HF does.
-        """
-        window = [batch] if isinstance(batch, Mapping) else list(batch)
+    def _normalisation(self, window: list[Mapping[str, Any]]) -> tuple[torch.Tensor | None, bool, int]:
+        """`(num_items_in_batch, loss already scaled over the window, factor for a process-global count)`."""
         if len(window) == 1 and self._plain_model_loss and self.trainer.world_size == 1:
             # One micro-batch on one process: the token-weighted window mean is the model's own mean loss, so
             # skip the count and the rescale (they cost a few kernels per update on small models).
-            num_items, is_global, scaled = None, False, True
-        else:
-            num_items, is_global = self._window_num_items(window)
-            scaled = self._loss_is_scaled(num_items)
-        world_factor = self.trainer.world_size if (scaled and is_global) else 1
+            return None, True, 1
+        num_items, is_global = self._window_num_items(window)
+        scaled = self._loss_is_scaled(num_items)
+        return num_items, scaled, self.trainer.world_size if (scaled and is_global) else 1
+
+    @override
+    def training_step(self, batch: Any, batch_idx: int) -> TrainingStepOutput:
+        """One optimizer update over a window of micro-batches.
+
+        Returns the update's loss, each micro-batch's loss (so the flow applies HF's `logging_nan_inf_filter` per
+        micro-batch), the gradient norm before clipping and the learning rate the update used.
+        """
+        window = [batch] if isinstance(batch, Mapping) else list(batch)
+        num_items, scaled, world_factor = self._normalisation(window)
         optimizer = self.optimizers()
+        if isinstance(optimizer, list):
+            raise TypeError(f"TransformerModule steps one optimizer; configure_optimizers returned {len(optimizer)}.")
         micro_losses: list[torch.Tensor] = []
         strategy = self.trainer.strategy
+        block_sync = strategy.block_backward_sync if isinstance(strategy, ParallelStrategy) else nullcontext
+        self._grad_norm = None
 
         def closure() -> None:
             micro_losses.clear()  # a closure is called once, but an optimizer may call it again (LBFGS)
             for i, micro in enumerate(window):
                 last = i == len(window) - 1
                 # Gradients are all-reduced once per update: skip the sync on every micro-batch but the last.
-                blocked = not last and hasattr(strategy, "block_backward_sync")
-                with strategy.block_backward_sync() if blocked else nullcontext():
-                    loss = self.compute_loss(self.model, dict(micro), num_items_in_batch=num_items)
+                with block_sync() if not last else nullcontext():
+                    loss = self.hooks.compute_loss(self.model, dict(micro), num_items_in_batch=num_items)
                     if not scaled and len(window) > 1:
                         loss = loss / len(window)
                     self.manual_backward(loss * world_factor)
                 # HF logs the per-process share times the world size, averaged over processes: the global mean.
                 micro_losses.append(loss.detach() * world_factor)
                 if not last:
-                    self._hf_event("on_substep_end")
+                    self._step_event("on_substep_end")
 
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        scaler = grad_scaler(self.trainer)
         scale_before = scaler.get_scale() if scaler is not None else None
         optimizer.step(closure=closure)
-        self._hf_event("on_optimizer_step")
+        self._step_event("on_optimizer_step")
         scheduler = self.lr_schedulers()
-        self.last_learning_rate = self._current_lr(optimizer, scheduler)
+        learning_rate = self._current_lr(optimizer, scheduler)
         skipped = scaler is not None and scaler.get_scale() < scale_before
-        if scheduler is not None and not skipped and not self._is_plateau(scheduler):
+        # a plateau scheduler is stepped after evaluations, on the eval metric (callbacks/best_model.py)
+        if isinstance(scheduler, LRScheduler) and not skipped and not self._is_plateau(scheduler):
             scheduler.step()
         optimizer.zero_grad()
-        if len(micro_losses) == 1:
-            return micro_losses[0]
         stacked = torch.stack(micro_losses)
-        return {"loss": stacked.sum(), "micro_losses": stacked}
+        return {"loss": stacked.sum(), "micro_losses": stacked, "grad_norm": self._grad_norm,
+                "learning_rate": learning_rate}
 
     @staticmethod
     def _is_plateau(scheduler: Any) -> bool:
@@ -243,23 +275,26 @@ class TransformerModule(pl.LightningModule):
 
     def _current_lr(self, optimizer: Any, scheduler: Any) -> float:
         """The LR the update just used (HF reads it after `optimizer.step()`, before `scheduler.step()`)."""
-        if scheduler is not None and not self._is_plateau(scheduler) and hasattr(scheduler, "get_last_lr"):
+        if isinstance(scheduler, LRScheduler) and not self._is_plateau(scheduler):
             return float(scheduler.get_last_lr()[0])
         return float(optimizer.param_groups[0]["lr"])
 
+    @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Clip (after AMP unscaling) and keep the pre-clip norm for logging; then HF's `on_pre_optimizer_step`."""
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
-            scaler.unscale_(optimizer)  # fused optimizers unscale inside step(); clipping needs true gradients now
+        scaler = grad_scaler(self.trainer)
+        # Lightning unscales before this hook, except for optimizers that unscale inside step(); clipping needs
+        # true gradients now
+        if scaler is not None and optimizer_unscales_itself(optimizer):
+            scaler.unscale_(optimizer)
         if self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:
             # `clip_grad_norm_` itself skips parameters without a gradient
-            self.last_grad_norm = torch.nn.utils.clip_grad_norm_(self._trainable_params(), self.args.max_grad_norm)
+            self._grad_norm = torch.nn.utils.clip_grad_norm_(self._trainable_params(), self.args.max_grad_norm)
         else:
             grads = [p.grad for p in self._trainable_params() if p.grad is not None]
             if grads:
-                self.last_grad_norm = torch.nn.utils.get_total_norm(grads)
-        self._hf_event("on_pre_optimizer_step")
+                self._grad_norm = torch.nn.utils.get_total_norm(grads)
+        self._step_event("on_pre_optimizer_step")
 
     def _trainable_params(self) -> list[nn.Parameter]:
         """The parameters that can get a gradient, listed once per fit (walking the module tree costs per update)."""
@@ -276,27 +311,38 @@ class TransformerModule(pl.LightningModule):
             and self.label_smoother is None
         )
 
-    def _hf_event(self, name: str) -> None:
-        """Forward a step-internal HF event to callbacks that translate them (see `callbacks/hf_bridge.py`)."""
-        if self._trainer is None:
+    def _step_event(self, name: StepEvent) -> None:
+        """Tell the trainer's `TrainingStepListener` callbacks (the flow) about an HF event inside the update."""
+        trainer = attached_trainer(self)
+        if trainer is None:
             return
-        for callback in self.trainer.callbacks:
-            handler = getattr(callback, "on_hf_event", None)
-            if handler is not None:
-                handler(self.trainer, self, name)
+        for listener in self._step_listeners:
+            getattr(listener, name)(trainer, self)  # one of the three methods of the protocol, by its `StepEvent` name
 
+    def request_epoch_stop(self) -> None:
+        """End the current epoch before the next batch (an HF `control.should_epoch_stop`; see `FlowModule`)."""
+        self._epoch_stop_requested = True
+
+    @override
+    def on_train_epoch_start(self) -> None:
+        self._epoch_stop_requested = False
+
+    @override
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> int | None:
-        """Honour an HF `control.should_epoch_stop`: returning -1 makes Lightning end the epoch here."""
-        if self.epoch_stop_requested:
-            self.epoch_stop_requested = False
+        """Honour `request_epoch_stop`: returning -1 makes Lightning end the epoch here."""
+        if self._epoch_stop_requested:
+            self._epoch_stop_requested = False
             return -1
         return None
 
+    @override
     def on_train_start(self) -> None:
         """`from_pretrained` returns a model in eval mode; HF trains with dropout on, so do we."""
         self.model.train()
         self._trainable = None  # parameters may have been frozen or replaced since the last fit
+        self._step_listeners = [cb for cb in callbacks_of(self.trainer) if isinstance(cb, TrainingStepListener)]
 
+    @override
     def configure_optimizers(self) -> Any:
         """HF's optimizer and scheduler, or the user's pair; the scheduler steps once per update."""
         max_steps = self.trainer.max_steps
@@ -312,29 +358,41 @@ class TransformerModule(pl.LightningModule):
             scheduler = build_scheduler(optimizer, self.args, max_steps)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
-    # ----- evaluation and prediction -----
-    def _accumulator(
-        self, dataloader_idx: int, prediction_loss_only: bool, is_prediction: bool = False
-    ) -> EvalAccumulator:
-        if dataloader_idx not in self.eval_accumulators:
-            self.eval_accumulators[dataloader_idx] = EvalAccumulator(self, prediction_loss_only, is_prediction)
-        return self.eval_accumulators[dataloader_idx]
+    # ----- evaluation and prediction (driven by HFTrainerFlow's evaluator) -----
+    def eval_settings(self) -> EvalSettings:
+        """What the evaluation accumulators need from this module."""
+        return EvalSettings(
+            args=self.args, compute_metrics=self.compute_metrics,
+            preprocess_logits_for_metrics=self.preprocess_logits_for_metrics, label_names=list(self.label_names),
+            shift_labels=self.shift_labels, main_input_name=getattr(self.model, "main_input_name", "input_ids"),
+            eval_loss_weighting=self.eval_loss_weighting,
+        )
 
-    def on_validation_epoch_start(self) -> None:
-        """Start fresh accumulators for this evaluation."""
-        self.eval_accumulators = {}
+    def prediction_loss_only(self, is_prediction: bool) -> bool:
+        """HF's rule: `predict` keeps logits unless `args.prediction_loss_only`; `evaluate` also without metrics."""
+        return bool(self.args.prediction_loss_only) or (not is_prediction and self.compute_metrics is None)
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        """HF evaluation: `prediction_step`, then accumulate loss / logits / labels for `compute_metrics`."""
-        loss_only = self.args.prediction_loss_only or self.compute_metrics is None
-        acc = self._accumulator(dataloader_idx, loss_only)
-        acc.add(batch, *self.prediction_step(self.model, dict(batch), loss_only, self.eval_ignore_keys))
+    def start_eval_run(self, request: EvalRequest) -> None:
+        """The run's `ignore_keys` apply to the following evaluation / prediction steps (see `FlowModule`)."""
+        self._eval_request = request
 
-    def on_predict_epoch_start(self) -> None:
-        """Start a fresh accumulator for this prediction run."""
-        self.eval_accumulators = {}
+    def new_eval_accumulator(self, is_prediction: bool, world_size: int, loader: Any) -> EvalAccumulator:
+        """A fresh accumulator for one dataset of an evaluation / prediction run (see `FlowModule`)."""
+        return EvalAccumulator(self.eval_settings(), self.prediction_loss_only(is_prediction), is_prediction,
+                               world_size, self.device)
 
-    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        """HF prediction: like evaluation, with `args.prediction_loss_only` (default False)."""
-        acc = self._accumulator(dataloader_idx, self.args.prediction_loss_only, is_prediction=True)
-        acc.add(batch, *self.prediction_step(self.model, dict(batch), self.args.prediction_loss_only, self.eval_ignore_keys))
+    def _eval_step(self, batch: Mapping[str, Any], is_prediction: bool) -> EvalStep:
+        loss_only = self.prediction_loss_only(is_prediction)
+        return EvalStep(*self.hooks.prediction_step(self.model, dict(batch), loss_only, self._eval_request.ignore_keys))
+
+    @override
+    def validation_step(  # type: ignore[override]  # Lightning types step outputs as tensors / mappings
+        self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0
+    ) -> EvalStep:
+        """HF evaluation of one batch: `prediction_step`'s `(loss, logits, labels)`, accumulated by the flow."""
+        return self._eval_step(batch, is_prediction=False)
+
+    @override
+    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> EvalStep:
+        """HF prediction of one batch: like evaluation, with `args.prediction_loss_only` (default False)."""
+        return self._eval_step(batch, is_prediction=True)

@@ -3,19 +3,23 @@
 - Parameter groups (T:1269-1286, T:1408-1418): group 0 decays every trainable parameter except biases and
   normalisation weights (by `nn.LayerNorm` type or name pattern); group 1 holds the rest with `weight_decay=0`. Both
   groups always exist.
-- `optim` names (OPT `trainer_optimizer.py`): AdamW (`adamw_torch`, `adamw_torch_fused`), SGD, Adafactor (HF's
+- `optim` names (transformers `trainer_optimizer.py`): AdamW (`adamw_torch`, `adamw_torch_fused`), SGD, Adafactor (HF's
   implementation), Adagrad, RMSprop, with `optim_args` as `key=value,...`.
 - Schedulers come from `transformers.get_scheduler` with `num_warmup_steps = args.get_warmup_steps(max_steps)`.
 """
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 import torch
 from torch import nn
+from transformers import get_scheduler
+from transformers.optimization import Adafactor
+from transformers.trainer_pt_utils import get_parameter_names
 
-from hf_lightning.args import TrainingArguments
+from hf_lightning.args import OPTIMIZER_NAMES, TrainingArguments
 
 __all__ = ["build_optimizer", "build_scheduler", "decay_parameter_names", "parameter_groups"]
 
@@ -24,8 +28,6 @@ _NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)"
 
 def decay_parameter_names(model: nn.Module) -> list[str]:
     """Names of the parameters that get weight decay (HF `Trainer.get_decay_parameter_names`)."""
-    from transformers.trainer_pt_utils import get_parameter_names
-
     return get_parameter_names(model, [nn.LayerNorm], _NO_DECAY_PATTERNS)
 
 
@@ -41,15 +43,15 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
 
 def _parse_optim_args(optim_args: str | None) -> dict[str, Any]:
     """`"momentum=0.9,nesterov=True"` -> `{"momentum": 0.9, "nesterov": True}` (HF's `optim_args` format)."""
-    import ast
-
     parsed: dict[str, Any] = {}
     for item in (optim_args or "").replace(" ", "").split(","):
         if not item:
             continue
         key, sep, value = item.partition("=")
         if not sep:
-            raise ValueError(f"`optim_args` entry {item!r} is not of the form key=value (got optim_args={optim_args!r}).")
+            raise ValueError(
+                f"`optim_args` entry {item!r} is not of the form key=value (got optim_args={optim_args!r})."
+            )
         if value.lower() in ("true", "yes", "false", "no"):
             # HF reads `nesterov=true` / `yes` as True; literal_eval would leave the (truthy) string "false"
             parsed[key] = value.lower() in ("true", "yes")
@@ -82,11 +84,7 @@ def build_optimizer(model: nn.Module, args: TrainingArguments) -> torch.optim.Op
     if args.optim == "rmsprop":
         return torch.optim.RMSprop(groups, lr=lr, **extra)
     if args.optim == "adafactor":
-        from transformers.optimization import Adafactor
-
         return Adafactor(groups, **{"lr": lr, "scale_parameter": False, "relative_step": False, **extra})
-    from hf_lightning.args import OPTIMIZER_NAMES
-
     raise ValueError(f"`optim`={args.optim!r} is not supported; allowed: {', '.join(OPTIMIZER_NAMES)}.")
 
 
@@ -94,12 +92,13 @@ def build_scheduler(
     optimizer: torch.optim.Optimizer, args: TrainingArguments, max_steps: int
 ) -> torch.optim.lr_scheduler.LRScheduler | Any:
     """`transformers.get_scheduler(args.lr_scheduler_type, ...)` over `max_steps` updates with HF's warmup rule."""
-    from transformers import get_scheduler
-
+    kwargs = args.lr_scheduler_kwargs
+    # validation turned HF's None / JSON string into a dict at construction
+    assert isinstance(kwargs, dict), f"lr_scheduler_kwargs={kwargs!r} was not normalised to a dict"
     return get_scheduler(
         args.lr_scheduler_type,
         optimizer,
         num_warmup_steps=args.get_warmup_steps(max_steps),
         num_training_steps=max_steps,
-        scheduler_specific_kwargs=dict(args.lr_scheduler_kwargs),
+        scheduler_specific_kwargs=dict(kwargs),
     )

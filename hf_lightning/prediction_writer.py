@@ -90,10 +90,11 @@ def write_predictions(
     directory.mkdir(parents=True, exist_ok=True)
     # Write to temporary names, then rename: a crash never leaves a truncated file under the final name.
     tmp = directory / f".{name}.tmp.npz"
-    np.savez(tmp, **_arrays(predictions, label_ids))
+    arrays: dict[str, Any] = _arrays(predictions, label_ids)  # (numpy's stub would read a key as `allow_pickle`)
+    np.savez(tmp, **arrays)
     os.replace(tmp, path)
     if per_sample:
-        import pyarrow as pa
+        import pyarrow as pa  # only for the per-sample table: importing the writer stays light
         import pyarrow.parquet as pq
 
         tmp_parquet = directory / f".{name}.tmp.parquet"

@@ -54,7 +54,8 @@ def build_tokenizer(corpus: list[str]) -> Any:
 
     tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+    special_tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+    tokenizer.train_from_iterator(corpus, trainers.WordLevelTrainer(special_tokens=special_tokens))
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", tokenizer.token_to_id("[CLS]")),
                                                  ("[SEP]", tokenizer.token_to_id("[SEP]"))],
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     # 2. Model (real work: AutoModelForSequenceClassification.from_pretrained("bert-base-uncased", num_labels=2)).
     config = BertConfig(
         vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-        intermediate_size=128, max_position_embeddings=64, num_labels=2, pad_token_id=tokenizer.pad_token_id,
+        intermediate_size=128, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
+        num_labels=2,  # type: ignore[call-arg]  # a PretrainedConfig argument that BertConfig's signature omits
     )
     model = BertForSequenceClassification(config)
 
@@ -152,9 +154,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"\ntrain_loss={result.training_loss:.4f}  steps={result.global_step}")
     print(f"eval_accuracy={metrics['eval_accuracy']:.3f}  eval_loss={metrics['eval_loss']:.4f}")
     print(f"best checkpoint: {trainer.state.best_model_checkpoint}")
-    checkpoints = sorted(d for d in os.listdir(args.output_dir) if d.startswith("checkpoint-"))
-    print(f"checkpoints in {os.path.abspath(args.output_dir)}: {checkpoints}")
-    print(f"TensorBoard logs: tensorboard --logdir {os.path.join(os.path.abspath(args.output_dir), 'runs')}")
+    output_dir = args.resolved_output_dir
+    checkpoints = sorted(d for d in os.listdir(output_dir) if d.startswith("checkpoint-"))
+    print(f"checkpoints in {os.path.abspath(output_dir)}: {checkpoints}")
+    print(f"TensorBoard logs: tensorboard --logdir {os.path.join(os.path.abspath(output_dir), 'runs')}")
     return metrics
 
 

@@ -17,11 +17,15 @@ F-measures in [0, 1], `exact_match` the fraction of predictions equal to their r
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from torchmetrics.text import ROUGEScore, SacreBLEUScore
 
-__all__ = ["build_text_metrics", "decode_ids", "TEXT_METRICS"]
+__all__ = ["BleuTokenize", "build_text_metrics", "decode_ids", "TEXT_METRICS"]
+
+BleuTokenize = Literal["none", "13a", "zh", "intl", "char", "ja-mecab", "ko-mecab", "flores101", "flores200"]
+"""SacreBLEU's tokenizers (torchmetrics `SacreBLEUScore(tokenize=...)`)."""
 
 TEXT_METRICS = ("sacrebleu", "rouge", "exact_match")
 """The metric names `build_text_metrics` accepts."""
@@ -56,7 +60,8 @@ def decode_ids(ids: Any, tokenizer: Any) -> list[str]:
 class _TextMetrics:
     """The callable `build_text_metrics` returns (keeps the torchmetrics states between streamed batches)."""
 
-    def __init__(self, tokenizer: Any, metrics: Sequence[str], rouge_keys: Sequence[str], bleu_tokenize: str) -> None:
+    def __init__(self, tokenizer: Any, metrics: Sequence[str], rouge_keys: Sequence[str], bleu_tokenize: BleuTokenize
+                 ) -> None:
         self.tokenizer = tokenizer
         self.metrics = tuple(metrics)
         self.rouge_keys = tuple(rouge_keys)
@@ -64,8 +69,6 @@ class _TextMetrics:
         self._reset()
 
     def _reset(self) -> None:
-        from torchmetrics.text import ROUGEScore, SacreBLEUScore
-
         self._bleu = SacreBLEUScore(tokenize=self.bleu_tokenize) if "sacrebleu" in self.metrics else None
         self._rouge = ROUGEScore(rouge_keys=self.rouge_keys) if "rouge" in self.metrics else None
         self._matches = 0
@@ -113,7 +116,7 @@ def build_text_metrics(
     tokenizer: Any,
     metrics: Sequence[str] = TEXT_METRICS,
     rouge_keys: Sequence[str] = _DEFAULT_ROUGE_KEYS,
-    bleu_tokenize: str = "13a",
+    bleu_tokenize: BleuTokenize = "13a",
 ) -> Callable[..., dict[str, float]]:
     """A `compute_metrics(eval_pred, compute_result=None)` scoring generated text against the references.
 

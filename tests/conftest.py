@@ -1,7 +1,107 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the test tiers.
+
+Every test gets one tier marker from its file (`TIERS`), plus `distributed` / `slow` where it applies:
+
+- `unit`: one module or rule in isolation (pure functions, one callback, one Lightning internal), no full run.
+- `parity`: the same run through hf_lightning and through the real `transformers.Trainer` (the oracle), or a pure
+  rule against HF's own implementation of it.
+- `e2e`: whole runs through the public entry points (facade, CLI, notebooks, quickstart, resume, checkpoints).
+- `distributed`: spawns 2 real processes (gloo on CPU); a test is marked by `DISTRIBUTED` or by its decorator.
+- `slow`: the long end-to-end runs (notebooks, quickstart, processes killed mid-save), by `SLOW`.
+- `gpu`: needs a CUDA device (skipped without one).
+
+How to run (README "Tests"):
+
+    python -m pytest -q                                        # everything (what .ci/run runs)
+    python -m pytest -m "not slow and not distributed" -q      # the fast tier, for development
+    python -m pytest -m unit -q                                # one tier
+    python -m pytest -m slow -q                                # only the long runs
+
+A test file missing from `TIERS` is run as `e2e`; add new files to `TIERS`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
+
+TIERS = {
+    "test_args.py": "unit",
+    "test_callback_contract.py": "unit",
+    "test_citations.py": "unit",
+    "test_layering.py": "unit",
+    "test_lightning_compat.py": "unit",
+    "test_public_api.py": "unit",
+    "test_text_metrics.py": "unit",
+    "test_units.py": "unit",
+    "test_where_things_live.py": "unit",
+    "test_callback_events.py": "parity",
+    "test_checkpoint_rotation.py": "parity",
+    "test_data.py": "parity",
+    "test_early_stopping.py": "parity",
+    "test_eval_parity.py": "parity",
+    "test_flow.py": "parity",
+    "test_grad_accumulation.py": "parity",
+    "test_module.py": "parity",
+    "test_optim.py": "parity",
+    "test_resume_hf_interchange.py": "parity",
+    "test_schedule_parity.py": "parity",
+    "test_seq2seq_parity.py": "parity",
+    "test_tensorboard.py": "parity",
+    "test_train_parity.py": "parity",
+    "test_checkpoint.py": "e2e",
+    "test_checkpoint_processes.py": "e2e",
+    "test_cli.py": "e2e",
+    "test_evaluation.py": "e2e",
+    "test_final_save.py": "e2e",
+    "test_generation_decoder_only.py": "e2e",
+    "test_notebook_generation.py": "e2e",
+    "test_notebooks.py": "e2e",
+    "test_quickstart.py": "e2e",
+    "test_readme.py": "e2e",
+    "test_resume.py": "e2e",
+    "test_resume_startup.py": "e2e",
+    "test_seq2seq_behaviour.py": "e2e",
+    "test_streaming_metrics.py": "e2e",
+    "test_ddp.py": "distributed",
+    "test_evaluation_ddp.py": "distributed",
+    "test_generation_ddp.py": "distributed",
+}
+"""The tier of each test file."""
+
+DISTRIBUTED = {
+    "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py",
+    "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
+    "test_cli.py::test_ddp_fit_from_the_command_line",
+    "test_final_save.py::test_cli_fit_saves_the_gathered_model_under_fsdp2",
+}
+"""Files, or `file::test` names, whose tests spawn 2 processes."""
+
+SLOW = {
+    "test_notebooks.py", "test_notebook_generation.py", "test_quickstart.py",
+    "test_checkpoint_processes.py::test_sigkill_mid_save_leaves_no_valid_looking_folder_and_loses_nothing",
+}
+"""Files, or `file::test` names, of the long end-to-end runs."""
+
+
+def _matches(item: pytest.Item, names: set[str]) -> bool:
+    file = Path(str(item.fspath)).name
+    return file in names or f"{file}::{item.originalname}" in names  # type: ignore[attr-defined]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its tier (by file), `distributed` and `slow` (see the module docstring)."""
+    for item in items:
+        tier = TIERS.get(Path(str(item.fspath)).name, "e2e")
+        item.add_marker(getattr(pytest.mark, tier))
+        if _matches(item, DISTRIBUTED) and tier != "distributed":
+            item.add_marker(pytest.mark.distributed)
+        if _matches(item, SLOW):
+            item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
 
 
 @pytest.fixture

@@ -122,7 +122,7 @@ class ScriptedScore:
 
 
 def test_early_stopping_callback_stops_at_the_same_step(tmp_path):
-    """[obs i]: patience 2 stops at the 4th evaluation (score 0.6 then 0.6 and 0.55 do not improve)."""
+    """Patience 2 stops at the 4th evaluation (score 0.6 then 0.6 and 0.55 do not improve)."""
     run_kwargs = dict(max_steps=20, logging_steps=2, eval_strategy="steps", eval_steps=2, save_strategy="steps",
                       save_steps=4, metric_for_best_model="score", load_best_model_at_end=True)
     trainers = {}

@@ -47,7 +47,7 @@ T0 = 1_700_000_000.0
 EDGE_CASES = [
     # equal mtimes over a >1 s spread: HF breaks the tie by path ("checkpoint-10" < "checkpoint-9"), so 10 goes
     (["checkpoint-9", "checkpoint-10", "checkpoint-20"], [T0, T0, T0 + 5], None, 2),
-    # spec 5.4: a resumed run rewrote checkpoint-20 (newest mtime) while a stale checkpoint-40 exists
+    # a resumed run rewrote checkpoint-20 (newest mtime) while a stale checkpoint-40 of the first run exists
     (["checkpoint-10", "checkpoint-30", "checkpoint-40", "checkpoint-20"], [T0, T0 + 2, T0 + 3, T0 + 10], None, 2),
     # the best folder is old and must survive with the newest: limit 1 keeps two
     (["checkpoint-10", "checkpoint-20", "checkpoint-30"], [T0, T0 + 2, T0 + 4], "checkpoint-10", 1),

@@ -55,7 +55,7 @@ def _train(side: str, output_dir: str, callback: Any, scores: list[float], **ove
 
 
 @pytest.mark.parametrize(("scores", "patience", "threshold", "stop_step"), [
-    ([0.5, 0.6, 0.6, 0.55, 0.9], 2, 0.0, 8),  # [obs i]: 0.6 then 0.6 and 0.55 do not improve
+    ([0.5, 0.6, 0.6, 0.55, 0.9], 2, 0.0, 8),  # 0.6, then 0.6 and 0.55 do not improve
     ([0.5, 0.55, 0.58, 0.7, 0.71], 2, 0.06, 6),  # best moves to 0.55, then 0.58: +0.05, +0.03, both under 0.06
 ])
 def test_stops_where_hf_early_stopping_stops(tmp_path, scores, patience, threshold, stop_step):
@@ -119,7 +119,8 @@ def test_patience_counter_survives_a_lightning_checkpoint(tmp_path):
     assert trainer.state.global_step == 6 and callback.patience_counter == 2
     path = tmp_path / "last.ckpt"
     trainer.lightning_trainer.save_checkpoint(path)
-    saved = torch.load(path, weights_only=False)["callbacks"]["HFEarlyStopping"]
+    saved = torch.load(path, weights_only=False)["callbacks"][callback.state_key]
+    assert callback.state_key.startswith("HFEarlyStopping")
     assert json.loads(json.dumps(saved)) == saved == {
         "patience_counter": 2, "early_stopping_patience": 3, "early_stopping_threshold": 0.0}
 

@@ -124,16 +124,26 @@ def test_lightning_validate_and_predict_give_the_facade_results(tmp_path):
     module = hf_lightning.TransformerModule(tiny_bert(), args, compute_metrics=accuracy)
     trainer = pl.Trainer(callbacks=[flow], logger=False, enable_progress_bar=False, use_distributed_sampler=False,
                          accelerator="cpu")
+    # a plain `validate` logs HF's entries; `flow.evaluate` runs the same and returns the results
     trainer.validate(module, datamodule=TransformerDataModule(eval_dataset=evals, args=args), verbose=False)
     strip = ("_runtime", "_samples_per_second", "_steps_per_second")
-    assert {k: v for k, v in flow.last_eval_metrics.items() if not k.endswith(strip)} == {
+    logged = {k: v for entry in flow.state.log_history for k, v in entry.items() if k != "step"}
+    assert {k: v for k, v in logged.items() if not k.endswith(strip)} == {
         k: v for k, v in expected.items() if not k.endswith(strip)}
     assert len(flow.state.log_history) == 2
+    trainer = pl.Trainer(callbacks=[flow], logger=False, enable_progress_bar=False, use_distributed_sampler=False,
+                         accelerator="cpu")
+    output = flow.evaluate(trainer, module, TransformerDataModule(eval_dataset=evals, args=args))
+    assert list(output.results) == ["a", "b"] and output.results["a"].num_samples == 9
+    assert {k: v for k, v in output.metrics.items() if not k.endswith(strip)} == {
+        k: v for k, v in expected.items() if not k.endswith(strip)}
     trainer.predict(module, datamodule=TransformerDataModule(predict_dataset=evals["a"], args=args),
-                    return_predictions=False)
-    result = flow.last_prediction("test", 9)
+                    return_predictions=False)  # a plain `predict` runs too (HF's `on_predict`, no log entry)
+    assert len(flow.state.log_history) == 4
+    result = flow.predict(trainer, module, TransformerDataModule(predict_dataset=evals["a"], args=args))
     np.testing.assert_array_equal(result.predictions, expected_pred.predictions)
     np.testing.assert_array_equal(result.label_ids, expected_pred.label_ids)
+    assert result.metrics.keys() == expected_pred.metrics.keys()
 
 
 # ----- token-weighted eval loss -----

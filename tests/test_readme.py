@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 from pathlib import Path
+from typing import Any
 
 import transformers
 
@@ -42,3 +44,79 @@ def test_map_statuses_follow_the_support_table():
         assert (status == "supported with a difference") == (name in DIFFERENCES), (name, status)
         assert "lands with" not in note and "not wired yet" not in note, (name, note)  # no promises in the map
     assert ("output_dir", "supported", "") in argument_map()
+
+
+def _other_value(field: dataclasses.Field, default: Any) -> Any:
+    """A value different from `default` of the field's type (None when there is no obvious one)."""
+    if isinstance(default, enum.Enum):
+        others = [member for member in type(default) if member != default]
+        return others[0] if others else None
+    if isinstance(default, bool):
+        return not default
+    if isinstance(default, int):
+        return default + 2
+    if isinstance(default, float):
+        return default + 0.25 if default < 1 else default * 2
+    if isinstance(default, str):
+        return f"{default}_x" if default else "x"
+    if default is None:
+        hint = str(field.type)
+        for name, value in (("bool", True), ("int", 3), ("float", 0.5), ("str", "x"), ("dict", {"a": 1})):
+            if name in hint:
+                return value
+    return None
+
+
+def _observed(name: str, value: Any, tmp_path: Path) -> str | None:
+    """What converting a `transformers.TrainingArguments` with `name=value` does: "kept" (our field has the value),
+    "dropped" (accepted, not a field of ours), "refused" (the conversion error names it); None when HF itself
+    rejects or normalises the value, or our validation refuses it for another reason."""
+    import warnings
+
+    from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
+    from hf_lightning.seq2seq.trainer import to_seq2seq_args
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            hf_args = transformers.Seq2SeqTrainingArguments(output_dir=str(tmp_path), **{name: value})
+            reference = transformers.Seq2SeqTrainingArguments(output_dir=str(tmp_path))
+    except Exception:  # HF refuses this value (or needs hardware / packages for it): nothing to observe
+        return None
+    if getattr(hf_args, name) == getattr(reference, name):
+        return None
+    try:
+        ours = to_seq2seq_args(hf_args)
+    except ValueError as err:
+        return "refused" if "not supported" in str(err) and f"`{name}`" in str(err) else None
+    if name not in {f.name for f in dataclasses.fields(Seq2SeqTrainingArguments)}:
+        return "dropped"
+    theirs = getattr(hf_args, name)
+    theirs = theirs.value if isinstance(theirs, enum.Enum) else theirs
+    return "kept" if getattr(ours, name) == theirs else "changed"
+
+
+def test_map_statuses_match_what_the_conversion_does(tmp_path):
+    """Each field set to a value of its own type on a `transformers.TrainingArguments`: a "supported" field arrives
+    in ours, an "accepted and ignored" one is dropped, a "not supported" one is refused by name."""
+    fields = {f.name: f for f in dataclasses.fields(transformers.Seq2SeqTrainingArguments) if f.init}
+    defaults = transformers.Seq2SeqTrainingArguments(output_dir=str(tmp_path))
+    checked, wrong = 0, []
+    for name, status, note in argument_map():
+        value = _other_value(fields[name], getattr(defaults, name))
+        observed = None if value is None else _observed(name, value, tmp_path)
+        if observed is None:
+            continue
+        checked += 1
+        if status == "not supported":
+            expected = {"refused"}
+        elif note.startswith("accepted and ignored"):
+            expected = {"dropped"}
+        elif status == "supported":
+            expected = {"kept"}
+        else:  # supported with a difference: the value may be translated
+            expected = {"kept", "changed"}
+        if observed not in expected:
+            wrong.append(f"{name}: the map says {status!r} ({note}), the conversion {observed} {value!r}")
+    assert not wrong, "\n".join(wrong)
+    assert checked >= 0.75 * len(fields), f"only {checked} of {len(fields)} fields could be checked"

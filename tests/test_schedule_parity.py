@@ -169,7 +169,9 @@ def _grid() -> list[dict[str, Any]]:
                 kwargs["metric_for_best_model"] = "accuracy"
             num_samples = rng.choice([4, 32, 36, 37, 40, 48])
             cases.append({"num_samples": num_samples, **kwargs})
-    observed = [  # spec [obs a], [obs b], [obs c], [obs c2], [obs j], and A2's two runs
+    # configurations whose schedules were first read off real `transformers.Trainer` runs: the forced final eval /
+    # save, epoch strategies with a short last window, fractional intervals rounded separately, eval_delay
+    observed = [
         {"num_samples": 192, "logging_steps": 5, "eval_strategy": "steps", "eval_steps": 10, "save_steps": 10,
          "num_train_epochs": 1},
         {"num_samples": 36, "gradient_accumulation_steps": 2, "num_train_epochs": 2.5, "logging_strategy": "epoch",
@@ -215,7 +217,7 @@ def test_log_eval_save_steps_match_default_flow_callback(case: dict[str, Any]) -
 
 
 def test_observed_scenario_b_epoch_strategies() -> None:
-    """[obs b]: 9 batches/epoch, GA 2, 2.5 epochs: 13 updates, a partial last epoch logged/evaluated/saved at 2.667."""
+    """9 batches/epoch, GA 2, 2.5 epochs: 13 updates, a partial last epoch logged/evaluated/saved at 2.667."""
     _, seen = _simulate_ours(
         {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2, "num_train_epochs": 2.5,
          "logging_strategy": "epoch", "eval_strategy": "epoch", "save_strategy": "epoch"}, 36,
@@ -225,7 +227,7 @@ def test_observed_scenario_b_epoch_strategies() -> None:
 
 
 def test_forced_final_eval_and_save_without_final_log() -> None:
-    """[obs a] / A2: the last update forces an evaluation and a save for "steps", but never a log."""
+    """The last update forces an evaluation and a save for "steps", but never a log (CB:594-606)."""
     _, seen = _simulate_ours(
         {"per_device_train_batch_size": 4, "max_steps": 7, "logging_first_step": True, "logging_steps": 2,
          "eval_strategy": "steps", "eval_steps": 3, "save_steps": 3}, 28,

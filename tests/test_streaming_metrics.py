@@ -30,12 +30,19 @@ def _trainer(tmp_path, model, compute_metrics, eval_dataset, **kwargs):
 
 
 class KeptArrays(hf_lightning.TransformerModule):
-    """Records, per evaluation, how many prediction batches the accumulator kept."""
+    """Records, per evaluation, how many prediction batches its accumulators kept."""
 
     kept: list[int] = []
+    accumulators: list = []
+
+    def new_eval_accumulator(self, is_prediction, world_size, loader):
+        accumulator = super().new_eval_accumulator(is_prediction, world_size, loader)
+        KeptArrays.accumulators.append(accumulator)
+        return accumulator
 
     def on_validation_epoch_end(self) -> None:
-        KeptArrays.kept.append(sum(len(acc.preds) for acc in self.eval_accumulators.values()))
+        KeptArrays.kept.append(sum(len(acc.preds) for acc in KeptArrays.accumulators))
+        KeptArrays.accumulators = []
 
 
 def test_collection_equals_the_function_and_keeps_no_predictions(tmp_path):
@@ -45,7 +52,7 @@ def test_collection_equals_the_function_and_keeps_no_predictions(tmp_path):
     class Recording(hf_lightning.Trainer):
         module_class = KeptArrays
 
-    KeptArrays.kept = []
+    KeptArrays.kept, KeptArrays.accumulators = [], []
     trainer = Recording(model=tiny_bert(), args=hf_lightning.TrainingArguments(
         output_dir=str(tmp_path), per_device_eval_batch_size=4, report_to="none"), eval_dataset=data,
         compute_metrics=MetricCollection({"accuracy": MulticlassAccuracy(2, average="micro")}))

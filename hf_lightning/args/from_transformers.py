@@ -20,7 +20,10 @@ from hf_lightning.args.support import UNSUPPORTED, unsupported_problem
 __all__ = ["from_hf_training_arguments"]
 
 # Unsupported fields HF fills in from another one (TA:1533-1545, TA:1608-1616): named only with their source.
-_DERIVED = {"torch_compile_backend": "torch_compile", "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs"}
+_DERIVED = {
+    "torch_compile_backend": "torch_compile",
+    "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
+}
 
 
 def _plain(value: Any) -> Any:

@@ -9,13 +9,13 @@ import dataclasses
 import logging
 import os
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hf_lightning.args.report_to import resolve_report_to
 from hf_lightning.args.support import unsupported_problem
 
-if TYPE_CHECKING:
-    from hf_lightning.args.training_args import TrainingArguments
+TrainingArguments = Any
+"""The dataclass these rules run for (`validation.py` calls them for `training_args.py`); not imported here."""
 
 __all__ = ["normalise_hf_fields"]
 

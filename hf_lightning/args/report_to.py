@@ -33,7 +33,9 @@ NO_LIGHTNING_LOGGER: dict[str, tuple[str | None, str]] = {
     "flyte": ("flytekit", "Lightning has no Flyte logger"),
     "kubeflow": (None, "Lightning has no Kubeflow logger"),
     "neptune": ("neptune", "Lightning 2.6 dropped its Neptune logger (Neptune was sunset)"),
-    "swanlab": ("swanlab", "Lightning has no SwanLab logger (swanlab ships one: `swanlab.integration.pytorch_lightning`)"),
+    "swanlab": (
+        "swanlab", "Lightning has no SwanLab logger (swanlab ships one: `swanlab.integration.pytorch_lightning`)"
+    ),
     "trackio": ("trackio", "Lightning has no trackio logger"),
 }
 """HF integration names hf_lightning refuses, with the module HF checks for `all` and the reason."""

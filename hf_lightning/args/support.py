@@ -82,8 +82,9 @@ DIFFERENCES: dict[str, str] = {
     "fp16": "becomes Lightning `precision=\"16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` wins",
     "use_cpu": "sets Lightning `accelerator=\"cpu\"`",
     "disable_tqdm": "switches Lightning's progress bar",
-    "report_to": "default `tensorboard` (HF: `none`); `tensorboard`, `csv` (ours), `wandb`, `mlflow`, `comet_ml` become "
-                 "Lightning loggers fed HF's log entries at HF's steps (a missing package is one error naming it); "
+    "report_to": "default `tensorboard` (HF: `none`); `tensorboard`, `csv` (ours), `wandb`, `mlflow`, `comet_ml` "
+                 "become Lightning loggers fed HF's log entries at HF's steps (a missing package is one error "
+                 "naming it); "
                  "`all` = every installed one, as HF; HF's other integrations raise an error; a logger in "
                  "`lightning_kwargs[\"logger\"]` replaces them; the arguments and model config are not sent as "
                  "hyperparameters (HF's callbacks send them)",

@@ -25,6 +25,7 @@ from hf_lightning.args.choices import (
     default_optimizer,
 )
 from hf_lightning.args.process import ProcessLayoutMixin
+from hf_lightning.args.validation import normalise_and_check
 
 __all__ = ["TrainingArguments"]
 
@@ -158,7 +159,7 @@ class TrainingArguments(ProcessLayoutMixin):
 
     # --- Experiment tracking ---
     report_to: None | str | list[str] = "tensorboard"
-    """Loggers: `tensorboard` (default; HF's is `none`), `csv`, `wandb`, `mlflow`, `comet_ml`, `neptune`, `all`, `none`."""
+    """Loggers: `tensorboard` (default; HF's is `none`), `csv`, `wandb`, `mlflow`, `comet_ml`, `all`, `none`."""
     run_name: str | None = None
     """A name for the run: the logger's run name (TensorBoard / CSV: its version folder)."""
     project: str = "huggingface"
@@ -321,8 +322,6 @@ class TrainingArguments(ProcessLayoutMixin):
     """Filled by the deprecated `torch.distributed.launch`; read `local_process_index` instead."""
 
     def __post_init__(self) -> None:
-        from hf_lightning.args.validation import normalise_and_check
-
         normalise_and_check(self)
 
     def __str__(self) -> str:

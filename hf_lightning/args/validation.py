@@ -6,14 +6,14 @@ HF's wording where HF has one (users search for those strings) and always name t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any, get_args
 
 from hf_lightning.args import choices
 from hf_lightning.args.choices import OPTIMIZER_NAMES, SAMPLING_STRATEGIES, SCHEDULER_NAMES
 from hf_lightning.args.hf_fields import normalise_hf_fields
 
-if TYPE_CHECKING:
-    from hf_lightning.args.training_args import TrainingArguments
+TrainingArguments = Any
+"""The dataclass these checks run for (`training_args.py` calls them); not imported here, it imports this module."""
 
 __all__ = ["normalise_and_check"]
 

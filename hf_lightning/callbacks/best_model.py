@@ -16,8 +16,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
+import torch
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.resume.find import WEIGHT_FILES
+from hf_lightning.resume.load import load_weights
 
 __all__ = ["BestModelTracker", "metric_key"]
 
@@ -64,8 +67,6 @@ class BestModelTracker:
 
     def step_plateau_scheduler(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
         """`ReduceLROnPlateau` steps on the best-model metric after each training-time evaluation (T:3314-3331)."""
-        import torch
-
         for config in trainer.lr_scheduler_configs:
             if isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
                 key = metric_key(self.args.metric_for_best_model or "loss")
@@ -79,9 +80,6 @@ class BestModelTracker:
         folder = state.best_model_checkpoint
         if not self.args.load_best_model_at_end or folder is None:
             return
-        from hf_lightning.resume.find import WEIGHT_FILES
-        from hf_lightning.resume.load import load_weights
-
         weights = next((Path(folder) / n for n in WEIGHT_FILES if (Path(folder) / n).is_file()), None)
         if weights is None:
             raise FileNotFoundError(f"load_best_model_at_end: no weights file in {folder} (expected one of "

@@ -17,6 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from hf_lightning._lightning_compat import grad_scaler
 from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.io import (
@@ -32,6 +33,7 @@ from hf_lightning.checkpointing.io import (
 )
 from hf_lightning.checkpointing.lightning_state import capture_lightning_state
 from hf_lightning.checkpointing.rotation import CheckpointInfo, final_cleanup, parse_step, select_for_deletion
+from hf_lightning.contracts import flow_model
 
 __all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
 
@@ -79,11 +81,15 @@ class CheckpointSaver:
         return self.args.resolved_output_dir
 
     def save(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, exportable: Sequence[Any] = ()
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, exportable: Sequence[Any] = (),
+        epoch_ending: bool = False, skip_callbacks: Sequence[Any] = (),
     ) -> None:
         """`_save_checkpoint`: write `checkpoint-<global_step>` on rank 0, move the best pointer, rotate.
 
         `exportable`: HF callbacks (and the `TrainerControl`) whose `ExportableState` goes into `trainer_state.json`.
+        `epoch_ending`: the epoch ends after this update although batches remain (`should_epoch_stop`).
+        `skip_callbacks`: Lightning callbacks whose state is not stored in `lightning_state.pt` (the flow's own state
+        is `trainer_state.json`).
         """
         step = state.global_step
         if self.args.save_strategy in ("steps", "epoch", "best") and state.best_global_step:
@@ -91,9 +97,7 @@ class CheckpointSaver:
             if os.path.exists(best) or state.best_global_step == step:
                 state.best_model_checkpoint = best
         export_callback_states(state, exportable)
-        control = next((c for c in exportable if type(c).__name__ == "TrainerControl"), None)
-        epoch_ending = bool(control is not None and control.should_epoch_stop)
-        self._write(trainer, pl_module, state, step, epoch_ending)
+        self._write(trainer, pl_module, state, step, epoch_ending, skip_callbacks)
         trainer.strategy.barrier("hf_lightning_save")
         if trainer.is_global_zero:
             doomed = select_for_deletion(list_checkpoints(self.output_dir), self.args.save_total_limit,
@@ -103,7 +107,7 @@ class CheckpointSaver:
         trainer.strategy.barrier("hf_lightning_rotate")
 
     def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int,
-               epoch_ending: bool = False) -> None:
+               epoch_ending: bool = False, skip_callbacks: Sequence[Any] = ()) -> None:
         """Write `tmp-checkpoint-<step>` from every rank, then rename it on rank 0 once all ranks are done.
 
         Rank 0 writes the shared files, every rank its own RNG file; under FSDP2 the full weights are gathered and
@@ -111,7 +115,7 @@ class CheckpointSaver:
         """
         import torch
 
-        model = pl_module.model
+        model = flow_model(pl_module)
         world, rank, zero = trainer.world_size, trainer.global_rank, trainer.is_global_zero
         strategy = trainer.strategy
         tmp = Path(self.output_dir) / f"{TMP_PREFIX}-{step}"
@@ -126,14 +130,14 @@ class CheckpointSaver:
             optimizer = trainer.optimizers[0] if trainer.optimizers else None
             optimizer = getattr(optimizer, "optimizer", optimizer)
             sharded = optimizer is not None and dist_state.is_sharded(model)
-            if sharded:
+            if sharded and optimizer is not None:
                 dist_state.save_sharded_optimizer(model, optimizer, tmp / SHARDED_OPTIMIZER_DIR)
             if zero:
                 scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
                 write_training_files(
                     tmp, optimizer=None if sharded else optimizer, scheduler=scheduler,
-                    scaler=getattr(trainer.precision_plugin, "scaler", None),
-                    lightning_state=capture_lightning_state(trainer, epoch_ending),
+                    scaler=grad_scaler(trainer),
+                    lightning_state=capture_lightning_state(trainer, epoch_ending, skip_callbacks),
                 )
             write_rng_state(tmp, world, rank)
         if zero:

@@ -1,6 +1,6 @@
 """`HFEarlyStopping`: `transformers.EarlyStoppingCallback` as a Lightning callback, with its state in checkpoints.
 
-Semantics of HF's callback (CB:711-784, spec section 12):
+Semantics of HF's callback (`EarlyStoppingCallback`, CB:711-784):
 - patience is counted in *evaluations*: every evaluation (each eval dataset of it, a manual `evaluate()` too) whose
   `eval_<metric_for_best_model>` is not an improvement adds one; an improvement resets the count to 0;
 - an improvement is a value strictly better than `state.best_metric` (the best *before* this evaluation, per
@@ -9,7 +9,8 @@ Semantics of HF's callback (CB:711-784, spec section 12):
   of that step, `on_epoch_end`, the summary, best-model loading);
 - `metric_for_best_model` is required and evaluation must be on: a `ValueError` at the start of `fit` otherwise.
 
-It needs `HFTrainerFlow` among the trainer's callbacks (the flow calls `on_hf_evaluate` after each evaluation).
+It needs `HFTrainerFlow` among the trainer's callbacks: it is an `hf_lightning.contracts.HFEvaluationListener`, whose
+`on_hf_evaluate` the flow calls after each evaluation.
 Its state (`{"patience_counter": n}`) is saved by Lightning with the callback states of a checkpoint and restored on
 resume (`state_dict` / `load_state_dict`), so patience does not restart after a resume.
 `transformers.EarlyStoppingCallback` itself also works unchanged through the HF callback bridge.
@@ -23,6 +24,11 @@ from typing import Any
 import lightning.pytorch as pl
 import numpy as np
 from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from hf_lightning._lightning_compat import callbacks_of
+from hf_lightning.callbacks.flow import HFTrainerFlow
+from hf_lightning.contracts import HFFlowView
 
 __all__ = ["HFEarlyStopping", "is_improvement"]
 
@@ -63,14 +69,15 @@ class HFEarlyStopping(Callback):
         self.patience_counter = 0
 
     @property
+    @override
     def state_key(self) -> str:
-        return "HFEarlyStopping"
+        """Distinct per settings, so two instances keep their own state in a checkpoint (Lightning's convention)."""
+        return self._generate_state_key(early_stopping_patience=self.early_stopping_patience,
+                                        early_stopping_threshold=self.early_stopping_threshold)
 
     @staticmethod
-    def _flow(trainer: pl.Trainer) -> Any:
-        from hf_lightning.callbacks.flow import HFTrainerFlow
-
-        for callback in trainer.callbacks:
+    def _flow(trainer: pl.Trainer) -> HFTrainerFlow:
+        for callback in callbacks_of(trainer):
             if isinstance(callback, HFTrainerFlow):
                 return callback
         raise ValueError(
@@ -78,6 +85,7 @@ class HFEarlyStopping(Callback):
             "`metric_for_best_model`); add it to the Lightning Trainer's callbacks or use `hf_lightning.Trainer`."
         )
 
+    @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """HF's `on_train_begin` checks, as a clear `ValueError` instead of an `AssertionError`."""
         args = self._flow(trainer).args
@@ -95,7 +103,9 @@ class HFEarlyStopping(Callback):
             warnings.warn("Using HFEarlyStopping without load_best_model_at_end=True: once training stops, the "
                           "model is the last one, not the best.", UserWarning, stacklevel=2)
 
-    def on_hf_evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, flow: Any, metrics: dict) -> None:
+    def on_hf_evaluate(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, flow: HFFlowView, metrics: dict[str, Any]
+    ) -> None:
         """Called by `HFTrainerFlow` after each evaluation (per eval dataset), before the best metric is updated."""
         args = flow.args
         if args.metric_for_best_model is None:
@@ -114,11 +124,13 @@ class HFEarlyStopping(Callback):
         if self.patience_counter >= self.early_stopping_patience:
             flow.control.should_training_stop = True
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-able dict: the counter and the settings it was counted with."""
         return {"patience_counter": self.patience_counter, "early_stopping_patience": self.early_stopping_patience,
                 "early_stopping_threshold": self.early_stopping_threshold}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the counter (the settings of this instance win, as for HF's `restore_callback_states`)."""
         self.patience_counter = int(state_dict.get("patience_counter", 0))

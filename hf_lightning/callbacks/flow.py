@@ -7,40 +7,71 @@ One Lightning training batch is one optimizer update (see `TransformerDataModule
     [last update of the epoch, or a stop flag] on_epoch_end (cadence.epoch_end_flags, HF callbacks)
         -> log -> evaluate -> save
 
-Evaluations run Lightning's own validation loop synchronously, right where HF evaluates, so several evaluations in
-one update (a step pass and an epoch pass, or a flag set by a callback) run in HF's order, and other Lightning
-callbacks see normal validation hooks. Lightning's own validation trigger (`epoch_loop._should_check_val_fx`, a
-private hook of 2.6, hence the `lightning<2.7` pin) is switched off. `TrainerControl` flags set by HF callbacks are
+Evaluations run Lightning's own validation loop synchronously, right where HF evaluates (`HFEvaluator`,
+`callbacks/evaluator.py`), so several evaluations in one update (a step pass and an epoch pass, or a flag set by a
+callback) run in HF's order, and other Lightning callbacks see normal validation hooks. Lightning's own validation
+trigger is switched off (`_lightning_compat.disable_validation_trigger`). `TrainerControl` flags set by HF callbacks are
 honoured exactly where HF reads them. Logged entries go to `state.log_history` in HF's format and to every Lightning
 logger at `step=global_step` with HF's TensorBoard tag names.
+
+What the flow needs from the module and the data module is declared in `hf_lightning.contracts` and checked once in
+`setup`. `fit`, `evaluate` and `predict` run Lightning's entry points and return HF's results.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
+from contextlib import ExitStack
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
-from lightning.pytorch.callbacks import Callback
+from transformers import TrainerControl, TrainerState
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import TrainOutput
+from typing_extensions import override
 
+from hf_lightning._lightning_compat import (
+    callbacks_of,
+    datamodule_of,
+    disable_validation_trigger,
+    ignore_mid_epoch_resume_warning,
+    position_in_epoch,
+    set_step_budget,
+)
 from hf_lightning.args import TrainingArguments
-from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
+from hf_lightning.cadence import TrainingPlan, epoch_end_flags, epoch_progress, plan_training, step_end_flags
 from hf_lightning.callbacks.best_model import BestModelTracker
 from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
-from hf_lightning.callbacks.train_log import FlopsCounter, TrainLossTracker, tensorboard_tag, train_summary
-from hf_lightning.cadence import TrainingPlan, epoch_end_flags, epoch_progress, plan_training, step_end_flags
+from hf_lightning.callbacks.evaluator import EvaluationHooks, HFEvaluator
+from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
+from hf_lightning.callbacks.train_log import (
+    FlopsCounter,
+    TrainLossTracker,
+    UpdateReport,
+    tensorboard_tag,
+    train_summary,
+)
+from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
+from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, flow_model, flow_module
+from hf_lightning.data.sampling import dataset_length
+from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
+from hf_lightning.resume.load import CheckpointRestorer, start_fit
 
 __all__ = ["HFTrainerFlow", "tensorboard_tag"]
 
 
-class HFTrainerFlow(Callback):
+class HFTrainerFlow(EvaluationHooks):
     """Drives logging, evaluation and checkpointing at the HF Trainer's steps, and feeds HF `TrainerCallback`s.
 
     Args:
         args: the training arguments (strategies, intervals, output directory, best-model settings).
         callbacks: `transformers.TrainerCallback` instances or classes, called with HF's arguments.
         processing_class: tokenizer / processor passed to HF callbacks and saved with checkpoints.
+
+    Attributes:
+        resume_from_checkpoint: a checkpoint folder (or True: the latest in `output_dir`) the next `fit` resumes
+            from; None falls back to `args.resume_from_checkpoint` (see `fit`).
 
     Example::
 
@@ -51,8 +82,6 @@ class HFTrainerFlow(Callback):
     def __init__(
         self, args: TrainingArguments, callbacks: list[Any] | None = None, processing_class: Any = None
     ) -> None:
-        from transformers import TrainerControl, TrainerState
-
         self.args = args
         self.handler = HFCallbackHandler(callbacks)
         self.handler.processing_class = processing_class
@@ -60,69 +89,105 @@ class HFTrainerFlow(Callback):
         self.control = TrainerControl()
         self.saver = CheckpointSaver(args, processing_class)
         self.best = BestModelTracker(args)
+        self.evaluator = HFEvaluator(self)
         self.plan: TrainingPlan | None = None
         self.loss = TrainLossTracker(args.logging_nan_inf_filter)
         self.flos = FlopsCounter()
-        self.last_eval_metrics: dict[str, Any] = {}
-        self.eval_prefix = "eval"
-        self._eval_finished: set[int] = set()
-        self._eval_current = -1
-        self._epoch_index = 0
-        self._train_start = 0.0
         self.resume_from_checkpoint: str | bool | None = None
-        """A checkpoint folder (or True: the latest in `output_dir`) to resume from at the next `fit`."""
-        self._restorer: Any = None
+        self._eval_listeners: list[HFEvaluationListener] = []
+        self._epoch_index = 0
+        self._epoch_stop_requested = False
+        self._train_start = 0.0
+        self._restorer: CheckpointRestorer | None = None
+        self._resumes_mid_epoch = False
+        self._quiet_resume = ExitStack()  # holds the scoped warning filter of a mid-epoch resume while it is open
+        self._summary: dict[str, Any] | None = None  # the train summary of the fit running now
 
     @property
+    @override
     def state_key(self) -> str:
         return "HFTrainerFlow"
 
+    # ----- runs that return their results -----
+    def hf_init_end(self, model: Any) -> None:
+        """HF's `on_init_end` (end of `Trainer.__init__`), with the model HF callbacks receive."""
+        self.handler.model = model
+        self.hf_event("on_init_end")
+
+    def fit(
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any,
+        resume_from_checkpoint: str | bool | None = None,
+    ) -> TrainOutput:
+        """`trainer.fit`, resuming from `resume_from_checkpoint` (see the attribute); returns HF's `TrainOutput`."""
+        previous = self.resume_from_checkpoint
+        self.resume_from_checkpoint = resume_from_checkpoint
+        try:
+            trainer.fit(module, datamodule=datamodule)
+            metrics, self._summary = dict(self._summary or {}), None
+        finally:
+            self.resume_from_checkpoint = previous
+        metrics["epoch"] = self.state.epoch
+        return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
+
+    def evaluate(
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval", ckpt_path: str | None = None,
+    ) -> EvaluationOutput:
+        """HF's `evaluate()` with `trainer.validate`: every eval dataset's result (`.metrics`: HF's return value)."""
+        request = EvalRequest(metric_key_prefix, ignore_keys)
+        return self.evaluator.evaluate(trainer, module, datamodule, request, ckpt_path)
+
+    def predict(
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "test", ckpt_path: str | None = None,
+    ) -> EvalResult:
+        """HF's `predict()` with `trainer.predict`: the predictions, labels and metrics (`PredictionOutput`'s)."""
+        request = EvalRequest(metric_key_prefix, ignore_keys, is_prediction=True)
+        return self.evaluator.predict(trainer, module, datamodule, request, ckpt_path)
+
     # ----- setup -----
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """Fix the plan (max_steps, intervals) and hand Lightning its step budget before optimizers are built."""
-        self.handler.model = getattr(pl_module, "model", pl_module)
+        """Check the contracts, fix the plan (max_steps, intervals) and hand Lightning its step budget."""
+        datamodule = datamodule_of(trainer)
+        check_flow_contracts(pl_module, datamodule)
+        self.handler.model = flow_model(pl_module)
+        self._eval_listeners = [cb for cb in callbacks_of(trainer) if isinstance(cb, HFEvaluationListener)]
         if stage != "fit":
             return
-        datamodule = trainer.datamodule
-        micro = datamodule.num_train_microbatches() if hasattr(datamodule, "num_train_microbatches") else None
-        self.plan = plan_training(self.args, micro)
-        from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
-
-        plan = self.plan
+        self.plan = plan = plan_training(self.args, datamodule.num_train_microbatches())
         problem = unreachable_best_checkpoint(self.args, plan.eval_steps, plan.save_steps, plan.max_steps)
         if problem:
             raise ValueError(problem)
-        trainer.fit_loop.epoch_loop.max_steps = self.plan.max_steps
-        trainer.fit_loop.max_epochs = self.plan.num_train_epochs if self.plan.sized else -1
-        # Evaluations are started by this callback at HF's steps; Lightning's own trigger (every epoch by default,
-        # counted in batches) is switched off. Private API of lightning 2.6 (pinned).
-        trainer.fit_loop.epoch_loop._should_check_val_fx = lambda data_fetcher: False  # type: ignore[method-assign]
+        set_step_budget(trainer, plan.max_steps, plan.num_train_epochs if plan.sized else -1)
+        # Evaluations are started by this callback at HF's steps; Lightning's own trigger is switched off.
+        disable_validation_trigger(trainer)
 
+    @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Resume from `resume_from_checkpoint`, or refuse to overwrite another run's checkpoints (resume/load.py)."""
-        from hf_lightning.resume.load import start_fit
-
+        self._summary = None
         self._restorer = start_fit(self, trainer, pl_module)
+        position = self._restorer.position if self._restorer is not None else None
+        self._resumes_mid_epoch = position is not None and position.windows > 0
 
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fresh `TrainerState` (T:1682-1689), HF `on_train_begin`, then `eval_on_start` (T:1655-1656)."""
-        import time
-
-        from transformers import TrainerState
-        from transformers.trainer_callback import ExportableState
-
         assert self.plan is not None
         exportable = [cb for cb in [*self.handler.callbacks, self.control] if isinstance(cb, ExportableState)]
+        # HF annotates the intervals `int` and `stateful_callbacks` as TrainerCallbacks, but passes what we pass: an
+        # interval as given (1.0 stays a float in trainer_state.json) and the control among the exportable states.
         self.state = TrainerState(
             max_steps=self.plan.max_steps,
             num_train_epochs=self.plan.num_train_epochs,
-            logging_steps=self.plan.logging_steps,
-            eval_steps=self.plan.eval_steps,
-            save_steps=self.plan.save_steps,
+            logging_steps=self.plan.logging_steps,  # type: ignore[arg-type]  # see above
+            eval_steps=self.plan.eval_steps,  # type: ignore[arg-type]  # see above
+            save_steps=self.plan.save_steps,  # type: ignore[arg-type]  # see above
             train_batch_size=self.args.per_device_train_batch_size,
             is_local_process_zero=trainer.local_rank == 0,
             is_world_process_zero=trainer.is_global_zero,
-            stateful_callbacks=exportable,
+            stateful_callbacks=exportable,  # type: ignore[arg-type]  # see above
         )
         self.state.global_step = trainer.global_step
         if self._restorer is not None:
@@ -133,84 +198,103 @@ class HFTrainerFlow(Callback):
         self.handler.optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self.handler.lr_scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
         self.handler.train_dataloader = trainer.train_dataloader
-        self.control = self.handler.call("on_train_begin", self.args, self.state, self.control)
+        self.hf_event("on_train_begin")
         if self.args.eval_on_start:
             # No plateau-scheduler step and no best-metric update for this one (T:1655-1656, 3294-3331).
-            self._evaluate(trainer, pl_module, during_training=False)
+            self._evaluate(trainer, during_training=False)
 
     # ----- per update -----
+    @override
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch_index = trainer.current_epoch
+        self._epoch_stop_requested = False
         if self._restorer is not None:
             self._restorer.on_train_epoch_start()  # RNG states of a resumed run, once
-        if hasattr(pl_module, "epoch_stop_requested"):
-            pl_module.epoch_stop_requested = False
-        self.control = self.handler.call("on_epoch_begin", self.args, self.state, self.control)
+        if self._resumes_mid_epoch:
+            # Lightning warns that a plain DataLoader cannot resume mid-epoch (ours starts at the window), when this
+            # epoch's loop starts; the filter lasts until the epoch's first batch
+            self._resumes_mid_epoch = False
+            self._quiet_resume.enter_context(ignore_mid_epoch_resume_warning())
+        self.hf_event("on_epoch_begin")
 
+    def _end_quiet_resume(self) -> None:
+        self._quiet_resume.close()
+
+    @override
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
         """HF `on_step_begin`, before the first micro-batch of the update (T:1893)."""
-        if getattr(pl_module, "epoch_stop_requested", False):
+        self._end_quiet_resume()
+        if self._epoch_stop_requested:
             return  # the module ends the epoch before this batch runs (HF broke out after the previous update)
-        self.control = self.handler.call("on_step_begin", self.args, self.state, self.control)
+        self.hf_event("on_step_begin")
 
-    def on_hf_event(self, trainer: pl.Trainer, pl_module: pl.LightningModule, name: str) -> None:
-        """Step-internal events raised by `TransformerModule` (on_substep_end, on_pre/on_optimizer_step)."""
-        self.control = self.handler.call(name, self.args, self.state, self.control)
+    # TrainingStepListener: HF's events inside the update, raised by the module
+    def on_substep_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.hf_event("on_substep_end")
 
+    def on_pre_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.hf_event("on_pre_optimizer_step")
+
+    def on_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.hf_event("on_optimizer_step")
+
+    @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """After an update: HF's bookkeeping, `on_step_end`, the step pass, and at an epoch's end the epoch pass."""
         assert self.plan is not None
+        update = UpdateReport.from_outputs(outputs)
         window = [batch] if isinstance(batch, Mapping) else list(batch)
-        self.loss.add(self._micro_losses(outputs), self.state.global_step)
-        self.flos.add_window(getattr(pl_module, "model", None), window)
+        self.loss.add(update.micro_losses, self.state.global_step)
+        self.flos.add_window(flow_model(pl_module), window)
         # every earlier window of the epoch is full, so this also holds after a mid-epoch resume
         micro_done = batch_idx * self.args.gradient_accumulation_steps + len(window)
         self.state.global_step = trainer.global_step
         self.state.epoch = epoch_progress(self._epoch_index, micro_done, self.plan.microbatches_per_epoch)
         step_end_flags(self.state.global_step, self.args, self.plan).merge_into(self.control)
-        self.control = self.handler.call("on_step_end", self.args, self.state, self.control)
-        self._maybe_log_save_evaluate(trainer, pl_module)
+        self.hf_event("on_step_end")
+        self._maybe_log_save_evaluate(trainer, pl_module, update)
         # HF leaves the epoch when a flag says so after the pass (T:1963-1966); max_steps sets should_training_stop.
         epoch_stop = self.control.should_epoch_stop or self.control.should_training_stop
-        last_batch = bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+        last_batch = position_in_epoch(trainer)[1]
         if last_batch or epoch_stop or self.state.global_step >= self.plan.max_steps:
             epoch_end_flags(self.state.epoch, self.args).merge_into(self.control)
-            self.control = self.handler.call("on_epoch_end", self.args, self.state, self.control)
-            self._maybe_log_save_evaluate(trainer, pl_module)
+            self.hf_event("on_epoch_end")
+            self._maybe_log_save_evaluate(trainer, pl_module, update)
             if self.control.should_training_stop:
                 trainer.should_stop = True
-            elif epoch_stop and not last_batch and hasattr(pl_module, "epoch_stop_requested"):
-                pl_module.epoch_stop_requested = True  # `TransformerModule` returns -1 at the next batch start
+            elif epoch_stop and not last_batch:
+                flow_module(pl_module).request_epoch_stop()  # Lightning ends the epoch at the next batch start
+                self._epoch_stop_requested = True
         if self.loss.latest_loss is not None and trainer.progress_bar_callback is not None:
             pl_module.log("loss", self.loss.latest_loss, prog_bar=True, logger=False)
 
-    @staticmethod
-    def _micro_losses(outputs: Any) -> torch.Tensor:
-        """Per-micro-batch losses when the module reports them (`micro_losses`), else the update's summed loss."""
-        if isinstance(outputs, Mapping):
-            if outputs.get("micro_losses") is not None:
-                return torch.as_tensor(outputs["micro_losses"])
-            return torch.as_tensor(outputs["loss"])
-        return torch.as_tensor(outputs)
-
-    def _maybe_log_save_evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _maybe_log_save_evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, update: UpdateReport
+                                 ) -> None:
         """`Trainer._maybe_log_save_evaluate` (T:2230-2278): log, then evaluate, then save."""
         if self.control.should_log and self.state.global_step > self.loss.last_logged_step:
-            self._log_training(trainer, pl_module)
+            self._log_training(trainer, update)
         if self.control.should_evaluate:
-            new_best = self._evaluate(trainer, pl_module, during_training=True)
+            new_best = self._evaluate(trainer, during_training=True)
             if self.args.save_strategy == "best":
                 self.control.should_save = new_best  # T:2273-2274: "best" saves exactly on a new best
         if self.control.should_save:
             self.flos.store(self.state, trainer)
-            self.saver.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control])
-            self.control = self.handler.call("on_save", self.args, self.state, self.control)
+            self.saver.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
+                            epoch_ending=self.control.should_epoch_stop, skip_callbacks=(self,))
+            self.hf_event("on_save")
 
-    # ----- logging -----
+    # ----- HF events and logging -----
+    def hf_event(self, name: str, **extra: Any) -> None:
+        """Call the HF callbacks' `name` event with HF's arguments; their returned control replaces ours."""
+        self.control = self.handler.call(name, self.args, self.state, self.control, **extra)
+
+    def set_eval_dataloader(self, loader: Any) -> None:
+        self.handler.eval_dataloader = loader
+
     def record_log(self, trainer: pl.Trainer | None, logs: dict[str, Any]) -> None:
         """HF `Trainer.log` (T:4181-4203): add `epoch`, append to `log_history` with `step`, `on_log`, write to loggers.
 
@@ -219,21 +303,19 @@ class HFTrainerFlow(Callback):
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
         self.state.log_history.append({**logs, "step": self.state.global_step})
-        self.control = self.handler.call("on_log", self.args, self.state, self.control, logs=logs)
+        self.hf_event("on_log", logs=logs)
         numeric = {
             tensorboard_tag(k): v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
         }
         for logger in trainer.loggers if trainer is not None else []:
             logger.log_metrics(numeric, step=self.state.global_step)
 
-    def _log_training(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def _log_training(self, trainer: pl.Trainer, update: UpdateReport) -> None:
         """The training-loss entry (T:2242-2266): `loss`, `grad_norm` of the last update, LR of the update just done."""
         logs: dict[str, Any] = {"loss": self.loss.pop_log_value(trainer.strategy, self.state.global_step)}
-        grad_norm = getattr(pl_module, "last_grad_norm", None)
-        if grad_norm is not None:
-            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-            logs["grad_norm"] = float(grad_norm.item()) if torch.is_tensor(grad_norm) else float(grad_norm)
-        learning_rate = getattr(pl_module, "last_learning_rate", None)
+        if update.grad_norm is not None:
+            logs["grad_norm"] = update.grad_norm
+        learning_rate = update.learning_rate
         if learning_rate is None and trainer.optimizers:
             learning_rate = float(trainer.optimizers[0].param_groups[0]["lr"])
         if learning_rate is not None:
@@ -241,150 +323,64 @@ class HFTrainerFlow(Callback):
         self.flos.store(self.state, trainer)
         self.record_log(trainer, logs)
 
-    # ----- evaluation -----
-    def _evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, during_training: bool) -> bool:
+    # ----- evaluation (HFEvaluator runs it; the flow logs and decides what follows) -----
+    def _evaluate(self, trainer: pl.Trainer, during_training: bool) -> bool:
         """`Trainer._evaluate` + `_determine_best_metric`: run Lightning's validation loop now; True on a new best."""
-        datamodule = trainer.datamodule
-        if datamodule is not None and not getattr(datamodule, "eval_datasets", True):
+        if not datamodule_of(trainer).eval_datasets:
             raise ValueError(
                 "Trainer: evaluation requires an eval_dataset. `control.should_evaluate` was set at step "
                 f"{self.state.global_step} but no eval_dataset was given."
             )
-        loop = trainer.fit_loop.epoch_loop.val_loop
-        first_loop_iter = trainer._logger_connector._first_loop_iter
-        trainer.validating = True  # what Lightning's epoch loop does around its own validation run
-        try:
-            loop.run()
-        finally:
-            trainer.training = True
-            trainer._logger_connector._first_loop_iter = first_loop_iter
-        if not self.last_eval_metrics:  # nothing was evaluated, so no `on_evaluate` cleared the request
+        metrics = self.evaluator.evaluate_during_fit(trainer).metrics
+        if not metrics:  # nothing was evaluated, so no `on_evaluate` cleared the request
             self.control.should_evaluate = False
         if not during_training:
             return False
-        self.best.step_plateau_scheduler(trainer, self.last_eval_metrics)
-        return self.best.update(self.state, self.last_eval_metrics)
+        self.best.step_plateau_scheduler(trainer, metrics)
+        return self.best.update(self.state, metrics)
 
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.sanity_checking:  # Lightning's pre-training sanity check is not an HF evaluation
-            return
-        self._eval_finished = set()
-        self._eval_current = -1
-        self.last_eval_metrics = {}
-
-    def on_validation_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        """A new eval dataset starts: finish the previous ones first, as HF evaluates datasets one after another."""
-        if not trainer.sanity_checking and dataloader_idx != self._eval_current:
-            for idx in range(dataloader_idx):
-                if idx not in self._eval_finished:
-                    self._finish_eval_dataset(trainer, pl_module, idx)
-            self._eval_current = dataloader_idx
-            loaders = trainer.val_dataloaders
-            self.handler.eval_dataloader = loaders[dataloader_idx] if isinstance(loaders, list) else loaders
-
-    def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if not trainer.sanity_checking:
-            self.control = self.handler.call("on_prediction_step", self.args, self.state, self.control)
-
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Finish the datasets not finished yet: one log entry and one `on_evaluate` per dataset."""
-        if trainer.sanity_checking:
-            return
-        count = max(len(trainer.num_val_batches), 1 + max(getattr(pl_module, "eval_accumulators", {}) or [-1]))
-        for idx in range(count):
-            if idx not in self._eval_finished:
-                self._finish_eval_dataset(trainer, pl_module, idx)
-
-    def _eval_accumulator(self, trainer: pl.Trainer, pl_module: pl.LightningModule, idx: int) -> Any:
-        """The module's accumulator of eval dataset `idx`; an empty one on a process whose shard had no batch (a tiny
-        eval set over many processes), so that every process joins the gather."""
-        accumulators = getattr(pl_module, "eval_accumulators", None)
-        if accumulators is None or idx in accumulators or trainer.world_size == 1:
-            return None if accumulators is None else accumulators.get(idx)
-        from hf_lightning.evaluation import EvalAccumulator
-
-        loss_only = self.args.prediction_loss_only or getattr(pl_module, "compute_metrics", None) is None
-        if hasattr(pl_module, "_accumulator"):  # the module's own kind (e.g. one that evens out `generate` calls)
-            return pl_module._accumulator(idx, loss_only)
-        return accumulators.setdefault(idx, EvalAccumulator(pl_module, loss_only))
-
-    def _finish_eval_dataset(self, trainer: pl.Trainer, pl_module: pl.LightningModule, idx: int) -> None:
-        """HF `evaluate()` for one dataset (T:2843-2894): metrics with `eval[_name]_` keys, `log`, `on_evaluate`."""
-        accumulator = self._eval_accumulator(trainer, pl_module, idx)
-        self._eval_finished.add(idx)
-        if accumulator is None:
-            return
-        names = getattr(trainer.datamodule, "eval_dataset_names", None) or [""]
-        name = names[idx] if idx < len(names) else str(idx)
-        datasets = getattr(trainer.datamodule, "eval_datasets", None) or {}
-        dataset = datasets.get(name)
-        sized = dataset is not None and hasattr(dataset, "__len__")
-        prefix = f"{self.eval_prefix}_{name}" if name else self.eval_prefix
-        metrics = dict(accumulator.finish(prefix, num_samples=len(dataset) if sized else None).metrics)
+    def dataset_evaluated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, Any]) -> None:
+        """HF `evaluate()` for one dataset (T:2843-2894): the log entry, `on_evaluate`, then the listeners."""
         self.record_log(trainer, metrics)  # adds "epoch" into the same dict, as HF
-        self.control = self.handler.call("on_evaluate", self.args, self.state, self.control, metrics=metrics)
-        for callback in trainer.callbacks:  # Lightning callbacks acting on HF evaluations (e.g. HFEarlyStopping)
-            hook = getattr(callback, "on_hf_evaluate", None)
-            if hook is not None:
-                hook(trainer, pl_module, self, metrics)
-        self.last_eval_metrics.update(metrics)
-
-    # ----- prediction -----
-    def on_predict_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        loaders = trainer.predict_dataloaders
-        self.handler.eval_dataloader = loaders[dataloader_idx] if isinstance(loaders, list) else loaders
-
-    def on_predict_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self.control = self.handler.call("on_prediction_step", self.args, self.state, self.control)
-
-    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._predict_module = pl_module
-
-    def last_prediction(self, prefix: str, num_samples: int | None) -> Any:
-        """Finish the last `predict` run: HF's `PredictionOutput` fields; fires `on_predict` (no log entry)."""
-        accumulators = self._predict_module.eval_accumulators
-        if 0 not in accumulators:  # this process's shard was empty (more processes than batches): still gather
-            module = self._predict_module
-            if hasattr(module, "_accumulator"):  # the module's own kind (e.g. one that evens out `generate` calls)
-                module._accumulator(0, self.args.prediction_loss_only, is_prediction=True)
-            else:
-                from hf_lightning.evaluation import EvalAccumulator
-
-                accumulators[0] = EvalAccumulator(module, self.args.prediction_loss_only, is_prediction=True)
-        result = accumulators[0].finish(prefix, num_samples=num_samples)
-        self.control = self.handler.call("on_predict", self.args, self.state, self.control, metrics=result.metrics)
-        return result
+        self.hf_event("on_evaluate", metrics=metrics)
+        for listener in self._eval_listeners:
+            listener.on_hf_evaluate(trainer, pl_module, self, metrics)
 
     # ----- end -----
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """The train summary entry (T:1993-2014), best-model loading, rotation cleanup, then HF `on_train_end`."""
         assert self.plan is not None
+        self._end_quiet_resume()
         steps = self.state.global_step - self.loss.initial_step
         train_loss = self.loss.train_loss(trainer.strategy, self.state.global_step)
-        dataset = getattr(trainer.datamodule, "train_dataset", None)
+        dataset = datamodule_of(trainer).train_dataset
         total_batch = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps * trainer.world_size
-        if self.args.max_steps > 0 or dataset is None or not hasattr(dataset, "__len__"):
-            num_samples: float = self.plan.max_steps * total_batch
+        num_samples: float
+        if self.args.max_steps > 0 or dataset_length(dataset) is None:
+            num_samples = self.plan.max_steps * total_batch
         else:
             num_samples = len(dataset) * self.args.num_train_epochs
         self.flos.store(self.state, trainer)
         metrics = train_summary(self._train_start, num_samples, steps, self.plan.max_steps, self.state.total_flos,
                                 train_loss)
-        self.train_metrics = metrics
-        self.record_log(trainer, metrics)
-        self.best.load_best(pl_module.model, self.state)
+        self.record_log(trainer, metrics)  # adds "epoch", as HF's `TrainOutput.metrics` has it
+        self._summary = metrics
+        self.best.load_best(flow_model(pl_module), self.state)
         self.saver.finish(trainer, self.state)
-        self.control = self.handler.call("on_train_end", self.args, self.state, self.control)
+        self.hf_event("on_train_end")
 
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._end_quiet_resume()
+
+    @override
     def state_dict(self) -> dict[str, Any]:
+        """HF's log history and FLOPs (what a Lightning `.ckpt` keeps of the flow; our resume reads
+        `trainer_state.json` instead)."""
         return {"log_history": list(self.state.log_history), "total_flos": self.state.total_flos}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.state.log_history = list(state_dict.get("log_history", []))
+        self.state.total_flos = float(state_dict.get("total_flos", 0.0))

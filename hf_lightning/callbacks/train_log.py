@@ -8,16 +8,44 @@
   parameters` per micro-batch, summed over processes when stored.
 - `train_summary` is the final `train_*` entry of `_finalize_training` (T:1993-2014), in HF's key order.
 - `tensorboard_tag` is `integrations.rewrite_logs`: the tag names HF's `TensorBoardCallback` writes.
+- `UpdateReport` reads what an update reported through `training_step`'s output (`contracts.TrainingStepOutput`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
+from transformers.trainer_utils import speed_metrics
 
-__all__ = ["FlopsCounter", "TrainLossTracker", "tensorboard_tag", "train_summary"]
+__all__ = ["FlopsCounter", "TrainLossTracker", "UpdateReport", "tensorboard_tag", "train_summary"]
+
+
+@dataclass(frozen=True)
+class UpdateReport:
+    """What one optimizer update reported through `training_step`'s output (`contracts.TrainingStepOutput`)."""
+
+    micro_losses: torch.Tensor
+    grad_norm: float | None = None
+    learning_rate: float | None = None
+
+    @classmethod
+    def from_outputs(cls, outputs: Any) -> UpdateReport:
+        """Read a `TrainingStepOutput` dict, or a bare loss tensor (a module returning only its loss)."""
+        if not isinstance(outputs, Mapping):
+            return cls(torch.as_tensor(outputs))
+        losses = outputs.get("micro_losses")
+        grad_norm = outputs.get("grad_norm")
+        if isinstance(grad_norm, DTensor):  # FSDP2: the norm of the whole model, not of this rank's shard
+            grad_norm = grad_norm.full_tensor()
+        return cls(
+            micro_losses=torch.as_tensor(losses if losses is not None else outputs["loss"]),
+            grad_norm=None if grad_norm is None else float(grad_norm),
+            learning_rate=outputs.get("learning_rate"),
+        )
 
 
 def tensorboard_tag(key: str) -> str:
@@ -125,8 +153,6 @@ def train_summary(
     train_loss: float,
 ) -> dict[str, Any]:
     """`train_runtime, train_samples_per_second, train_steps_per_second, total_flos, train_loss` (HF's order)."""
-    from transformers.trainer_utils import speed_metrics
-
     metrics = speed_metrics(
         "train", start_time, num_samples=num_train_samples * steps_this_call / max(max_steps, 1),
         num_steps=steps_this_call,

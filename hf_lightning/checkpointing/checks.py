@@ -13,7 +13,8 @@ def unreachable_best_checkpoint(args: Any, eval_steps: float, save_steps: float,
     HF checks `save_steps % eval_steps` on the *given* values (TA:1748-1774), so ratios such as 0.1 / 0.2 pass; they
     are then rounded up against `max_steps` separately (`ceil(ratio * max_steps)`) and may stop being multiples
     (0.1 / 0.2 of 105 updates: 11 / 21). Evaluations then mostly fall on steps without a checkpoint, so
-    `best_model_checkpoint` lags or stays None and the best model is silently not loaded (spec 6.3, obs c2).
+    `best_model_checkpoint` lags or stays None and the best model is silently not loaded (the rounding is
+    `TrainerState.compute_steps`, CB:156-167).
     """
     if not (args.load_best_model_at_end and args.eval_strategy == "steps" and args.save_strategy == "steps"):
         return None

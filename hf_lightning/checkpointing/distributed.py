@@ -32,7 +32,7 @@ def _options(**kwargs: Any) -> Any:
     return StateDictOptions(**kwargs)
 
 
-def full_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
+def full_model_state_dict(model: nn.Module) -> dict[str, Any] | None:
     """The gathered full state dict on rank 0 for a sharded model (a collective), else None (use the model's own)."""
     if not is_sharded(model):
         return None
@@ -41,7 +41,7 @@ def full_model_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     return get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True))
 
 
-def load_model_state(model: nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+def load_model_state(model: nn.Module, state_dict: dict[str, Any]) -> None:
     """Load a full state dict (every rank passes the whole dict) into a sharded or plain model, `strict=False`."""
     if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import set_model_state_dict

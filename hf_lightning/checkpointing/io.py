@@ -9,7 +9,7 @@ and Lightning callback states, a few KB; never the weights) and, under FSDP2, `o
 `torch.distributed.checkpoint` folder) instead of `optimizer.pt`.
 
 The writer is split into steps so that several processes can share one folder: rank 0 prepares and finalises, each
-rank writes its own RNG file in between (see `callbacks/checkpoint_saver.py`). `write_checkpoint` runs all steps in one process.
+rank writes its own RNG file in between (see `callbacks/checkpoint_saver.py`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from torch import nn
 __all__ = [
     "CHECKPOINT_PREFIX", "TMP_PREFIX", "LIGHTNING_STATE_NAME", "SHARDED_OPTIMIZER_DIR", "TRAINER_STATE_NAME",
     "finalize_checkpoint", "prepare_tmp_folder", "recover_interrupted_replacements", "rng_file_name", "rng_state",
-    "save_model_files", "write_checkpoint", "write_rng_state", "write_training_files",
+    "save_model_files", "write_rng_state", "write_training_files",
 ]
 
 CHECKPOINT_PREFIX = "checkpoint"
@@ -39,13 +39,14 @@ _OLD_SUFFIX = "-old"
 
 
 def save_model_files(model: nn.Module, directory: str | Path, processing_class: Any = None,
-                     state_dict: dict[str, torch.Tensor] | None = None) -> None:
+                     state_dict: dict[str, Any] | None = None) -> None:
     """HF `Trainer._save`: `save_pretrained` for a `PreTrainedModel`, bare safetensors for any other module."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    if hasattr(model, "save_pretrained"):
+    save_pretrained = getattr(model, "save_pretrained", None)  # a PreTrainedModel's (or a PEFT model's)
+    if callable(save_pretrained):
         # save_pretrained empties a state_dict it is given (transformers 5.23): pass a copy.
-        model.save_pretrained(directory, state_dict=dict(state_dict) if state_dict is not None else None)
+        save_pretrained(directory, state_dict=dict(state_dict) if state_dict is not None else None)
     else:
         from safetensors.torch import save_file
 
@@ -139,29 +140,3 @@ def recover_interrupted_replacements(output_dir: str | Path) -> list[Path]:
                 continue
             recovered.append(final)
     return recovered
-
-
-def write_checkpoint(
-    output_dir: str | Path,
-    step: int,
-    model: nn.Module,
-    *,
-    state: Any,
-    args: Any,
-    processing_class: Any = None,
-    optimizer: torch.optim.Optimizer | None = None,
-    scheduler: Any = None,
-    scaler: Any = None,
-    lightning_state: dict[str, Any] | None = None,
-    state_dict: dict[str, torch.Tensor] | None = None,
-) -> Path:
-    """Write `checkpoint-<step>` atomically from one process and return its path."""
-    tmp = prepare_tmp_folder(output_dir, step)
-    save_model_files(model, tmp, processing_class, state_dict=state_dict)
-    torch.save(args, tmp / "training_args.bin")
-    if not getattr(args, "save_only_model", False):
-        write_training_files(tmp, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
-                             lightning_state=lightning_state)
-        write_rng_state(tmp)
-    state.save_to_json(str(tmp / TRAINER_STATE_NAME))
-    return finalize_checkpoint(output_dir, step)

@@ -10,22 +10,34 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Literal, Union
+from typing import Any, Literal, NoReturn, Union
 
 import jsonargparse
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from transformers import set_seed
+from transformers.trainer_utils import PredictionOutput
+from typing_extensions import override
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.to_lightning import lightning_trainer_kwargs
+from hf_lightning.checkpointing.final_model import save_final_model
+from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, split_callbacks
+from hf_lightning.prediction_writer import write_predictions
+from hf_lightning.resume.find import existing_checkpoint_conflict, resolve_resume
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
-from hf_lightning.tasks.registry import args_for_task, resolve, task_names
+from hf_lightning.tasks.datamodule import TaskDataModule, splits_for_stage
+from hf_lightning.tasks.generation import write_prediction_texts
+from hf_lightning.tasks.hf_callbacks import build_hf_callbacks
+from hf_lightning.tasks.loading import build_model, label_list_for, load_split, load_tokenizer
+from hf_lightning.tasks.registry import args_for_task, get_task, resolve, task_names
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 
 __all__ = ["HFLightningCLI"]
 
 # `--help` shows each TrainingArguments field's docstring (PEP 257 attribute docstrings, off by default).
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
-
-from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 _CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError, NotImplementedError, OSError, MisconfigurationException)
 
@@ -36,8 +48,6 @@ def _check_output_dir(args: TrainingArguments, checkpoint: str | None) -> None:
     Raises:
         ValueError: this run would overwrite or rotate away checkpoints it did not write.
     """
-    from hf_lightning.resume.find import existing_checkpoint_conflict
-
     step = None
     if checkpoint is not None:
         state = os.path.join(checkpoint, "trainer_state.json")
@@ -68,7 +78,8 @@ def _check_input_columns(data_spec: Any, raw: dict[str, Any]) -> None:
 class _OneLineErrorParser(LightningArgumentParser):
     """Parse errors as one `error:` line (no usage dump), like the errors of our own checks."""
 
-    def error(self, message: str, ex: Exception | None = None) -> None:  # type: ignore[override]
+    @override
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         lines = [line.strip() for line in str(message).splitlines() if line.strip()]
         prog = str(self.prog).replace(" [options]", "")
         sys.stderr.write(f"{prog}: error: {' '.join(lines)} (see `{prog} --help`)\n")
@@ -76,11 +87,9 @@ class _OneLineErrorParser(LightningArgumentParser):
 
 
 class HFLightningCLI(LightningCLI):
-    """LightningCLI whose model, data and trainer are built from an HF-style config (see `hf_lightning/cli/__init__.py`)."""
+    """LightningCLI whose model, data and trainer are built from an HF-style config (see `cli/__init__.py`)."""
 
     def __init__(self, args: list[str] | None = None) -> None:
-        from lightning.pytorch import LightningModule
-
         super().__init__(
             # only a placeholder: `add_core_arguments_to_parser` defines the sections and `_instantiate` builds a
             # TransformerModule; not importing it here keeps `fit --help` free of the transformers model code
@@ -95,6 +104,7 @@ class HFLightningCLI(LightningCLI):
         )
 
     # ----- parser -----
+    @override
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(self.trainer_class, "trainer")
         parser.add_argument(
@@ -106,7 +116,7 @@ class HFLightningCLI(LightningCLI):
                                    help="HF TrainingArguments (transformers' names and defaults); the generation "
                                         "tasks also take the Seq2SeqTrainingArguments fields.")
         parser.add_argument(
-            "--hf_callbacks", type=list[Union[str, dict[str, Any]]], default=[],
+            "--hf_callbacks", type=list[Union[str, dict[str, Any]]], default=[],  # noqa: UP007  (read by jsonargparse)
             help="transformers.TrainerCallback classes, each a class path or {class_path, init_args} (e.g. "
                  "transformers.EarlyStoppingCallback); Lightning callbacks go in trainer.callbacks.",
         )
@@ -134,6 +144,7 @@ class HFLightningCLI(LightningCLI):
         given = self.config[self.subcommand]["trainer"]
         return {k: v for k, v in trainer_cfg.items() if given.get(k) != defaults.get(k)}
 
+    @override
     def instantiate_classes(self) -> None:
         try:
             self._instantiate()
@@ -141,16 +152,9 @@ class HFLightningCLI(LightningCLI):
             self._error(err)
 
     def _instantiate(self) -> None:
-        from transformers import set_seed
-
-        from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, split_callbacks
-        from hf_lightning.resume.find import resolve_resume
-        from hf_lightning.args.to_lightning import lightning_trainer_kwargs
-        from hf_lightning.tasks.datamodule import TaskDataModule, splits_for_stage
-        from hf_lightning.tasks.loading import build_model, label_list_for, load_split, load_tokenizer
-        from hf_lightning.tasks.registry import get_task
-
         sub = self.subcommand
+        if sub is None:
+            raise ValueError("hf-lightning needs a subcommand: fit, validate or predict.")
         self.config_init = self.parser.instantiate_classes(self.config)
         cfg = self.config[sub]
         task = get_task(cfg["task"])
@@ -197,8 +201,6 @@ class HFLightningCLI(LightningCLI):
         user = self._user_trainer_kwargs(trainer_cfg)
         callbacks = user.pop("callbacks", None) or []
         hf_callbacks, lightning_callbacks = split_callbacks(callbacks if isinstance(callbacks, list) else [callbacks])
-        from hf_lightning.tasks.hf_callbacks import build_hf_callbacks
-
         hf_callbacks += build_hf_callbacks(cfg.get("hf_callbacks"))
         try:
             trainer_kwargs = lightning_trainer_kwargs(args, user)
@@ -206,31 +208,26 @@ class HFLightningCLI(LightningCLI):
             raise ValueError(str(err).replace("lightning_kwargs", "trainer options").replace(
                 "TrainingArguments.", "args.")) from None
         self.flow = build_flow(args, hf_callbacks, tokenizer)
-        self.flow.handler.model = model
-        self.flow.control = self.flow.handler.call("on_init_end", args, self.flow.state, self.flow.control)
+        self.flow.hf_init_end(model)
         save_config = SaveConfigCallback(self._parser(sub), self.config[sub], **self.save_config_kwargs)
         self.trainer = build_lightning_trainer(self.flow, [*lightning_callbacks, save_config], trainer_kwargs)
 
     # ----- subcommands -----
     def fit(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Train, then save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`)."""
-        from hf_lightning.checkpointing.io import save_model_files
-
         # the flow restores an HF-layout checkpoint folder itself (resume/load.py), as in the facade
-        self.flow.resume_from_checkpoint = self.ckpt_for_lightning or False
-        self.trainer.fit(model, datamodule=datamodule)
+        output = self.flow.fit(self.trainer, model, datamodule, resume_from_checkpoint=self.ckpt_for_lightning or False)
+        out = self.hf_args.resolved_output_dir
+        save_final_model(model.model, out, datamodule.processing_class, self.hf_args,
+                         is_global_zero=self.trainer.is_global_zero)  # every process: the FSDP2 gather
         if self.trainer.is_global_zero:
-            out = self.hf_args.resolved_output_dir
-            save_model_files(model.model, out, datamodule.processing_class)
-            metrics = dict(getattr(self.flow, "train_metrics", {}))
-            print(json.dumps({"global_step": self.flow.state.global_step, **metrics}, default=float))
+            print(json.dumps({"global_step": output.global_step, **output.metrics}, default=float))
             print(f"model saved to {os.path.abspath(out)}")
 
     def validate(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Evaluate and print the HF metric dict (also written to `<output_dir>/eval_results.json`)."""
-        self.trainer.validate(model, datamodule=datamodule, ckpt_path=self.ckpt_for_lightning, verbose=False)
+        metrics = self.flow.evaluate(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning).metrics
         if self.trainer.is_global_zero:
-            metrics = dict(self.flow.last_eval_metrics)
             out = self.hf_args.resolved_output_dir
             os.makedirs(out, exist_ok=True)
             with open(os.path.join(out, "eval_results.json"), "w") as f:
@@ -238,19 +235,14 @@ class HFLightningCLI(LightningCLI):
             print(json.dumps(metrics, default=float))
 
     def predict(self, model: Any, datamodule: Any, **_: Any) -> None:
-        """Predict and write the prediction file to `output_dir`; prints its path."""
-        from hf_lightning.tasks.predictions import write_predictions
-
-        self.trainer.predict(model, datamodule=datamodule, ckpt_path=self.ckpt_for_lightning,
-                             return_predictions=False)
-        dataset = datamodule.predict_dataset
-        result = self.flow.last_prediction("test", len(dataset) if hasattr(dataset, "__len__") else None)
+        """Predict and write the prediction files to `output_dir` (`prediction_writer.py`); prints their path."""
+        result = self.flow.predict(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning)
         if self.trainer.is_global_zero:
-            path = write_predictions(result, self.hf_args.resolved_output_dir)
+            output = PredictionOutput(predictions=result.predictions, label_ids=result.label_ids,
+                                      metrics=result.metrics)
+            path = write_predictions(output, self.hf_args.resolved_output_dir)
             print(f"predictions written to {os.path.abspath(path)}")
             if self.task.generates:
-                from hf_lightning.tasks.generation import write_prediction_texts
-
                 texts = write_prediction_texts(result, datamodule.processing_class, self.hf_args.resolved_output_dir)
                 if texts is not None:
                     print(f"decoded predictions written to {os.path.abspath(texts)}")

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["precheck", "fail"]
 
 _SECTIONS = ("args", "model", "data")
 
 
-def fail(message: str, prog: str = "hf-lightning") -> None:
+def fail(message: object, prog: str = "hf-lightning") -> NoReturn:
     """One parser-style line on stderr and exit status 2 (argparse's convention)."""
     sys.stderr.write(f"{prog}: error: {' '.join(str(message).split())}\n")
     sys.exit(2)
@@ -51,7 +51,7 @@ def _config_sections(argv: list[str]) -> dict[str, Any] | None:
 
 
 def _check_types(section: str, cls: type, values: dict[str, Any]) -> None:
-    """jsonargparse's type check of one section (the same check and words as the full parser, without Lightning)."""
+    """The type check of one section by jsonargparse (the same check and words as the full parser, no Lightning)."""
     from jsonargparse import ArgumentParser
 
     parser = ArgumentParser(exit_on_error=False)
@@ -110,7 +110,7 @@ def precheck(argv: list[str]) -> None:
             spec = cls(**values)
         except (TypeError, ValueError) as err:
             fail(f"in `{section}`: {err}")
-        if section == "data":
+        if isinstance(spec, DataSpec):
             from hf_lightning.tasks.loading import check_files
 
             try:

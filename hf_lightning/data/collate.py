@@ -14,6 +14,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from torch import nn
+from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, default_data_collator
+from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
+from transformers.utils import find_labels
 
 from hf_lightning.data.sampling import split_window
 
@@ -31,18 +34,13 @@ Collator = Callable[[list[Any]], Any]
 
 def default_collator(processing_class: Any = None) -> Collator:
     """HF's choice: pad with the tokenizer / feature extractor when one is given, else `default_data_collator`."""
-    from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, default_data_collator
-    from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
-
     if isinstance(processing_class, (PreTrainedTokenizerBase, SequenceFeatureExtractor)):
-        return DataCollatorWithPadding(processing_class)
+        return DataCollatorWithPadding(processing_class)  # type: ignore[arg-type]  # HF passes extractors too
     return default_data_collator
 
 
 def find_label_names(model: nn.Module) -> list[str]:
     """`forward` parameters whose name contains "label" (plus QA start/end positions), as `transformers.find_labels`."""
-    from transformers.utils import find_labels
-
     return find_labels(type(model))
 
 

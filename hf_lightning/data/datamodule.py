@@ -12,8 +12,11 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+from typing_extensions import override
 
+from hf_lightning._lightning_compat import uses_distributed_sampler
 from hf_lightning.args import TrainingArguments
 from hf_lightning.data.collate import (
     ColumnFilter,
@@ -23,42 +26,9 @@ from hf_lightning.data.collate import (
     remove_unused_columns,
     signature_columns,
 )
-from hf_lightning.data.sampling import WindowBatchSampler
+from hf_lightning.data.sampling import ContiguousShardSampler, WindowBatchSampler
 
 __all__ = ["TransformerDataModule", "ContiguousShardSampler"]
-
-
-class ContiguousShardSampler(Sampler[int]):
-    """Rank `r` of `w` reads one contiguous block of the dataset; nothing repeats, nothing is dropped.
-
-    Blocks are cut at multiples of `batch_size` (their sizes in batches differ by at most one), so every eval batch
-    of a rank is exactly a batch of the single-process run with the same `per_device_eval_batch_size`: same rows,
-    same padding, hence bit-identical logits and batch losses, and an `eval_loss` that does not depend on the number
-    of processes. With fewer batches than processes, blocks are cut per sample instead, so that every process
-    still gets rows (Lightning refuses a process with an empty loader); the predictions are the same, but the
-    batches, hence HF's sample-weighted `eval_loss`, are those of a smaller batch size.
-
-    Raises:
-        ValueError: fewer samples than processes (some process would have nothing to evaluate).
-    """
-
-    def __init__(self, num_samples: int, world_size: int, rank: int, batch_size: int = 1) -> None:
-        if 0 < num_samples < world_size:
-            raise ValueError(
-                f"An evaluation / prediction dataset of {num_samples} sample(s) cannot be split over {world_size} "
-                "processes: every process needs at least one sample. Use fewer devices for it, or more samples."
-            )
-        unit = batch_size if -(-num_samples // batch_size) >= world_size else 1
-        base, extra = divmod(-(-num_samples // unit), world_size)
-        first = rank * base + min(rank, extra)
-        self.start = min(first * unit, num_samples)
-        self.stop = min((first + base + (1 if rank < extra else 0)) * unit, num_samples)
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.start, self.stop))
 
 
 class _WindowedIterable:
@@ -147,6 +117,7 @@ class TransformerDataModule(pl.LightningDataModule):
         return list(self.eval_datasets or {})
 
     # ----- column handling -----
+    @override
     def setup(self, stage: str) -> None:
         """Resolve the model's accepted columns and drop the others (HF `remove_unused_columns`)."""
         module = self.trainer.lightning_module if self.trainer is not None else None
@@ -175,7 +146,7 @@ class TransformerDataModule(pl.LightningDataModule):
         trainer = self.trainer
         if trainer is None:
             return 1, 0
-        if trainer.world_size > 1 and trainer._accelerator_connector.use_distributed_sampler:
+        if trainer.world_size > 1 and uses_distributed_sampler(trainer):
             raise ValueError(
                 "TransformerDataModule shards data itself; create the Lightning Trainer with "
                 "`use_distributed_sampler=False` (got use_distributed_sampler=True with "
@@ -184,8 +155,6 @@ class TransformerDataModule(pl.LightningDataModule):
         return trainer.world_size, trainer.global_rank
 
     def _loader_kwargs(self) -> dict[str, Any]:
-        import torch
-
         args = self.args
         kwargs: dict[str, Any] = {
             "num_workers": args.dataloader_num_workers,
@@ -198,6 +167,7 @@ class TransformerDataModule(pl.LightningDataModule):
         return kwargs
 
     # ----- loaders -----
+    @override
     def train_dataloader(self) -> Any:
         """Windows of `gradient_accumulation_steps` micro-batches, in HF's seeded order."""
         if self.train_dataset is None:
@@ -205,26 +175,7 @@ class TransformerDataModule(pl.LightningDataModule):
         args, (world, rank) = self.args, self._world()
         collate = self._collator(self.train_dataset)
         if isinstance(self.train_dataset, IterableDataset):
-            dataset = self.train_dataset
-            if world > 1:
-                from datasets import IterableDataset as HFIterable
-                from datasets.distributed import split_dataset_by_node
-
-                if not isinstance(dataset, HFIterable):
-                    raise ValueError(
-                        "A torch IterableDataset cannot be sharded across processes by hf_lightning; use a "
-                        "`datasets.IterableDataset` or a map-style dataset for `train_dataset` under DDP."
-                    )
-                dataset = split_dataset_by_node(dataset, rank=rank, world_size=world)
-            loader = DataLoader(
-                dataset, batch_size=args.per_device_train_batch_size, collate_fn=collate,
-                drop_last=args.dataloader_drop_last, **self._loader_kwargs(),
-            )
-            windowed = _WindowedIterable(loader, args.gradient_accumulation_steps)
-            if self.resume_position is not None:  # an iterable dataset can only skip by reading (as HF)
-                windowed.set_epoch(self.resume_position[0])
-                windowed.skip, self.resume_position = self.resume_position[1], None
-            return windowed
+            return self._iterable_train_loader(collate, world, rank)
         self.train_sampler = WindowBatchSampler(
             num_samples=len(self.train_dataset),
             batch_size=args.per_device_train_batch_size,
@@ -246,6 +197,30 @@ class TransformerDataModule(pl.LightningDataModule):
             collate_fn=WindowCollator(collate, args.per_device_train_batch_size),
             **self._loader_kwargs(),
         )
+
+    def _iterable_train_loader(self, collate: Any, world: int, rank: int) -> _WindowedIterable:
+        """Windows read from an `IterableDataset` (a `datasets` one is split across processes by node)."""
+        args, dataset = self.args, self.train_dataset
+        if world > 1:
+            # `datasets` (with pandas and pyarrow) only for this case: importing the data module stays light
+            from datasets import IterableDataset as HFIterable
+            from datasets.distributed import split_dataset_by_node
+
+            if not isinstance(dataset, HFIterable):
+                raise ValueError(
+                    "A torch IterableDataset cannot be sharded across processes by hf_lightning; use a "
+                    "`datasets.IterableDataset` or a map-style dataset for `train_dataset` under DDP."
+                )
+            dataset = split_dataset_by_node(dataset, rank=rank, world_size=world)
+        loader = DataLoader(
+            dataset, batch_size=args.per_device_train_batch_size, collate_fn=collate,
+            drop_last=args.dataloader_drop_last, **self._loader_kwargs(),
+        )
+        windowed = _WindowedIterable(loader, args.gradient_accumulation_steps)
+        if self.resume_position is not None:  # an iterable dataset can only skip by reading (as HF)
+            windowed.set_epoch(self.resume_position[0])
+            windowed.skip, self.resume_position = self.resume_position[1], None
+        return windowed
 
     def num_train_microbatches(self) -> int | None:
         """Micro-batches per epoch on one process (`None` for an unsized dataset): HF's `len(train_dataloader)`."""
@@ -271,6 +246,7 @@ class TransformerDataModule(pl.LightningDataModule):
             kwargs["sampler"] = ContiguousShardSampler(len(dataset), world, rank, self.args.per_device_eval_batch_size)
         return DataLoader(dataset, **kwargs)
 
+    @override
     def val_dataloader(self) -> Any:
         """One loader per eval dataset, in the order of `eval_dataset_names`."""
         if not self.eval_datasets:
@@ -278,10 +254,12 @@ class TransformerDataModule(pl.LightningDataModule):
         loaders = [self._eval_loader(ds) for ds in self.eval_datasets.values()]
         return loaders[0] if len(loaders) == 1 else loaders
 
+    @override
     def test_dataloader(self) -> Any:
         """Same as `val_dataloader` (Lightning's `test` runs the evaluation code)."""
         return self.val_dataloader()
 
+    @override
     def predict_dataloader(self) -> Any:
         """The prediction dataset, in dataset order."""
         if self.predict_dataset is None:

@@ -9,16 +9,29 @@ window of any epoch by slicing, without iterating the skipped data (O(1) in the 
 - Sharding across processes reproduces accelerate's `BatchSamplerShard` with `even_batches=True`: batch `i` goes to
   rank `i % world_size`, and the tail is completed with samples from the start so every rank has as many batches.
 - Windows hold `gradient_accumulation_steps` micro-batches; the last window of an epoch may be shorter (T:1862-1872).
+
+Evaluation and prediction order: `ContiguousShardSampler` gives each rank one contiguous, unpadded block.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["WindowBatchSampler", "epoch_order", "shard_batches", "split_window"]
+__all__ = [
+    "ContiguousShardSampler", "WindowBatchSampler", "dataset_length", "epoch_order", "shard_batches", "split_window",
+]
+
+
+def dataset_length(dataset: Any) -> int | None:
+    """`len(dataset)`, or None for a dataset without a length (an `IterableDataset`, or None); HF's `has_length`."""
+    try:
+        return len(dataset)
+    except (TypeError, AttributeError, NotImplementedError):
+        return None
 
 
 def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> list[int]:
@@ -47,7 +60,7 @@ def shard_batches(
     mine: list[list[int]] = []
     initial: list[int] = []
     to_yield: list[int] = []
-    idx, batch = -1, []
+    idx, batch = -1, list[int]()
     for idx, batch in enumerate(batches):
         if not drop_last and idx < world_size:
             initial += batch
@@ -148,3 +161,36 @@ class WindowBatchSampler(Sampler[list[int]]):
         start, self.skip_windows = self.skip_windows, 0
         for w in range(start * self.accumulation, len(micro), self.accumulation):
             yield [i for batch in micro[w : w + self.accumulation] for i in batch]
+
+
+class ContiguousShardSampler(Sampler[int]):
+    """Rank `r` of `w` reads one contiguous block of the dataset; nothing repeats, nothing is dropped.
+
+    Blocks are cut at multiples of `batch_size` (their sizes in batches differ by at most one), so every eval batch
+    of a rank is exactly a batch of the single-process run with the same `per_device_eval_batch_size`: same rows,
+    same padding, hence bit-identical logits and batch losses, and an `eval_loss` that does not depend on the number
+    of processes. With fewer batches than processes, blocks are cut per sample instead, so that every process
+    still gets rows (Lightning refuses a process with an empty loader); the predictions are the same, but the
+    batches, hence HF's sample-weighted `eval_loss`, are those of a smaller batch size.
+
+    Raises:
+        ValueError: fewer samples than processes (some process would have nothing to evaluate).
+    """
+
+    def __init__(self, num_samples: int, world_size: int, rank: int, batch_size: int = 1) -> None:
+        if 0 < num_samples < world_size:
+            raise ValueError(
+                f"An evaluation / prediction dataset of {num_samples} sample(s) cannot be split over {world_size} "
+                "processes: every process needs at least one sample. Use fewer devices for it, or more samples."
+            )
+        unit = batch_size if -(-num_samples // batch_size) >= world_size else 1
+        base, extra = divmod(-(-num_samples // unit), world_size)
+        first = rank * base + min(rank, extra)
+        self.start = min(first * unit, num_samples)
+        self.stop = min((first + base + (1 if rank < extra else 0)) * unit, num_samples)
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.stop))

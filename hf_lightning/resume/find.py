@@ -22,6 +22,7 @@ from hf_lightning.checkpointing.io import (
     LIGHTNING_STATE_NAME,
     SHARDED_OPTIMIZER_DIR,
     TRAINER_STATE_NAME,
+    recover_interrupted_replacements,
     rng_file_name,
 )
 
@@ -60,11 +61,6 @@ class CheckpointFiles:
     scaler: Path | None
     rng: Path | None
     lightning_state: Path | None
-
-    @property
-    def model_only(self) -> bool:
-        """Written with `save_only_model` (or by hand): weights and state only, no optimizer to restore."""
-        return self.optimizer is None and self.sharded_optimizer is None and self.scheduler is None
 
 
 def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> CheckpointFiles:
@@ -160,8 +156,6 @@ def resolve_resume(args: Any, resume_from_checkpoint: str | bool | None) -> str 
         resume_from_checkpoint = args.resume_from_checkpoint
     if not resume_from_checkpoint:
         return None
-    from hf_lightning.checkpointing.io import recover_interrupted_replacements
-
     # a crash between the two renames of a re-save leaves the old folder under its backup name: put it back first
     recover_interrupted_replacements(args.resolved_output_dir)
 

@@ -25,16 +25,18 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
+from hf_lightning._lightning_compat import datamodule_of, grad_scaler
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME, recover_interrupted_replacements
 from hf_lightning.checkpointing.lightning_state import restore_callback_states
-from hf_lightning.resume.position import ResumePosition, apply_loop_position, resume_position
+from hf_lightning.contracts import FlowDataModule, flow_model
 from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
     existing_checkpoint_conflict,
-    last_checkpoint,
+    resolve_resume,
 )
+from hf_lightning.resume.position import ResumePosition, apply_loop_position, resume_position
 
 __all__ = ["CheckpointRestorer", "load_weights", "read_weights", "start_fit", "weight_mismatches"]
 
@@ -140,7 +142,7 @@ class CheckpointRestorer:
                                                 self.args.save_strategy != "no")
         if conflict:
             raise ValueError(conflict)
-        model = pl_module.model
+        model = flow_model(pl_module)
         load_weights(model, files.weights)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         optimizer = getattr(optimizer, "optimizer", optimizer)
@@ -150,7 +152,7 @@ class CheckpointRestorer:
             optimizer.load_state_dict(torch.load(files.optimizer, map_location="cpu", weights_only=True))
         if files.scheduler is not None and trainer.lr_scheduler_configs:
             trainer.lr_scheduler_configs[0].scheduler.load_state_dict(_torch_load(files.scheduler))
-        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        scaler = grad_scaler(trainer)
         if scaler is not None and files.scaler is not None:
             scaler.load_state_dict(torch.load(files.scaler, map_location="cpu", weights_only=True))
         # weights_only, as Lightning loads its own checkpoints: a checkpoint folder is not trusted code
@@ -164,14 +166,8 @@ class CheckpointRestorer:
         apply_loop_position(trainer, position)
         if saved is not None:
             restore_callback_states(trainer, saved)
-        datamodule = trainer.datamodule
-        if position.windows and not hasattr(datamodule, "resume_position"):
-            raise ValueError(
-                f"resume_from_checkpoint={self.path!r} resumes mid-epoch ({position.windows} updates into epoch "
-                f"{position.epoch}); skipping the trained batches needs hf_lightning's TransformerDataModule."
-            )
-        if datamodule is not None and hasattr(datamodule, "resume_position"):
-            datamodule.resume_position = (position.epoch, position.windows)
+        datamodule: FlowDataModule = datamodule_of(trainer)  # checked by the flow's setup
+        datamodule.resume_position = (position.epoch, position.windows)
         self._rng_pending = True
 
     def restore_trainer_state(self, flow: Any, trainer: pl.Trainer, max_steps: int, num_train_epochs: int) -> None:
@@ -187,7 +183,7 @@ class CheckpointRestorer:
                         "this run.", state.best_model_checkpoint)
             state.best_model_checkpoint = None
         _warn_on_changed_intervals(flow.plan, state, self.args.per_device_train_batch_size)
-        if flow.plan is not None:  # HF keeps the checkpoint's intervals (spec 7.2): the loaded state drives them
+        if flow.plan is not None:  # HF keeps the checkpoint's intervals (T:1694-1710): the loaded state drives them
             flow.plan = dataclasses.replace(flow.plan, logging_steps=state.logging_steps, eval_steps=state.eval_steps,
                                             save_steps=state.save_steps)
         state.max_steps, state.num_train_epochs = max_steps, num_train_epochs
@@ -249,20 +245,14 @@ def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     if trainer.is_global_zero:
         recover_interrupted_replacements(output_dir)
     trainer.strategy.barrier("hf_lightning_recover")
-    resume = flow.resume_from_checkpoint
-    if resume is None:  # a Lightning-native run (e.g. from a config file) may set it in the arguments
-        resume = args.resume_from_checkpoint
+    # None: a Lightning-native run (e.g. from a config file) may set it in the arguments
+    resume = resolve_resume(args, flow.resume_from_checkpoint) if flow.resume_from_checkpoint is not False else None
     if not resume:
         conflict = existing_checkpoint_conflict(output_dir, None, args.save_strategy != "no")
         if conflict:
             raise ValueError(conflict)
         return None
-    if resume is True:
-        found = last_checkpoint(output_dir)
-        if found is None:
-            raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
-        resume = found
-    restorer = CheckpointRestorer(str(resume), args)
+    restorer = CheckpointRestorer(resume, args)
     plan = flow.plan
     restorer.on_fit_start(trainer, pl_module, plan.updates_per_epoch if plan is not None and plan.sized else None)
     return restorer

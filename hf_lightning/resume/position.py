@@ -14,6 +14,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from hf_lightning._lightning_compat import set_loop_position
+
 __all__ = ["ResumePosition", "apply_loop_position", "resume_position"]
 
 
@@ -53,20 +55,4 @@ def apply_loop_position(trainer: pl.Trainer, position: ResumePosition) -> None:
       `batch_idx` and `is_last_batch` continue) and reuses the loader iterator made in `setup_data` (whose sampler
       starts at that window) instead of making a second one.
     """
-    fit_loop = trainer.fit_loop
-    for tracker in (fit_loop.epoch_progress.total, fit_loop.epoch_progress.current):
-        tracker.ready = tracker.started = tracker.processed = tracker.completed = position.epoch
-    epoch_loop = fit_loop.epoch_loop
-    steps = epoch_loop.manual_optimization.optim_step_progress.total
-    steps.ready = steps.completed = position.global_step
-    auto = epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
-    auto.ready = auto.completed = position.global_step
-    epoch_loop._batches_that_stepped = position.global_step
-    if position.windows > 0:
-        import warnings
-
-        # Lightning warns that a plain DataLoader cannot resume mid-epoch; ours starts at the window (sampler skip).
-        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
-        for tracker in (epoch_loop.batch_progress.total, epoch_loop.batch_progress.current):
-            tracker.ready = tracker.started = tracker.processed = tracker.completed = position.windows
-        epoch_loop._restarting = True  # only this loop: the fit loop starts the epoch normally
+    set_loop_position(trainer, position.epoch, position.windows, position.global_step)

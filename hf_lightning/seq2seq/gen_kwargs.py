@@ -13,6 +13,8 @@ from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
+from transformers import GenerationConfig
+
 __all__ = ["resolve_gen_kwargs", "check_gen_kwargs", "generation_width", "load_generation_config", "DEFAULT_MAX_LENGTH"]
 
 DEFAULT_MAX_LENGTH = 20
@@ -70,8 +72,6 @@ def load_generation_config(value: Any) -> Any:
     Raises:
         ValueError: the config is invalid (HF's strict validation), naming `generation_config`.
     """
-    from transformers import GenerationConfig
-
     if isinstance(value, GenerationConfig):
         config = deepcopy(value)
     elif isinstance(value, (str, Path)):

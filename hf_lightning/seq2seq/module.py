@@ -13,12 +13,17 @@ generated_ids, labels)` returned. Differences (README "Generation-based evaluati
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from torch import nn
+from typing_extensions import override
 
+from hf_lightning._lightning_compat import attached_trainer
+from hf_lightning.checkpointing.distributed import is_sharded
+from hf_lightning.evaluation import EvalStep
 from hf_lightning.module import TransformerModule
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 from hf_lightning.seq2seq.gen_kwargs import generation_width, load_generation_config, resolve_gen_kwargs
@@ -71,37 +76,34 @@ class Seq2SeqTransformerModule(TransformerModule):
                 "usable `generate` (use a *ForConditionalGeneration / *ForCausalLM / *LMHeadModel class, or set "
                 "`predict_with_generate`=False)."
             )
-        if getattr(self.args, "generation_config", None) is not None:
-            model.generation_config = load_generation_config(self.args.generation_config)
+        generation_config = getattr(self.args, "generation_config", None)  # plain TrainingArguments have none
+        if generation_config is not None:
+            model.generation_config = load_generation_config(generation_config)
         self.gen_kwargs: dict[str, Any] = resolve_gen_kwargs(self.args)
-        self._active_dataloader = 0
-        self._active_loaders: Any = None
+        self._generate_inputs: list[dict[str, Any]] = []  # the `generate` calls of the current eval step
 
-    # ----- accumulators that count generate calls -----
-    def _accumulator(
-        self, dataloader_idx: int, prediction_loss_only: bool, is_prediction: bool = False
-    ) -> GenerationAccumulator:
-        if dataloader_idx not in self.eval_accumulators:
-            self.eval_accumulators[dataloader_idx] = GenerationAccumulator(
-                self, prediction_loss_only, dataloader_idx, is_prediction=is_prediction
-            )
-        return self.eval_accumulators[dataloader_idx]  # type: ignore[return-value]
+    # ----- evaluation steps that report their generate calls -----
+    def new_eval_accumulator(self, is_prediction: bool, world_size: int, loader: Any) -> GenerationAccumulator:
+        """An accumulator that evens out `generate` calls across processes before gathering (see `sync.py`)."""
+        return GenerationAccumulator(
+            self.eval_settings(), self.prediction_loss_only(is_prediction), is_prediction, world_size, self.device,
+            loader=loader, generate=lambda inputs: self.run_generate(inputs, dict(self.gen_kwargs)),
+            is_synced=self.generation_is_synced,
+        )
 
+    @override
     def on_validation_epoch_start(self) -> None:
         """HF's training-time evaluation calls `evaluate()` without kwargs: the args' values apply (and persist)."""
         super().on_validation_epoch_start()
-        if self._trainer is not None and self.trainer.state.fn == "fit":
+        trainer = attached_trainer(self)
+        if trainer is not None and trainer.state.fn == "fit":
             self.gen_kwargs = resolve_gen_kwargs(self.args)
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._active_dataloader = dataloader_idx
-        self._active_loaders = self.trainer.val_dataloaders
-        super().validation_step(batch, batch_idx, dataloader_idx)
-
-    def predict_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._active_dataloader = dataloader_idx
-        self._active_loaders = self.trainer.predict_dataloaders
-        super().predict_step(batch, batch_idx, dataloader_idx)
+    def _eval_step(self, batch: Mapping[str, Any], is_prediction: bool) -> EvalStep:
+        self._generate_inputs = []
+        step = super()._eval_step(batch, is_prediction)
+        step.generate_inputs, self._generate_inputs = self._generate_inputs, []
+        return step
 
     # ----- generation -----
     def generation_is_synced(self) -> bool:
@@ -111,14 +113,16 @@ class Seq2SeqTransformerModule(TransformerModule):
         return bool(self.gen_kwargs.get("synced_gpus", self._default_synced_gpus()))
 
     def _default_synced_gpus(self) -> bool:
-        """HF's default: True when parameters are sharded (DeepSpeed ZeRO-3, FSDP) on several processes."""
-        if self._trainer is None or self.trainer.world_size < 2:
+        """HF's default: True when parameters are sharded (DeepSpeed ZeRO-3, FSDP 1 or 2) on several processes."""
+        trainer = attached_trainer(self)
+        if trainer is None or trainer.world_size < 2:
             return False
-        strategy = type(self.trainer.strategy).__name__
-        if strategy.startswith("FSDP"):
+        strategy = trainer.strategy
+        if isinstance(strategy, FSDPStrategy) or is_sharded(self.model):
             return True
-        config = getattr(self.trainer.strategy, "config", None) or {}
-        return strategy.startswith("DeepSpeed") and config.get("zero_optimization", {}).get("stage") == 3
+        if isinstance(strategy, DeepSpeedStrategy):
+            return (strategy.config or {}).get("zero_optimization", {}).get("stage") == 3
+        return False
 
     def run_generate(self, generation_inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> torch.Tensor:
         """`model.generate` with HF's cleaned kwargs (None `num_beams`/`max_length` dropped, `synced_gpus` set)."""
@@ -127,10 +131,10 @@ class Seq2SeqTransformerModule(TransformerModule):
         if kwargs["synced_gpus"] and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             kwargs["synced_gpus"] = False  # one process: nothing to sync (generate would fail without a group)
         with torch.no_grad():
-            generated = self.model.generate(**generation_inputs, **kwargs)
+            generated = cast(Any, self.model).generate(**generation_inputs, **kwargs)  # checked by `can_generate`
         config = getattr(self.model, "generation_config", None)
         if config is not None and getattr(config, "_from_model_config", False):
-            config._from_model_config = False  # as HF: do not rebuild the config from the model config every batch
+            config._from_model_config = False  # as HF (S2S:334-335): no rebuilding from the model config per batch
         return generated
 
     def pad_token_id(self) -> int:
@@ -180,17 +184,14 @@ class Seq2SeqTransformerModule(TransformerModule):
         loss = None
         if has_labels:
             with torch.no_grad():
-                loss = self.compute_loss(model, dict(inputs)).detach().mean()
+                loss = self.hooks.compute_loss(model, dict(inputs)).detach().mean()
         if self.args.prediction_loss_only:
             return loss, None, None
         return loss, generated, labels
 
     def _record(self, generation_inputs: dict[str, Any]) -> None:
-        accumulator = self.eval_accumulators.get(self._active_dataloader)
-        if isinstance(accumulator, GenerationAccumulator):
-            loaders = self._active_loaders
-            loader = loaders[self._active_dataloader] if isinstance(loaders, (list, tuple)) else loaders
-            accumulator.record_generate(generation_inputs, loader)
+        """Note one `generate` call of this eval step (returned in its `EvalStep`, counted by the accumulator)."""
+        self._generate_inputs.append(generation_inputs)
 
     def _generate_seq2seq(self, inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         generation_inputs = dict(inputs)

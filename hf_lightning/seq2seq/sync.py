@@ -12,16 +12,16 @@ on a one-row dummy batch and discards the outputs: they pair with the other rank
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 
-from hf_lightning.evaluation import EvalAccumulator, EvalResult
+from hf_lightning.data.sampling import ContiguousShardSampler
+from hf_lightning.eval_run import EvalAccumulator
+from hf_lightning.evaluation import EvalResult, EvalSettings, EvalStep
 
-if TYPE_CHECKING:
-    from hf_lightning.seq2seq.module import Seq2SeqTransformerModule
-
-__all__ = ["GenerationAccumulator", "max_batches_over_ranks"]
+__all__ = ["GenerationAccumulator", "expected_generate_calls", "max_batches_over_ranks"]
 
 
 def max_batches_over_ranks(num_samples: int, world_size: int, batch_size: int, drop_last: bool = False) -> int:
@@ -33,9 +33,7 @@ def max_batches_over_ranks(num_samples: int, world_size: int, batch_size: int, d
 
 def expected_generate_calls(loader: Any, world_size: int) -> int | None:
     """The `generate` calls of the busiest rank for this loader, or None when its sharding is not ours."""
-    from hf_lightning.data.datamodule import ContiguousShardSampler
-
-    sampler = getattr(loader, "sampler", None)
+    sampler = getattr(loader, "sampler", None)  # any Lightning eval loader may come here, not only ours
     dataset = getattr(loader, "dataset", None)
     batch_size = getattr(loader, "batch_size", None)
     if not isinstance(sampler, ContiguousShardSampler) or dataset is None or not batch_size:
@@ -47,42 +45,47 @@ class GenerationAccumulator(EvalAccumulator):
     """An `EvalAccumulator` that counts this dataset's `generate` calls and evens them out before gathering.
 
     Args:
-        module: the module being evaluated.
-        prediction_loss_only: keep only losses.
-        dataloader_idx: the eval dataset this accumulator belongs to.
-        is_prediction: a `predict()` run (see `EvalAccumulator`).
+        settings, prediction_loss_only, is_prediction, world_size, device: as `EvalAccumulator`.
+        loader: the dataset's loader (its sharding gives every rank's number of batches).
+        generate: runs one `generate` call on the given inputs with the module's current `generate` kwargs.
+        is_synced: whether `generate` runs with `synced_gpus` (then the call counts must match across ranks).
     """
 
     def __init__(
         self,
-        module: Seq2SeqTransformerModule,
+        settings: EvalSettings,
         prediction_loss_only: bool,
-        dataloader_idx: int = 0,
         is_prediction: bool = False,
+        world_size: int = 1,
+        device: torch.device | None = None,
+        *,
+        loader: Any = None,
+        generate: Callable[[dict[str, Any]], Any],
+        is_synced: Callable[[], bool],
     ) -> None:
-        super().__init__(module, prediction_loss_only, is_prediction)
-        self.dataloader_idx = dataloader_idx
+        super().__init__(settings, prediction_loss_only, is_prediction, world_size, device)
+        self.loader = loader
+        self._generate = generate
+        self._is_synced = is_synced
         self.generate_calls = 0
-        self.loader: Any = None
         self.template: dict[str, torch.Tensor] | None = None
 
-    def record_generate(self, generation_inputs: dict[str, Any], loader: Any) -> None:
-        """Count one `generate` call; keep the loader and a one-row copy of the first inputs (the dummy batch)."""
-        self.generate_calls += 1
-        self.loader = loader
-        if self.template is None:
-            self.template = {k: v[:1].detach().clone() for k, v in generation_inputs.items() if torch.is_tensor(v)}
+    def add(self, batch: Mapping[str, Any], step: EvalStep) -> None:
+        """Count the step's `generate` calls (keeping a one-row copy of the first inputs), then accumulate."""
+        for generation_inputs in step.generate_inputs:
+            self.generate_calls += 1
+            if self.template is None:
+                self.template = {k: v[:1].detach().clone() for k, v in generation_inputs.items() if torch.is_tensor(v)}
+        super().add(batch, step)
 
     def even_out_generate_calls(self) -> int:
         """Run the dummy `generate` calls this process owes; returns how many were run."""
-        module = self.module
-        trainer = module.trainer
-        if trainer is None or trainer.world_size < 2 or not module.generation_is_synced() or self.template is None:
+        if self.world_size < 2 or self.template is None or not self._is_synced():
             return 0
-        target = expected_generate_calls(self.loader, trainer.world_size)
+        target = expected_generate_calls(self.loader, self.world_size)
         owed = 0 if target is None else max(target - self.generate_calls, 0)
         for _ in range(owed):
-            module.run_generate(dict(self.template), dict(module.gen_kwargs))
+            self._generate(dict(self.template))
         self.generate_calls += owed
         return owed
 

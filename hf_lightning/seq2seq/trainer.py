@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.facade import Trainer
 from hf_lightning.seq2seq.args import SEQ2SEQ_FIELDS, Seq2SeqTrainingArguments
 from hf_lightning.seq2seq.gen_kwargs import resolve_gen_kwargs
@@ -19,7 +20,8 @@ def to_seq2seq_args(args: Any) -> Seq2SeqTrainingArguments:
     """Our `Seq2SeqTrainingArguments` from None, ours (plain or seq2seq) or a `transformers` (Seq2Seq)TrainingArguments.
 
     Raises:
-        ValueError: a `transformers` field set to a value hf_lightning does not support (see `args/from_transformers.py`).
+        ValueError: a `transformers` field set to a value hf_lightning does not support (see
+            `args/from_transformers.py`).
     """
     if args is None:
         return Seq2SeqTrainingArguments(output_dir="tmp_trainer")
@@ -27,8 +29,6 @@ def to_seq2seq_args(args: Any) -> Seq2SeqTrainingArguments:
         return args
     if isinstance(args, TrainingArguments):
         return Seq2SeqTrainingArguments(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init})
-    from hf_lightning.args.from_transformers import from_hf_training_arguments
-
     extra = {name: getattr(args, name) for name in SEQ2SEQ_FIELDS if hasattr(args, name)}
     plain = copy.copy(args)
     for name in SEQ2SEQ_FIELDS:
@@ -49,6 +49,7 @@ class Seq2SeqTrainer(Trainer):
 
     module_class = Seq2SeqTransformerModule
     args: Seq2SeqTrainingArguments
+    module: Seq2SeqTransformerModule
 
     @staticmethod
     def _resolve_args(args: Any) -> TrainingArguments:

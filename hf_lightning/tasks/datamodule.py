@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from typing_extensions import override
+
 from hf_lightning.args import TrainingArguments
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.tasks.loading import load_split
-from hf_lightning.tasks.registry import Task
 from hf_lightning.tasks.specs import DataSpec
+from hf_lightning.tasks.task import Task
 
 __all__ = ["TaskDataModule", "splits_for_stage"]
 
@@ -56,10 +58,12 @@ class TaskDataModule(TransformerDataModule):
                 out[name] = self.task.preprocess(raw, self.processing_class, self.spec, self.label2id)
         return out
 
+    @override
     def prepare_data(self) -> None:
         """Tokenise once (rank 0 of the node); the `datasets` cache serves the other ranks in `setup`."""
         self._processed()
 
+    @override
     def setup(self, stage: str) -> None:
         """Read the preprocessed splits (a cache hit after `prepare_data`), then drop unused columns."""
         splits = self._processed()

@@ -18,7 +18,7 @@ import json
 import os
 from typing import Any
 
-from hf_lightning.tasks.registry import Task, register_task
+from hf_lightning.tasks.task import Task, register_task
 from hf_lightning.tasks.text import _map, _require_columns
 
 __all__ = ["preprocess_seq2seq", "preprocess_prompt_completion", "text_metrics_for", "write_prediction_texts"]

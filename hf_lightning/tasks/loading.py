@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from hf_lightning.tasks.registry import Task
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
+from hf_lightning.tasks.task import Task
 
 __all__ = ["load_split", "load_tokenizer", "label_list_for", "build_model", "FILE_BUILDERS"]
 
@@ -162,6 +162,7 @@ def build_model(spec: ModelSpec, task: Task, tokenizer: Any, labels: list[str] |
         for name, value in overrides.items():
             setattr(config, name, value)
         return auto.from_pretrained(spec.model_name_or_path, config=config, **spec.from_pretrained_kwargs)
+    assert spec.config_class is not None  # ModelSpec requires it without model_name_or_path
     config_class = _import(spec.config_class, "model.config_class")
     kwargs = {"vocab_size": len(tokenizer)}
     if getattr(tokenizer, "pad_token_id", None) is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_lightning.tasks.registry import Task, register_task
+from hf_lightning.tasks.task import Task, register_task
 
 __all__ = ["token_accuracy", "accuracy", "group_texts"]
 
@@ -30,7 +30,9 @@ def _map(dataset: Any, fn: Any, spec: Any, desc: str, remove: list[str] | None =
     )
 
 
-def _label_id(label2id: dict[str, int], value: Any, column: str) -> int:
+def _label_id(label2id: dict[str, int] | None, value: Any, column: str) -> int:
+    if label2id is None:
+        raise ValueError(f"data.{column}: labels {value!r} need a label list (data.label_list), none was built.")
     try:
         return label2id[str(value)]
     except KeyError:

@@ -1,0 +1,43 @@
+"""The final model save of `hf-lightning fit` under FSDP2 (2 CPU processes, gloo): the full weights are gathered
+from the shards and written by rank 0, as `hf_lightning.Trainer.save_model` does (one helper for both,
+`checkpointing/final_model.py`). Without the gather, rank 0 would save its shard of each parameter only."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "tests" / "scripts" / "cli_fsdp2_fit.py"
+
+
+@pytest.mark.distributed
+def test_cli_fit_saves_the_gathered_model_under_fsdp2(tmp_path):
+    out = tmp_path / "out"
+    overrides = tmp_path / "fsdp2.yaml"
+    overrides.write_text(
+        "task: causal_lm_fsdp2\n"
+        "args: {max_steps: 3, eval_strategy: 'no', save_strategy: steps, save_steps: 3, report_to: 'none'}\n"
+        "data: {max_train_samples: 48}\n"
+        "trainer:\n  devices: 2\n  enable_progress_bar: false\n  strategy:\n"
+        "    class_path: lightning.pytorch.strategies.ModelParallelStrategy\n"
+        "    init_args: {data_parallel_size: 2, tensor_parallel_size: 1}\n")
+    argv = ["fit", "--config", "configs/causal_lm.yaml", "--config", str(overrides), "--args.output_dir", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    result = subprocess.run([sys.executable, str(SCRIPT), *argv], cwd=REPO, env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert (out / "sharded.txt").read_text() == "True"  # the run was sharded
+    final = load_file(str(out / "model.safetensors"))
+    checkpoint = load_file(str(out / "checkpoint-3" / "model.safetensors"))
+    assert final["transformer.wte.weight"].shape == checkpoint["transformer.wte.weight"].shape
+    assert final.keys() == checkpoint.keys()
+    for name, tensor in checkpoint.items():  # the last update's full weights, twice
+        assert torch.equal(final[name], tensor), name
+    assert {"training_args.bin", "config.json", "tokenizer.json"} <= set(os.listdir(out))

@@ -1,0 +1,310 @@
+"""The layer rule of DESIGN.md, checked on every import statement of the package (function-local and type-only too).
+
+Layers (imports point downward only; a module may import its own layer or a lower one):
+
+- L0 pure rules: the Python standard library only. Argument dataclasses and their validation, the "when" rules
+  (cadence), rotation, setup checks, the HF callback dispatch, the task and config specs.
+- L1 torch / transformers helpers: + torch, numpy, transformers, datasets, safetensors, torchmetrics, pyarrow,
+  tokenizers. Loss, optimizer, collation, sampling, evaluation accumulation, metrics, checkpoint folder I/O, finding
+  a checkpoint, generation helpers, task presets.
+- L2 Lightning objects: + lightning. The modules, data modules and callbacks, the Lightning side of checkpoints and
+  resume, the contracts between them, and every Lightning internal (`_lightning_compat.py`).
+- L3 assembly / facade / CLI: anything. The `Trainer` facades, building the `lightning.Trainer`, the CLI, the
+  quickstart, and the lazy package roots that re-export the public names.
+
+Every module must be in `LAYERS` (a new file fails here until it is placed). Import circles are refused too, type-only
+ones included. Function-local imports are allowed only in the modules of `LAZY`, each with its reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "hf_lightning"
+
+LAYERS: dict[str, int] = {
+    # L0: pure rules
+    "hf_lightning.args": 0,
+    "hf_lightning.args.choices": 0,
+    "hf_lightning.args.training_args": 0,
+    "hf_lightning.args.validation": 0,
+    "hf_lightning.args.from_transformers": 0,
+    "hf_lightning.args.support": 0,
+    "hf_lightning.args.hf_fields": 0,
+    "hf_lightning.args.process": 0,
+    "hf_lightning.args.report_to": 0,
+    "hf_lightning.cadence": 0,
+    "hf_lightning.callbacks": 0,
+    "hf_lightning.callbacks.hf_bridge": 0,
+    "hf_lightning.checkpointing": 0,
+    "hf_lightning.checkpointing.checks": 0,
+    "hf_lightning.checkpointing.rotation": 0,
+    "hf_lightning.data": 0,
+    "hf_lightning.resume": 0,
+    "hf_lightning.seq2seq.args": 0,
+    "hf_lightning.tasks": 0,
+    "hf_lightning.tasks.specs": 0,
+    "hf_lightning.tasks.task": 0,
+    # L1: torch / transformers helpers
+    "hf_lightning.args.readme_map": 1,
+    "hf_lightning.callbacks.train_log": 1,
+    "hf_lightning.checkpointing.distributed": 1,
+    "hf_lightning.checkpointing.final_model": 1,
+    "hf_lightning.checkpointing.io": 1,
+    "hf_lightning.data.collate": 1,
+    "hf_lightning.data.sampling": 1,
+    "hf_lightning.eval_run": 1,
+    "hf_lightning.evaluation": 1,
+    "hf_lightning.loss": 1,
+    "hf_lightning.metrics": 1,
+    "hf_lightning.optim": 1,
+    "hf_lightning.prediction_writer": 1,
+    "hf_lightning.resume.find": 1,
+    "hf_lightning.seq2seq.gen_kwargs": 1,
+    "hf_lightning.seq2seq.prompts": 1,
+    "hf_lightning.seq2seq.sync": 1,
+    "hf_lightning.tasks.generation": 1,
+    "hf_lightning.tasks.hf_callbacks": 1,
+    "hf_lightning.tasks.loading": 1,
+    "hf_lightning.tasks.registry": 1,
+    "hf_lightning.tasks.text": 1,
+    "hf_lightning.text_metrics": 1,
+    # L2: Lightning objects
+    "hf_lightning._lightning_compat": 2,
+    "hf_lightning.callbacks.best_model": 2,
+    "hf_lightning.callbacks.checkpoint_saver": 2,
+    "hf_lightning.callbacks.early_stopping": 2,
+    "hf_lightning.callbacks.evaluator": 2,
+    "hf_lightning.callbacks.flow": 2,
+    "hf_lightning.checkpointing.lightning_state": 2,
+    "hf_lightning.contracts": 2,
+    "hf_lightning.data.datamodule": 2,
+    "hf_lightning.module": 2,
+    "hf_lightning.resume.load": 2,
+    "hf_lightning.resume.position": 2,
+    "hf_lightning.seq2seq.module": 2,
+    "hf_lightning.tasks.datamodule": 2,
+    # L3: assembly, facade, CLI
+    "hf_lightning": 3,
+    "hf_lightning.__main__": 3,
+    "hf_lightning.args.to_lightning": 3,
+    "hf_lightning.cli": 3,
+    "hf_lightning.cli.lightning_cli": 3,
+    "hf_lightning.cli.precheck": 3,
+    "hf_lightning.facade": 3,
+    "hf_lightning.lightning_trainer": 3,
+    "hf_lightning.quickstart": 3,
+    "hf_lightning.seq2seq": 3,
+    "hf_lightning.seq2seq.trainer": 3,
+}
+
+THIRD_PARTY_LAYER = {
+    "typing_extensions": 0,
+    "torch": 1, "numpy": 1, "transformers": 1, "datasets": 1, "safetensors": 1, "torchmetrics": 1, "pyarrow": 1,
+    "tokenizers": 1,
+    "lightning": 2,
+    "jsonargparse": 3, "yaml": 3,
+}
+
+DEFERRED_UPWARD = {
+    "hf_lightning.args.process": (
+        {"torch", "lightning", "transformers"},
+        "the process layout scripts read from the arguments comes from torch.distributed once it exists (a runtime "
+        "query, made only when a property is read); `hf_lightning.args` itself stays torch-free",
+    ),
+    "hf_lightning.args.report_to": (
+        {"lightning", "mlflow"},
+        "the loggers named by `report_to` are built only when a trainer is built",
+    ),
+}
+"""L0 modules that may import these higher-layer packages inside a function (never at module level), and why."""
+
+LAZY = {
+    "hf_lightning.args.process": DEFERRED_UPWARD["hf_lightning.args.process"][1],
+    "hf_lightning.args.report_to": DEFERRED_UPWARD["hf_lightning.args.report_to"][1],
+    "hf_lightning.args.hf_fields": "kept as written by the arguments code",
+    "hf_lightning.data.datamodule": "`datasets` (pandas, pyarrow) only to shard an iterable dataset across processes",
+    "hf_lightning.prediction_writer": "pyarrow only for the per-sample table",
+    "hf_lightning.args.readme_map": "transformers only to print the map; `hf_lightning.args` stays torch-free",
+    "hf_lightning.args.to_lightning": "Lightning loggers are built only when `report_to` asks for them",
+    "hf_lightning.args.training_args": "json only for `to_json_string`",
+    "hf_lightning.args.validation": "json only for a `*_kwargs` given as a JSON string",
+    "hf_lightning.checkpointing.distributed": "torch.distributed.checkpoint / DTensor only when a model is sharded",
+    "hf_lightning.checkpointing.io": "safetensors only for a model without `save_pretrained`",
+    "hf_lightning.callbacks.checkpoint_saver": "kept as written by the checkpoint code",
+    "hf_lightning.cli": "`hf-lightning --help` and the pre-checks answer before torch and Lightning are imported",
+    "hf_lightning.cli.precheck": "runs before Lightning is imported: only what a section check needs",
+    "hf_lightning.quickstart": "`hf-lightning quickstart --help` answers before the ML stack is imported",
+    "hf_lightning.resume.load": "kept as written by the checkpoint code",
+    "hf_lightning.tasks.generation": "the CLI pre-check lists task names without importing transformers",
+    "hf_lightning.tasks.hf_callbacks": "classes named in a config are imported when the config is built",
+    "hf_lightning.tasks.loading": "the CLI pre-check imports it without loading transformers / datasets",
+    "hf_lightning.tasks.text": "the CLI pre-check lists task names without importing transformers",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, int, bool]]:
+    """`(imported module, line, function-local)` for every import statement, resolved to absolute names."""
+    tree = ast.parse(path.read_text())
+    local_lines = {
+        node.lineno
+        for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for node in ast.walk(fn) if isinstance(node, (ast.Import, ast.ImportFrom))
+    }
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            if module == "__future__":
+                continue
+            # `from pkg import sub` imports the submodule when there is one
+            targets = [f"{module}.{alias.name}" for alias in node.names] + [module]
+        else:
+            continue
+        out += [(target, node.lineno, node.lineno in local_lines) for target in targets]
+    return out
+
+
+def _resolve(target: str, modules: dict[str, Path]) -> str | None:
+    """The hf_lightning module an import names (the longest known prefix), or None for a third-party one."""
+    parts = target.split(".")
+    for end in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:end])
+        if candidate in modules:
+            return candidate
+    return None
+
+
+def _edges() -> dict[str, set[str]]:
+    modules = _modules()
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        for target, _, _ in _imports(name, path):
+            resolved = _resolve(target, modules)
+            # a package importing its own submodule is how a package re-exports; it is not a dependency back
+            if resolved is not None and resolved != name and not resolved.startswith(f"{name}."):
+                edges.setdefault(name, set()).add(resolved)
+    return edges
+
+
+def test_every_module_has_a_layer():
+    missing = sorted(set(_modules()) - set(LAYERS))
+    stale = sorted(set(LAYERS) - set(_modules()))
+    assert not missing, f"place these modules in tests/test_layering.py LAYERS: {missing}"
+    assert not stale, f"LAYERS names modules that no longer exist: {stale}"
+
+
+def test_imports_point_downward():
+    modules = _modules()
+    violations = []
+    for name, path in modules.items():
+        layer = LAYERS[name]
+        for target, line, local in _imports(name, path):
+            resolved = _resolve(target, modules)
+            if resolved is not None:
+                if resolved != name and not resolved.startswith(f"{name}.") and LAYERS[resolved] > layer:
+                    violations.append(f"{path.name}:{line} {name} (L{layer}) imports {resolved} (L{LAYERS[resolved]})")
+                continue
+            top = target.split(".")[0]
+            if top == "hf_lightning" or top in sys.stdlib_module_names:
+                continue
+            allowed = THIRD_PARTY_LAYER.get(top)
+            if local and top in DEFERRED_UPWARD.get(name, (set(), ""))[0]:
+                continue
+            if allowed is None:
+                violations.append(f"{path.name}:{line} {name} imports {top}, which THIRD_PARTY_LAYER does not place")
+            elif allowed > layer:
+                violations.append(f"{path.name}:{line} {name} (L{layer}) imports {top} (L{allowed})")
+    assert not violations, "\n".join(violations)
+
+
+def test_no_import_circles():
+    """Tarjan's strongly connected components over runtime and type-only imports."""
+    edges = _edges()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in edges.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(_modules()):
+        if node not in index:
+            visit(node)
+    assert not circles, f"import circles: {circles}"
+
+
+def test_function_local_imports_only_where_laziness_is_needed():
+    modules = _modules()
+    unexplained = sorted(
+        f"{path.name}:{line} imports {target}"
+        for name, path in modules.items() if name not in LAZY
+        for target, line, local in _imports(name, path) if local
+    )
+    assert not unexplained, "move these imports to the top of the module (or add the module to LAZY, with why):\n" \
+        + "\n".join(unexplained)
+    assert set(LAZY) <= set(modules)
+
+
+def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
+    """The parser itself: a local relative import resolves to the absolute module and is marked local."""
+    source = tmp_path / "mod.py"
+    source.write_text("import os\n\ndef f():\n    from .evaluation import EvalStep\n"
+                      "    from hf_lightning import module\n")
+    found = _imports("hf_lightning.callbacks.mod", source)
+    assert ("os", 1, False) in found
+    assert ("hf_lightning.callbacks.evaluation.EvalStep", 4, True) in found
+    assert ("hf_lightning.module", 5, True) in found
+
+
+@pytest.mark.parametrize("code, heavy", [
+    ("import hf_lightning", ["torch", "lightning", "transformers"]),
+    ("import hf_lightning.args as a; a.TrainingArguments()", ["torch", "lightning", "transformers"]),
+    ("from hf_lightning.cli import main; main(['--help'])", ["torch", "lightning", "transformers"]),
+    # the facade and the CLI's parser need none of the data stack (it comes with the data, when the data is loaded)
+    ("from hf_lightning import Trainer, Seq2SeqTrainer, HFTrainerFlow", ["datasets", "pandas", "pyarrow"]),
+    ("import hf_lightning.cli.lightning_cli", ["datasets", "pandas", "pyarrow", "transformers.modeling_utils"]),
+])
+def test_light_entry_points_stay_light(code, heavy):
+    """The package root, the arguments and `hf-lightning --help` load none of the ML stack."""
+    probe = f"import sys; {code}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
