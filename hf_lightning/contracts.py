@@ -6,6 +6,8 @@ missing). `TransformerModule` and `TransformerDataModule` implement them; a user
 
 - `FlowModule`: the LightningModule (its `model`, ending an epoch early, HF evaluation steps).
 - `FlowDataModule`: the data module (datasets, the epoch length, the resumed start position).
+- `ResumableTrainStream` (optional): a data module whose unsized train stream reports its position for checkpoints
+  and starts from a saved one; without it such a stream is resumed by reading, as HF does.
 - `TrainingStepListener`: a Lightning callback told about HF's events inside an update (`on_substep_end`,
   `on_pre_optimizer_step`, `on_optimizer_step`); the module calls every callback of the trainer that is one.
 - `HFEvaluationListener`: a Lightning callback told about each finished HF evaluation (e.g. `HFEarlyStopping`).
@@ -29,7 +31,8 @@ if TYPE_CHECKING:
     from hf_lightning.evaluation import EvalRequest
 
 __all__ = [
-    "FlowDataModule", "FlowModule", "HFEvaluationListener", "HFFlowView", "HFStepHooks", "TrainingStepListener",
+    "FlowDataModule", "FlowModule", "HFEvaluationListener", "HFFlowView", "HFStepHooks", "ResumableTrainStream",
+    "TrainingStepListener",
     "TrainingStepOutput", "check_flow_contracts", "flow_model", "flow_module", "missing_members",
 ]
 
@@ -68,6 +71,17 @@ class FlowDataModule(Protocol):
 
     def num_train_microbatches(self) -> int | None:
         """Micro-batches per epoch on one process (HF's `len(train_dataloader)`); None for an unsized dataset."""
+
+
+@runtime_checkable
+class ResumableTrainStream(Protocol):
+    """A data module that saves and restores the position of its unsized train stream (`TransformerDataModule`)."""
+
+    resume_stream_position: Any
+    """Set on a resume with `resume_position`: the saved position after those windows (None: read and skip)."""
+
+    def train_stream_position(self, windows_done: int) -> Any:
+        """The stream's position after `windows_done` windows of the current pass, in plain containers, or None."""
 
 
 @runtime_checkable

@@ -58,6 +58,10 @@ LAYERS: dict[str, int] = {
     "hf_lightning.checkpointing.io": 1,
     "hf_lightning.data.collate": 1,
     "hf_lightning.data.sampling": 1,
+    "hf_lightning.data.stream_loader": 1,
+    "hf_lightning.data.stream_shuffle": 1,
+    "hf_lightning.data.stream_state": 1,
+    "hf_lightning.checkpointing.stream_position": 1,
     "hf_lightning.eval_run": 1,
     "hf_lightning.evaluation": 1,
     "hf_lightning.loss": 1,
@@ -106,7 +110,7 @@ LAYERS: dict[str, int] = {
 THIRD_PARTY_LAYER = {
     "typing_extensions": 0,
     "torch": 1, "numpy": 1, "transformers": 1, "datasets": 1, "safetensors": 1, "torchmetrics": 1, "pyarrow": 1,
-    "tokenizers": 1,
+    "tokenizers": 1, "torchdata": 1,
     "lightning": 2,
     "jsonargparse": 3, "yaml": 3,
 }
@@ -129,6 +133,8 @@ LAZY = {
     "hf_lightning.args.report_to": DEFERRED_UPWARD["hf_lightning.args.report_to"][1],
     "hf_lightning.args.hf_fields": "kept as written by the arguments code",
     "hf_lightning.data.datamodule": "`datasets` (pandas, pyarrow) only to shard an iterable dataset across processes",
+    "hf_lightning.data.stream_loader": "`datasets` and `torchdata` only when the train dataset is an unsized stream",
+    "hf_lightning.data.stream_state": "pyarrow only for the Arrow rows of a saved shuffle buffer",
     "hf_lightning.prediction_writer": "pyarrow only for the per-sample table",
     "hf_lightning.args.readme_map": "transformers only to print the map; `hf_lightning.args` stays torch-free",
     "hf_lightning.args.to_lightning": "Lightning loggers are built only when `report_to` asks for them",

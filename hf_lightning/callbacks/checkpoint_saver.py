@@ -17,7 +17,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from hf_lightning._lightning_compat import grad_scaler
+from hf_lightning._lightning_compat import datamodule_of, grad_scaler, position_in_epoch
 from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.io import (
@@ -33,7 +33,8 @@ from hf_lightning.checkpointing.io import (
 )
 from hf_lightning.checkpointing.lightning_state import capture_lightning_state
 from hf_lightning.checkpointing.rotation import CheckpointInfo, final_cleanup, parse_step, select_for_deletion
-from hf_lightning.contracts import flow_model
+from hf_lightning.checkpointing.stream_position import write_stream_position
+from hf_lightning.contracts import ResumableTrainStream, flow_model
 
 __all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
 
@@ -62,6 +63,18 @@ def export_callback_states(state: Any, exportable: Sequence[Any]) -> None:
             state.stateful_callbacks[name].append(callback.state())
         else:
             state.stateful_callbacks[name] = callback.state()
+
+
+def _write_stream_position(trainer: pl.Trainer, folder: Path) -> None:
+    """This process's position in an unsized train stream, when the data module reports one (every rank)."""
+    datamodule = datamodule_of(trainer)
+    if not isinstance(datamodule, ResumableTrainStream):
+        return
+    windows_done, _ = position_in_epoch(trainer)
+    position = datamodule.train_stream_position(windows_done)
+    if position is not None:
+        write_stream_position(folder, position, trainer.current_epoch, windows_done, trainer.world_size,
+                              trainer.global_rank)
 
 
 class CheckpointSaver:
@@ -140,6 +153,7 @@ class CheckpointSaver:
                     lightning_state=capture_lightning_state(trainer, epoch_ending, skip_callbacks),
                 )
             write_rng_state(tmp, world, rank)
+            _write_stream_position(trainer, tmp)
         if zero:
             state.save_to_json(str(tmp / TRAINER_STATE_NAME))
         strategy.barrier("hf_lightning_save_written")

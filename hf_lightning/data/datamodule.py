@@ -8,7 +8,7 @@ so gathered results are exact (Lightning's `DistributedSampler` pads with duplic
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import lightning.pytorch as pl
@@ -27,43 +27,15 @@ from hf_lightning.data.collate import (
     signature_columns,
 )
 from hf_lightning.data.sampling import ContiguousShardSampler, WindowBatchSampler
+from hf_lightning.data.stream_loader import (
+    WindowedStream,
+    is_resumable_stream,
+    resumable_train_stream,
+    stateful_loader,
+)
+from hf_lightning.data.stream_state import from_plain, to_plain
 
 __all__ = ["TransformerDataModule", "ContiguousShardSampler"]
-
-
-class _WindowedIterable:
-    """Groups the micro-batches of an unsized loader into windows of `accumulation` (the last one may be short)."""
-
-    def __init__(self, loader: DataLoader, accumulation: int) -> None:
-        self.loader = loader
-        self.accumulation = accumulation
-        self.skip = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch to the dataset (a shuffled `datasets.IterableDataset` reshuffles with `seed + epoch`), as
-        accelerate's `DataLoaderShard.set_epoch` does for the HF Trainer at every epoch."""
-        if hasattr(self.loader.dataset, "set_epoch"):
-            self.loader.dataset.set_epoch(epoch)
-
-    @property
-    def sampler(self) -> _WindowedIterable:
-        """Lightning's `_set_sampler_epoch` calls `set_epoch` on `<loader>.sampler` only: expose ourselves there.
-        Without it every pass over a shuffled iterable dataset repeated the first pass's order."""
-        return self
-
-    def __iter__(self) -> Iterator[list[Any]]:
-        window: list[Any] = []
-        skip, self.skip = self.skip * self.accumulation, 0
-        for batch in self.loader:
-            if skip:
-                skip -= 1
-                continue
-            window.append(batch)
-            if len(window) == self.accumulation:
-                yield window
-                window = []
-        if window:
-            yield window
 
 
 class TransformerDataModule(pl.LightningDataModule):
@@ -102,6 +74,10 @@ class TransformerDataModule(pl.LightningDataModule):
         self.train_sampler: WindowBatchSampler | None = None
         self.resume_position: tuple[int, int] | None = None
         """`(epoch, windows)`: the next train loader starts at that window of that epoch (set on resume, used once)."""
+        self.resume_stream_position: Any = None
+        """With `resume_position`: the saved position of an unsized train stream after those windows (or None)."""
+        self.train_stream: WindowedStream | None = None
+        """The windows of the current unsized train loader (None for a sized dataset)."""
 
     @staticmethod
     def _named(eval_dataset: Any) -> dict[str, Any] | None:
@@ -176,6 +152,7 @@ class TransformerDataModule(pl.LightningDataModule):
         collate = self._collator(self.train_dataset)
         if isinstance(self.train_dataset, IterableDataset):
             return self._iterable_train_loader(collate, world, rank)
+        self.train_stream = None
         self.train_sampler = WindowBatchSampler(
             num_samples=len(self.train_dataset),
             batch_size=args.per_device_train_batch_size,
@@ -198,8 +175,12 @@ class TransformerDataModule(pl.LightningDataModule):
             **self._loader_kwargs(),
         )
 
-    def _iterable_train_loader(self, collate: Any, world: int, rank: int) -> _WindowedIterable:
-        """Windows read from an `IterableDataset` (a `datasets` one is split across processes by node)."""
+    def _iterable_train_loader(self, collate: Any, world: int, rank: int) -> WindowedStream:
+        """Windows read from an `IterableDataset` (a `datasets` one is split across processes by node).
+
+        A stream that can report its position (`stream_loader.is_resumable_stream`) is read through a
+        `StatefulDataLoader` and resumed from its saved position; any other is skipped by reading, as HF does.
+        """
         args, dataset = self.args, self.train_dataset
         if world > 1:
             # `datasets` (with pandas and pyarrow) only for this case: importing the data module stays light
@@ -212,15 +193,33 @@ class TransformerDataModule(pl.LightningDataModule):
                     "`datasets.IterableDataset` or a map-style dataset for `train_dataset` under DDP."
                 )
             dataset = split_dataset_by_node(dataset, rank=rank, world_size=world)
-        loader = DataLoader(
-            dataset, batch_size=args.per_device_train_batch_size, collate_fn=collate,
-            drop_last=args.dataloader_drop_last, **self._loader_kwargs(),
+        resumable = is_resumable_stream(dataset)
+        loader_kwargs = dict(
+            batch_size=args.per_device_train_batch_size, collate_fn=collate, drop_last=args.dataloader_drop_last,
+            **self._loader_kwargs(),
         )
-        windowed = _WindowedIterable(loader, args.gradient_accumulation_steps)
-        if self.resume_position is not None:  # an iterable dataset can only skip by reading (as HF)
-            windowed.set_epoch(self.resume_position[0])
-            windowed.skip, self.resume_position = self.resume_position[1], None
+        if resumable:
+            loader: Any = stateful_loader(resumable_train_stream(dataset), **loader_kwargs)
+        else:
+            loader = DataLoader(dataset, **loader_kwargs)
+        windowed = WindowedStream(loader, args.gradient_accumulation_steps, resumable)
+        self.train_stream = windowed
+        if self.resume_position is not None:
+            epoch, windows = self.resume_position
+            windowed.set_epoch(epoch)
+            if windows and self.resume_stream_position is not None and resumable:
+                # O(1): the stream continues where it was
+                windowed.start_at(windows, from_plain(self.resume_stream_position))
+            else:
+                windowed.skip = windows  # no saved position: read and drop the trained windows (as HF)
+            self.resume_position = self.resume_stream_position = None
         return windowed
+
+    def train_stream_position(self, windows_done: int) -> Any:
+        """The position of the unsized train stream after `windows_done` windows of the current pass (saved in
+        checkpoints, per process), or None (a sized dataset, a stream without a state, or not recorded)."""
+        position = self.train_stream.position_after(windows_done) if self.train_stream is not None else None
+        return to_plain(position) if position is not None else None
 
     def num_train_microbatches(self) -> int | None:
         """Micro-batches per epoch on one process (`None` for an unsized dataset): HF's `len(train_dataloader)`."""

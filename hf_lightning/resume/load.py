@@ -29,7 +29,8 @@ from hf_lightning._lightning_compat import datamodule_of, grad_scaler
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME, recover_interrupted_replacements
 from hf_lightning.checkpointing.lightning_state import restore_callback_states
-from hf_lightning.contracts import FlowDataModule, flow_model
+from hf_lightning.checkpointing.stream_position import read_stream_position
+from hf_lightning.contracts import FlowDataModule, ResumableTrainStream, flow_model
 from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
@@ -168,6 +169,9 @@ class CheckpointRestorer:
             restore_callback_states(trainer, saved)
         datamodule: FlowDataModule = datamodule_of(trainer)  # checked by the flow's setup
         datamodule.resume_position = (position.epoch, position.windows)
+        if saved is not None and position.windows and isinstance(datamodule, ResumableTrainStream):
+            datamodule.resume_stream_position = read_stream_position(
+                files.path, position.epoch, position.windows, trainer.world_size, trainer.global_rank)
         self._rng_pending = True
 
     def restore_trainer_state(self, flow: Any, trainer: pl.Trainer, max_steps: int, num_train_epochs: int) -> None:
