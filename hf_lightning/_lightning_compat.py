@@ -32,6 +32,7 @@ __all__ = [
     "ignore_mid_epoch_resume_warning",
     "optimizer_unscales_itself",
     "position_in_epoch",
+    "restart_train_iterator",
     "run_validation_now",
     "set_loop_position",
     "set_step_budget",
@@ -102,6 +103,15 @@ def run_validation_now(trainer: pl.Trainer) -> None:
     finally:
         trainer.training = True
         connector._first_loop_iter = first_loop_iter
+
+
+def restart_train_iterator(trainer: pl.Trainer) -> None:
+    """Make the fit loop's train iterator again now (in `on_train_epoch_start`; its first batch is fetched again).
+
+    Lightning makes the first epoch's iterator in `_FitLoop.setup_data`, before any epoch hook, and keeps it for epoch
+    0 (`_TrainingEpochLoop.on_run_start`); later epochs get theirs after `on_train_epoch_start`.
+    """
+    iter(trainer.fit_loop._data_fetcher)
 
 
 def position_in_epoch(trainer: pl.Trainer) -> tuple[int, bool]:

@@ -64,6 +64,7 @@ TIERS = {
     "test_resume.py": "e2e",
     "test_resume_startup.py": "e2e",
     "test_seq2seq_behaviour.py": "e2e",
+    "test_stream_resume.py": "e2e",
     "test_streaming_metrics.py": "e2e",
     "test_ddp.py": "distributed",
     "test_evaluation_ddp.py": "distributed",

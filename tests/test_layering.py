@@ -134,7 +134,7 @@ LAZY = {
     "hf_lightning.args.hf_fields": "kept as written by the arguments code",
     "hf_lightning.data.datamodule": "`datasets` (pandas, pyarrow) only to shard an iterable dataset across processes",
     "hf_lightning.data.stream_loader": "`datasets` and `torchdata` only when the train dataset is an unsized stream",
-    "hf_lightning.data.stream_state": "pyarrow only for the Arrow rows of a saved shuffle buffer",
+    "hf_lightning.data.stream_state": "pyarrow / `datasets` only for the Arrow rows and keys of a saved shuffle buffer",
     "hf_lightning.prediction_writer": "pyarrow only for the per-sample table",
     "hf_lightning.args.readme_map": "transformers only to print the map; `hf_lightning.args` stays torch-free",
     "hf_lightning.args.to_lightning": "Lightning loggers are built only when `report_to` asks for them",

@@ -209,7 +209,7 @@ class HFTrainerFlow(EvaluationHooks):
         self._epoch_index = trainer.current_epoch
         self._epoch_stop_requested = False
         if self._restorer is not None:
-            self._restorer.on_train_epoch_start()  # RNG states of a resumed run, once
+            self._restorer.on_train_epoch_start(trainer)  # RNG states of a resumed run, once
         if self._resumes_mid_epoch:
             # Lightning warns that a plain DataLoader cannot resume mid-epoch (ours starts at the window), when this
             # epoch's loop starts; the filter lasts until the epoch's first batch

@@ -41,6 +41,7 @@ class Held:
 
 
 _HELD = "__hf_lightning_held__"
+_KEY = "__datasets_key__"
 
 
 def to_plain(state: Any) -> Any:
@@ -51,7 +52,8 @@ def to_plain(state: Any) -> Any:
         if state.kind == "arrow":
             return {_HELD: "arrow", "value": [_table_bytes(first), *rest]}
         order, *rest = rest
-        return {_HELD: "rows", "value": [list(first), [int(i) for i in order], *rest]}
+        rows = [(_plain_key(key), example) for key, example in first]
+        return {_HELD: "rows", "value": [rows, [int(i) for i in order], *rest]}
     if isinstance(state, dict):
         return {k: to_plain(v) for k, v in state.items()}
     if isinstance(state, (list, tuple)):
@@ -65,12 +67,27 @@ def from_plain(state: Any) -> Any:
         first, *rest = state["value"]
         if state[_HELD] == "arrow":
             return Held("arrow", (_table_from_bytes(first), *rest))
-        return Held("rows", (first, *rest))
+        return Held("rows", ([(_key_from_plain(key), example) for key, example in first], *rest))
     if isinstance(state, dict):
         return {k: from_plain(v) for k, v in state.items()}
     if isinstance(state, (list, tuple)):
         return type(state)(from_plain(v) for v in state)
     return state
+
+
+def _plain_key(key: Any) -> Any:
+    """An example's key: `datasets.builder.Key(shard, item)` as a tagged list, anything else (str, int) as it is."""
+    if type(key).__name__ == "Key" and hasattr(key, "original_shard_id"):
+        return {_KEY: [key.original_shard_id, key.item_or_batch_id]}
+    return key
+
+
+def _key_from_plain(key: Any) -> Any:
+    if isinstance(key, dict) and _KEY in key:
+        from datasets.builder import Key
+
+        return Key(*key[_KEY])
+    return key
 
 
 def _table_bytes(table: Any) -> bytes | None:

@@ -25,7 +25,7 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
-from hf_lightning._lightning_compat import datamodule_of, grad_scaler
+from hf_lightning._lightning_compat import datamodule_of, grad_scaler, restart_train_iterator
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME, recover_interrupted_replacements
 from hf_lightning.checkpointing.lightning_state import restore_callback_states
@@ -215,11 +215,20 @@ class CheckpointRestorer:
                     flow.handler.remove_callback(type(rebuilt))
                     flow.handler.add_callback(rebuilt)
 
-    def on_train_epoch_start(self) -> None:
+    def on_train_epoch_start(self, trainer: pl.Trainer) -> None:
         """Load this rank's RNG states once, at the start of the resumed epoch (see the module docstring)."""
         if not self._rng_pending:
             return
         self._rng_pending = False
+        self._load_rng_states()
+        if self.position is not None and self.position.windows == 0 and trainer.current_epoch == 0:
+            # HF loads the states before it makes the epoch's loader iterator (T:1848-1849, 1857), whose seed draw
+            # then follows them; Lightning made epoch 0's iterator before this hook (`ignore_data_skip`, or a step-0
+            # checkpoint): make it again, after them
+            restart_train_iterator(trainer)
+
+    def _load_rng_states(self) -> None:
+        """This rank's python, numpy, torch (and CUDA) RNG states from the checkpoint's RNG file, if it has one."""
         assert self.files is not None
         if self.files.rng is None:
             log.info("No RNG file in %s for this process: reproducibility is not guaranteed.", self.files.path)
