@@ -111,7 +111,9 @@ def restart_train_iterator(trainer: pl.Trainer) -> None:
     Lightning makes the first epoch's iterator in `_FitLoop.setup_data`, before any epoch hook, and keeps it for epoch
     0 (`_TrainingEpochLoop.on_run_start`); later epochs get theirs after `on_train_epoch_start`.
     """
-    iter(trainer.fit_loop._data_fetcher)
+    fetcher = trainer.fit_loop._data_fetcher
+    if fetcher is not None:  # set by `setup_data`, which runs before any epoch hook
+        iter(fetcher)
 
 
 def position_in_epoch(trainer: pl.Trainer) -> tuple[int, bool]:
