@@ -69,11 +69,12 @@ TIERS = {
     "test_ddp.py": "distributed",
     "test_evaluation_ddp.py": "distributed",
     "test_generation_ddp.py": "distributed",
+    "test_stream_resume_ddp.py": "distributed",
 }
 """The tier of each test file."""
 
 DISTRIBUTED = {
-    "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py",
+    "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py", "test_stream_resume_ddp.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
     "test_cli.py::test_ddp_fit_from_the_command_line",
     "test_final_save.py::test_cli_fit_saves_the_gathered_model_under_fsdp2",
