@@ -52,9 +52,21 @@ def resumable_train_stream(dataset: Any) -> Any:
 
 
 def stateful_loader(dataset: Any, **loader_kwargs: Any) -> DataLoader:
-    """A `torchdata` `StatefulDataLoader` over `dataset` (same arguments as `DataLoader`)."""
+    """A `torchdata` `StatefulDataLoader` over `dataset` (same arguments as `DataLoader`).
+
+    With workers, each one sends its dataset's state with its batches; a shuffle buffer's state holds its rows, so
+    they are sent every `buffer / (2 * batch_size)` batches only (about once per refill), and a resume re-reads the
+    few batches since (`StatefulDataLoader` does that itself): O(buffer), never O(position).
+    """
     from torchdata.stateful_dataloader import StatefulDataLoader
 
+    if loader_kwargs.get("num_workers", 0) > 0:
+        from datasets import IterableDataset as HFIterable
+
+        from hf_lightning.data.stream_shuffle import buffered_rows
+
+        rows = buffered_rows(dataset) if isinstance(dataset, HFIterable) else 0
+        loader_kwargs["snapshot_every_n_steps"] = max(1, rows // (2 * loader_kwargs.get("batch_size", 1)))
     with warnings.catch_warnings():
         # torchdata 0.11 calls torch's deprecated `set_vital` in every loader's constructor (harmless, torch >= 2.9)
         warnings.filterwarnings("ignore", message=".*set_vital.*")

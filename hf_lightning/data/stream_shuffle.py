@@ -33,7 +33,7 @@ from datasets.iterable_dataset import (
 
 from hf_lightning.data.stream_state import Held
 
-__all__ = ["ResumableBufferShuffle", "ResumableStream", "resumable_stream"]
+__all__ = ["ResumableBufferShuffle", "ResumableStream", "buffered_rows", "resumable_stream"]
 
 
 class ResumableBufferShuffle(BufferShuffledExamplesIterable):
@@ -192,3 +192,16 @@ def resumable_stream(dataset: datasets.IterableDataset) -> ResumableStream:
     stream._epoch = _maybe_share_with_torch_persistent_workers(int(dataset.epoch))
     stream._prepare_ex_iterable_for_iteration()  # a fresh state, as `IterableDataset.__init__` makes one
     return stream
+
+
+def buffered_rows(dataset: datasets.IterableDataset) -> int:
+    """How many rows the shuffle buffers of `dataset`'s pipeline hold together (0 without a buffer)."""
+
+    def walk(node: Any) -> int:
+        own = node.buffer_size if isinstance(node, BufferShuffledExamplesIterable) else 0
+        children = list(getattr(node, "ex_iterables", None) or [])
+        if getattr(node, "ex_iterable", None) is not None:
+            children.append(node.ex_iterable)
+        return own + sum(walk(child) for child in children)
+
+    return walk(dataset._ex_iterable)
