@@ -50,6 +50,7 @@ TIERS = {
     "test_schedule_parity.py": "parity",
     "test_seq2seq_parity.py": "parity",
     "test_tensorboard.py": "parity",
+    "test_tokens_logged.py": "parity",
     "test_train_parity.py": "parity",
     "test_checkpoint.py": "e2e",
     "test_checkpoint_processes.py": "e2e",
@@ -70,11 +71,13 @@ TIERS = {
     "test_evaluation_ddp.py": "distributed",
     "test_generation_ddp.py": "distributed",
     "test_stream_resume_ddp.py": "distributed",
+    "test_tokens_logged_ddp.py": "distributed",
 }
 """The tier of each test file."""
 
 DISTRIBUTED = {
     "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py", "test_stream_resume_ddp.py",
+    "test_tokens_logged_ddp.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
     "test_cli.py::test_ddp_fit_from_the_command_line",
     "test_final_save.py::test_cli_fit_saves_the_gathered_model_under_fsdp2",

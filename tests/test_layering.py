@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.checkpointing.checks": 0,
     "hf_lightning.checkpointing.rotation": 0,
     "hf_lightning.data": 0,
+    "hf_lightning.peak_flops": 0,
     "hf_lightning.resume": 0,
     "hf_lightning.seq2seq.args": 0,
     "hf_lightning.tasks": 0,
@@ -52,6 +53,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.tasks.task": 0,
     # L1: torch / transformers helpers
     "hf_lightning.args.readme_map": 1,
+    "hf_lightning.callbacks.tokens": 1,
     "hf_lightning.callbacks.train_log": 1,
     "hf_lightning.checkpointing.distributed": 1,
     "hf_lightning.checkpointing.final_model": 1,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["UNSUPPORTED", "DIFFERENCES", "DEFAULT_DIFFERENCES", "SCRIPT_ONLY", "unsupported_problem"]
+__all__ = ["UNSUPPORTED", "DIFFERENCES", "DEFAULT_DIFFERENCES", "OURS", "SCRIPT_ONLY", "unsupported_problem"]
 
 _STRATEGY = "a Lightning strategy in `lightning_kwargs[\"strategy\"]` (CLI: `trainer.strategy`)"
 _HUB = "no hub access: save with `trainer.save_model()` and upload with `huggingface_hub` yourself"
@@ -36,7 +36,6 @@ UNSUPPORTED: dict[str, str] = {
     "torch_empty_cache_steps": "call `torch.cuda.empty_cache()` from a callback yourself",
     "auto_find_batch_size": "choose `per_device_train_batch_size` yourself (Lightning's `BatchSizeFinder` does not "
                             "know HF's accumulation)",
-    "include_num_input_tokens_seen": "count tokens in a callback yourself",
     "project": _TRACKIO,
     "trackio_space_id": _TRACKIO,
     "trackio_bucket_id": _TRACKIO,
@@ -94,6 +93,15 @@ DIFFERENCES: dict[str, str] = {
                               "leaves it to scripts)",
 }
 """Supported fields that behave differently from HF, and how (the README map prints these)."""
+
+OURS: dict[str, str] = {
+    "save_async": "write checkpoints in a background thread (the state is copied to CPU memory at the save step); "
+                  "the same files, renames and rotation as a synchronous save",
+    "include_throughput": "`tokens_per_second` (and `mfu`) in every training log entry, `train_tokens_per_second` "
+                          "(and `train_mfu`) in the end-of-training metrics",
+    "peak_flops_per_device": "the device's peak FLOP/s for `mfu` (default: from a table of GPUs and the precision)",
+}
+"""hf_lightning's own fields (not in `transformers.TrainingArguments`), with what they do (the README map's rows)."""
 
 DEFAULT_DIFFERENCES: dict[str, Any] = {"report_to": "tensorboard"}
 """Fields whose default is deliberately not HF's (HF writes no logs by default; we write TensorBoard)."""

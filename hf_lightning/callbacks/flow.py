@@ -45,6 +45,7 @@ from hf_lightning.callbacks.best_model import BestModelTracker
 from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import EvaluationHooks, HFEvaluator
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
+from hf_lightning.callbacks.tokens import TokenLogs
 from hf_lightning.callbacks.train_log import (
     FlopsCounter,
     TrainLossTracker,
@@ -93,6 +94,7 @@ class HFTrainerFlow(EvaluationHooks):
         self.plan: TrainingPlan | None = None
         self.loss = TrainLossTracker(args.logging_nan_inf_filter)
         self.flos = FlopsCounter()
+        self.tokens = TokenLogs(args)
         self.resume_from_checkpoint: str | bool | None = None
         self._eval_listeners: list[HFEvaluationListener] = []
         self._epoch_index = 0
@@ -194,6 +196,7 @@ class HFTrainerFlow(EvaluationHooks):
             self._restorer.restore_trainer_state(self, trainer, self.plan.max_steps, self.plan.num_train_epochs)
         self.loss.start(pl_module.device, trainer.global_step)
         self.flos.current = 0.0
+        self.tokens.start(self.state, pl_module.device, str(trainer.precision), trainer.world_size)
         self._train_start = time.time()
         self.handler.optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self.handler.lr_scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
@@ -250,6 +253,8 @@ class HFTrainerFlow(EvaluationHooks):
         window = [batch] if isinstance(batch, Mapping) else list(batch)
         self.loss.add(update.micro_losses, self.state.global_step)
         self.flos.add_window(flow_model(pl_module), window)
+        self.tokens.add_window(self.state, window, flow_model(pl_module), self._pad_token_id(), trainer.strategy,
+                               pl_module.device)
         # every earlier window of the epoch is full, so this also holds after a mid-epoch resume
         micro_done = batch_idx * self.args.gradient_accumulation_steps + len(window)
         self.state.global_step = trainer.global_step
@@ -295,13 +300,15 @@ class HFTrainerFlow(EvaluationHooks):
     def set_eval_dataloader(self, loader: Any) -> None:
         self.handler.eval_dataloader = loader
 
-    def record_log(self, trainer: pl.Trainer | None, logs: dict[str, Any]) -> None:
-        """HF `Trainer.log` (T:4181-4203): add `epoch`, append to `log_history` with `step`, `on_log`, write to loggers.
+    def record_log(self, trainer: pl.Trainer | None, logs: dict[str, Any], start_time: float | None = None) -> None:
+        """HF `Trainer.log` (T:4181-4203): add `epoch` (and the input tokens seen, with this call's tokens/s when
+        `start_time` is given), append to `log_history` with `step`, `on_log`, write to loggers.
 
         (Not named `log`: Lightning would take it for the module's.)
         """
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
+        self.tokens.annotate(logs, self.state, start_time)
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.hf_event("on_log", logs=logs)
         numeric = {
@@ -321,7 +328,11 @@ class HFTrainerFlow(EvaluationHooks):
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
         self.flos.store(self.state, trainer)
-        self.record_log(trainer, logs)
+        self.tokens.training_entry(logs, trainer.strategy, self.state.total_flos)
+        self.record_log(trainer, logs, start_time=self._train_start)
+
+    def _pad_token_id(self) -> int | None:
+        return getattr(self.handler.processing_class, "pad_token_id", None)
 
     # ----- evaluation (HFEvaluator runs it; the flow logs and decides what follows) -----
     def _evaluate(self, trainer: pl.Trainer, during_training: bool) -> bool:
@@ -331,7 +342,9 @@ class HFTrainerFlow(EvaluationHooks):
                 "Trainer: evaluation requires an eval_dataset. `control.should_evaluate` was set at step "
                 f"{self.state.global_step} but no eval_dataset was given."
             )
+        started = time.perf_counter()
         metrics = self.evaluator.evaluate_during_fit(trainer).metrics
+        self.tokens.exclude(time.perf_counter() - started)
         if not metrics:  # nothing was evaluated, so no `on_evaluate` cleared the request
             self.control.should_evaluate = False
         if not during_training:
@@ -364,6 +377,7 @@ class HFTrainerFlow(EvaluationHooks):
         self.flos.store(self.state, trainer)
         metrics = train_summary(self._train_start, num_samples, steps, self.plan.max_steps, self.state.total_flos,
                                 train_loss)
+        self.tokens.summary(metrics, trainer.strategy, self.state.total_flos)
         self.record_log(trainer, metrics)  # adds "epoch", as HF's `TrainOutput.metrics` has it
         self._summary = metrics
         self.best.load_best(flow_model(pl_module), self.state)

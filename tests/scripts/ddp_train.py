@@ -1,7 +1,8 @@
 """Train a tiny BERT with `hf_lightning.Trainer` on 1 or 2 CPU processes and dump the log history as JSON.
 
 Run by tests/test_ddp.py as a subprocess (Lightning's `ddp` launcher re-executes this script for rank 1).
-Usage: python ddp_train.py OUT_JSON DEVICES PER_DEVICE_BATCH
+Usage: python ddp_train.py OUT_JSON DEVICES PER_DEVICE_BATCH [tokens]
+("tokens": also `include_num_input_tokens_seen="all"` and `include_throughput=True`.)
 """
 
 import json
@@ -17,11 +18,12 @@ import hf_lightning  # noqa: E402
 
 def main() -> None:
     out_json, devices, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    extra = {"include_num_input_tokens_seen": "all", "include_throughput": True} if sys.argv[4:] == ["tokens"] else {}
     args = hf_lightning.TrainingArguments(
         output_dir=os.path.join(os.path.dirname(out_json), f"run{devices}"), per_device_train_batch_size=batch,
         per_device_eval_batch_size=4, learning_rate=1e-3, max_steps=6, logging_steps=1, eval_strategy="steps",
         eval_steps=3, save_strategy="no", gradient_accumulation_steps=2, disable_tqdm=True, report_to="none",
-        optim="adamw_torch", max_grad_norm=1.0,
+        optim="adamw_torch", max_grad_norm=1.0, **extra,
     )
 
     def metrics(pred):
