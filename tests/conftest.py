@@ -31,6 +31,7 @@ TIERS = {
     "test_args.py": "unit",
     "test_callback_contract.py": "unit",
     "test_citations.py": "unit",
+    "test_help_cache.py": "unit",
     "test_layering.py": "unit",
     "test_lightning_compat.py": "unit",
     "test_public_api.py": "unit",
@@ -107,6 +108,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _help_cache(tmp_path_factory):
+    """`hf-lightning <subcommand> --help` texts are kept in a folder of this session, not the user's cache."""
+    import os
+
+    previous = os.environ.get("HF_LIGHTNING_CACHE")
+    os.environ["HF_LIGHTNING_CACHE"] = str(tmp_path_factory.mktemp("hf_lightning_cache"))
+    yield
+    if previous is None:
+        del os.environ["HF_LIGHTNING_CACHE"]
+    else:
+        os.environ["HF_LIGHTNING_CACHE"] = previous
 
 
 @pytest.fixture

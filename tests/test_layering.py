@@ -101,6 +101,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.args.to_lightning": 3,
     "hf_lightning.cli": 3,
     "hf_lightning.cli.lightning_cli": 3,
+    "hf_lightning.cli.help_cache": 3,
     "hf_lightning.cli.precheck": 3,
     "hf_lightning.facade": 3,
     "hf_lightning.lightning_trainer": 3,

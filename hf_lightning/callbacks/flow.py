@@ -274,7 +274,10 @@ class HFTrainerFlow(EvaluationHooks):
             elif epoch_stop and not last_batch:
                 flow_module(pl_module).request_epoch_stop()  # Lightning ends the epoch at the next batch start
                 self._epoch_stop_requested = True
-        if self.loss.latest_loss is not None and trainer.progress_bar_callback is not None:
+        if self.loss.last_logged_step == self.state.global_step and self.loss.latest_loss is not None \
+                and trainer.progress_bar_callback is not None:
+            # only when a new loss was logged: Lightning's bar keeps a value until it is logged again, and its
+            # `log` costs a few milliseconds (signature inspection, result bookkeeping)
             pl_module.log("loss", self.loss.latest_loss, prog_bar=True, logger=False)
 
     def _maybe_log_save_evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, update: UpdateReport
