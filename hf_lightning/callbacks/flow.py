@@ -104,6 +104,14 @@ class HFTrainerFlow(Callback):
 
         self._restorer = start_fit(self, trainer, pl_module)
 
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """The output-directory lock taken in `on_fit_start` is given back when `fit` ends (checkpoint_saver.py)."""
+        if stage == "fit":
+            self.saver.end_run(trainer)
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self.saver.end_run(trainer)  # Lightning skips `teardown` after an exception
+
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fresh `TrainerState` (T:1682-1689), HF `on_train_begin`, then `eval_on_start` (T:1655-1656)."""
         import time

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from hf_lightning.checkpointing import distributed as dist_state
-from hf_lightning.checkpointing.io import TRAINER_STATE_NAME, recover_interrupted_replacements
+from hf_lightning.checkpointing.io import TRAINER_STATE_NAME
 from hf_lightning.checkpointing.lightning_state import restore_callback_states
 from hf_lightning.resume.position import ResumePosition, apply_loop_position, resume_position
 from hf_lightning.resume.find import (
@@ -246,9 +246,7 @@ def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     run's checkpoints in `output_dir`. Returns the restorer whose later hooks the flow calls, or None."""
     args = flow.args
     output_dir = args.resolved_output_dir
-    if trainer.is_global_zero:
-        recover_interrupted_replacements(output_dir)
-    trainer.strategy.barrier("hf_lightning_recover")
+    flow.saver.begin_run(trainer)  # the output-directory lock, then leftovers of killed runs are cleaned up
     resume = flow.resume_from_checkpoint
     if resume is None:  # a Lightning-native run (e.g. from a config file) may set it in the arguments
         resume = args.resume_from_checkpoint
