@@ -43,7 +43,7 @@ from hf_lightning.checkpointing.io import (
     write_rng_state,
     write_training_files,
 )
-from hf_lightning.checkpointing.lightning_state import capture_lightning_state
+from hf_lightning.checkpointing.lightning_state import capture_lightning_state, epoch_geometry
 from hf_lightning.checkpointing.rotation import final_cleanup, select_for_deletion
 from hf_lightning.checkpointing.run_lock import OutputDirLocked, RunLock
 
@@ -188,7 +188,7 @@ class CheckpointSaver:
                 write_training_files(
                     tmp, optimizer=None if sharded else optimizer, scheduler=scheduler,
                     scaler=getattr(trainer.precision_plugin, "scaler", None),
-                    lightning_state=capture_lightning_state(trainer, epoch_ending),
+                    lightning_state=capture_lightning_state(trainer, epoch_ending, epoch_geometry(trainer, self.args)),
                 )
             write_rng_state(tmp, world, rank)
             if not zero and self.durable:  # rank 0 flushes the whole folder; on a multi-node file system each

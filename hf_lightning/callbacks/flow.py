@@ -103,6 +103,11 @@ class HFTrainerFlow(Callback):
         from hf_lightning.resume.load import start_fit
 
         self._restorer = start_fit(self, trainer, pl_module)
+        if self._restorer is not None and self._restorer.nothing_left:
+            # Resumed at or past the end: Lightning skips its fit loop with its train hooks, HF runs the train
+            # begin (state from the checkpoint) and end (summary, best model, on_train_end) around no epoch.
+            self.on_train_start(trainer, pl_module)
+            self.on_train_end(trainer, pl_module)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """The output-directory lock taken in `on_fit_start` is given back when `fit` ends (checkpoint_saver.py)."""

@@ -4,7 +4,9 @@ Weights, optimizer and scheduler live in the HF files of the folder; this small 
 to continue exactly where it stopped. Resuming does not go through `fit(ckpt_path=...)`: Lightning's restart
 machinery re-runs `on_train_epoch_start` differently per restart stage and its loaders are not resumable (findings
 Q3). Instead the loop counters are set before the fit loop starts from what this file records (`resume/position.py`).
-An HF checkpoint has no such file: its position follows HF's own rule there.
+An HF checkpoint has no such file: its position follows HF's own rule there. The file also records the epoch's
+geometry (batch size, accumulation, world size, training samples): a resumed run whose geometry differs cannot use
+the recorded window position and follows HF's rule too (`geometry_changes`).
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-__all__ = ["capture_lightning_state", "restore_callback_states"]
+__all__ = ["capture_lightning_state", "epoch_geometry", "geometry_changes", "restore_callback_states"]
 
-FORMAT = 1
+FORMAT = 2  # 2 added "geometry"
 
 
 def _stateful_callbacks(trainer: pl.Trainer) -> list[Any]:
@@ -23,11 +25,35 @@ def _stateful_callbacks(trainer: pl.Trainer) -> list[Any]:
     return [cb for cb in trainer.callbacks if type(cb).__name__ != "HFTrainerFlow"]
 
 
-def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False) -> dict[str, Any]:
+def epoch_geometry(trainer: pl.Trainer, args: Any) -> dict[str, Any]:
+    """What decides how many updates an epoch has: batch size, accumulation, processes, training samples."""
+    dataset = getattr(trainer.datamodule, "train_dataset", None)
+    try:
+        samples = len(dataset) if dataset is not None else None
+    except TypeError:  # an iterable dataset
+        samples = None
+    return {
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "world_size": trainer.world_size,
+        "train_samples": samples,
+        "dataloader_drop_last": args.dataloader_drop_last,
+    }
+
+
+def geometry_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`"name: checkpoint value -> this run's value"` for each geometry entry that differs (pure)."""
+    names = {"train_samples": "training samples (len(train_dataset))", "world_size": "world size (processes)"}
+    return [f"{names.get(key, key)}: {saved[key]} in the checkpoint -> {current.get(key)} now"
+            for key in saved if key in current and saved[key] != current[key]]
+
+
+def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False,
+                            geometry: dict[str, Any] | None = None) -> dict[str, Any]:
     """What `lightning_state.pt` holds, taken in `on_train_batch_end` of the update being saved.
 
     `epoch_ending`: the epoch ends after this update although batches remain (an HF `should_epoch_stop`), so a
-    resumed run starts the next epoch, as the uninterrupted one does.
+    resumed run starts the next epoch, as the uninterrupted one does. `geometry`: `epoch_geometry` of this run.
     """
     epoch_loop = trainer.fit_loop.epoch_loop
     callbacks = {}
@@ -43,6 +69,7 @@ def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False) -> 
         "windows_done": int(epoch_loop.batch_progress.current.ready),
         "epoch_finished": bool(epoch_loop.batch_progress.is_last_batch) or epoch_ending,
         "world_size": trainer.world_size,
+        "geometry": geometry or {"world_size": trainer.world_size},
         "callbacks": callbacks,
         "datamodule": datamodule.state_dict() if datamodule is not None else {},
     }

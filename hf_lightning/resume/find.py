@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_lightning.checkpointing.folders import checkpoint_folders, restorable_checkpoints
+from hf_lightning.checkpointing.integrity import damaged_file_error, folder_problems
 from hf_lightning.checkpointing.io import (
     LIGHTNING_STATE_NAME,
     SHARDED_OPTIMIZER_DIR,
@@ -69,7 +70,10 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
 
     Raises:
         FileNotFoundError: the folder does not exist; no weights file; no `trainer_state.json`; one of
-            `optimizer.pt` / `scheduler.pt` without the other (a half-copied checkpoint).
+            `optimizer.pt` / `scheduler.pt` without the other, or RNG / Lightning state without either (a
+            half-copied checkpoint).
+        DamagedCheckpointError: a truncated or corrupted file (each one named, the previous complete checkpoint
+            suggested).
     """
     folder = Path(path)
     where = f"resume_from_checkpoint={str(folder)!r}"
@@ -92,6 +96,15 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
         raise FileNotFoundError(f"{where}: incomplete checkpoint, scheduler.pt is missing (optimizer state exists).")
     if scheduler and not (optimizer or sharded):
         raise FileNotFoundError(f"{where}: incomplete checkpoint, optimizer.pt is missing (scheduler.pt exists).")
+    training_state = [p.name for p in sorted(folder.glob("rng_state*.pth"))] + (
+        [LIGHTNING_STATE_NAME] if (folder / LIGHTNING_STATE_NAME).exists() else [])
+    if training_state and not (optimizer or sharded or scheduler):
+        # a `save_only_model` folder has no RNG or loop state either: this one lost its optimizer files
+        raise FileNotFoundError(f"{where}: incomplete checkpoint, optimizer.pt and scheduler.pt are missing "
+                                f"({', '.join(training_state)} exist, so it was not saved with save_only_model).")
+    problems = folder_problems(folder)
+    if problems:
+        raise damaged_file_error(folder, problems)
     return CheckpointFiles(
         path=folder, weights=weights, optimizer=optimizer, sharded_optimizer=sharded, scheduler=scheduler,
         scaler=optional("scaler.pt"), rng=optional(rng_file_name(world_size, rank)),
