@@ -1,7 +1,9 @@
 """Normalisation and validation of `TrainingArguments`, mirroring `transformers.TrainingArguments.__post_init__`.
 
 Every check appends to one list and the function raises once, so a user fixes all problems in one go. Messages quote
-HF's wording where HF has one (users search for those strings) and always name the argument and its value.
+HF's wording where HF has one (users search for those strings) and always name the argument and its value. The
+types of all fields are checked first (`field_types.py`, from the dataclass annotations): a mistyped field is
+reported with the others of its kind before any value check could trip over it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from hf_lightning.args import choices
 from hf_lightning.args.choices import OPTIMIZER_NAMES, SCHEDULER_NAMES
+from hf_lightning.args.field_types import check_field_types
 
 if TYPE_CHECKING:
     from hf_lightning.args.training_args import TrainingArguments
@@ -87,17 +90,13 @@ def _check_best_model(args: TrainingArguments, issues: list[str]) -> None:
 
 def normalise_and_check(args: TrainingArguments) -> None:
     """Fill HF's derived defaults in place and raise one `ValueError` listing every invalid field."""
-    issues: list[str] = []
-    # HF accepts None (its default) or a JSON string for `lr_scheduler_kwargs` (TA:792); we keep a dict.
+    # HF accepts None (its default) or a JSON string for `lr_scheduler_kwargs` (TA:792); we keep a dict (the type
+    # check parses a JSON string).
     if args.lr_scheduler_kwargs is None:
         args.lr_scheduler_kwargs = {}
-    elif isinstance(args.lr_scheduler_kwargs, str):
-        import json
-
-        try:
-            args.lr_scheduler_kwargs = json.loads(args.lr_scheduler_kwargs)
-        except json.JSONDecodeError:
-            issues.append(f"`lr_scheduler_kwargs`={args.lr_scheduler_kwargs!r} is not a JSON object.")
+    issues = check_field_types(args)
+    if issues:
+        raise ValueError("Invalid TrainingArguments (types):\n- " + "\n- ".join(issues))
     _check_choice(issues, "eval_strategy", args.eval_strategy, _choices("IntervalStrategyName"))
     _check_choice(issues, "logging_strategy", args.logging_strategy, _choices("IntervalStrategyName"))
     _check_choice(issues, "save_strategy", args.save_strategy, _choices("SaveStrategyName"))
