@@ -81,6 +81,10 @@ class Trainer:
         set_seed(self.args.seed)
         if model is None and model_init is None:
             raise ValueError("`Trainer` requires either a `model` or `model_init` argument (both are None).")
+        from hf_lightning.checkpointing.checks import output_dir_problem
+
+        if (problem := output_dir_problem(self.args.resolved_output_dir)) is not None:
+            raise ValueError(problem)  # here, not at the first save after `save_steps` updates
         if model is None:
             model = model_init()
         if train_dataset is not None and not _has_length(train_dataset) and self.args.max_steps <= 0:

@@ -362,18 +362,21 @@ def test_hf_callbacks_from_the_config(tmp_path, in_repo, one_thread, capsys):
 
 
 @pytest.mark.parametrize(
-    ("entry", "expected"),
+    ("entry", "allowed", "expected"),
     [
-        ("[transformers.NoSuchCallback]", "hf_callbacks[0].class_path='transformers.NoSuchCallback' cannot be"),
-        ("[lightning.pytorch.callbacks.ModelSummary]", "is not a transformers.TrainerCallback subclass"),
-        ("[{class_path: transformers.EarlyStoppingCallback, init_args: {patience: 1}}]",
+        ("[transformers.NoSuchCallback]", [], "hf_callbacks[0].class_path='transformers.NoSuchCallback' cannot be"),
+        ("[lightning.pytorch.callbacks.ModelSummary]", ["--allow_code_from", "[lightning]"],
+         "is not a transformers.TrainerCallback subclass"),
+        ("[lightning.pytorch.callbacks.ModelSummary]", [],
+         "a config only imports classes from transformers unless it allows the module"),
+        ("[{class_path: transformers.EarlyStoppingCallback, init_args: {patience: 1}}]", [],
          "hf_callbacks[0] (transformers.EarlyStoppingCallback): "),
     ],
 )
-def test_hf_callback_errors_are_one_line(entry, expected, tmp_path, in_repo, capsys):
+def test_hf_callback_errors_are_one_line(entry, allowed, expected, tmp_path, in_repo, capsys):
     with pytest.raises(SystemExit) as exit_info:
         _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path),
-              "--hf_callbacks", entry])
+              "--hf_callbacks", entry, *allowed])
     assert exit_info.value.code == 2
     err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(err) == 1 and expected in err[0], err

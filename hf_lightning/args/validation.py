@@ -88,6 +88,15 @@ def _check_best_model(args: TrainingArguments, issues: list[str]) -> None:
         issues.append(prefix.format("round ") + f"but found {save}, which is not a round multiple of {ev}.")
 
 
+def _escapes(name: str) -> bool:
+    """Whether a folder name used below output_dir could point outside it (absolute, `..`, a drive)."""
+    import ntpath
+    import posixpath
+
+    parts = name.replace("\\", "/").split("/")
+    return posixpath.isabs(name) or ntpath.isabs(name) or bool(ntpath.splitdrive(name)[0]) or ".." in parts
+
+
 def normalise_and_check(args: TrainingArguments) -> None:
     """Fill HF's derived defaults in place and raise one `ValueError` listing every invalid field."""
     # HF accepts None (its default) or a JSON string for `lr_scheduler_kwargs` (TA:792); we keep a dict (the type
@@ -142,6 +151,9 @@ def normalise_and_check(args: TrainingArguments) -> None:
     if args.lr_scheduler_type == "reduce_lr_on_plateau" and args.eval_strategy == "no":
         issues.append("lr_scheduler_type reduce_lr_on_plateau requires an eval strategy")
     _check_best_model(args, issues)
+    if args.run_name is not None and _escapes(args.run_name):
+        issues.append(f"`run_name`={args.run_name!r} names the logs' folder inside output_dir (runs/<run_name>); it "
+                      "must be a relative name without '..', so nothing is written outside output_dir.")
     if isinstance(args.report_to, str):
         args.report_to = [args.report_to]
     for name in args.report_to:

@@ -23,6 +23,7 @@ import lightning.pytorch as pl
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpointing import distributed as dist_state
+from hf_lightning.checkpointing.checks import output_dir_problem
 from hf_lightning.checkpointing.folders import (
     clean_leftovers,
     fsync_file,
@@ -39,6 +40,7 @@ from hf_lightning.checkpointing.io import (
     prepare_tmp_folder,
     rng_file_name,
     save_model_files,
+    torch_save,
     write_file,
     write_rng_state,
     write_training_files,
@@ -89,22 +91,24 @@ class CheckpointSaver:
         """Take the output-directory lock and clean leftovers on rank 0; share the run id with every rank.
 
         Raises:
+            ValueError: nothing can be written to `output_dir` (`checks.output_dir_problem`), on every rank.
             OutputDirLocked: another run uses `output_dir` (raised on every rank, naming it).
         """
-        outcome: tuple[str | None, str | None] = (None, None)
-        error: OutputDirLocked | None = None
+        outcome: tuple[str | None, type[Exception] | None, str] = (None, None, "")
         if trainer.is_global_zero:
-            try:
-                self.lock = RunLock.acquire(self.output_dir)
-                clean_leftovers(self.output_dir)
-                outcome = (self.lock.run, None)
-            except OutputDirLocked as err:
-                error, outcome = err, (None, str(err))
-        run, message = trainer.strategy.broadcast(outcome, src=0)
+            problem = output_dir_problem(self.output_dir)
+            if problem is not None:
+                outcome = (None, ValueError, problem)
+            else:
+                try:
+                    self.lock = RunLock.acquire(self.output_dir)
+                    clean_leftovers(self.output_dir)
+                    outcome = (self.lock.run, None, "")
+                except OutputDirLocked as err:
+                    outcome = (None, OutputDirLocked, str(err))
+        run, error, message = trainer.strategy.broadcast(outcome, src=0)
         if error is not None:
-            raise error
-        if message is not None:
-            raise OutputDirLocked(message)
+            raise error(message)
         self.run = run
 
     def end_run(self, trainer: pl.Trainer | None = None) -> None:
@@ -165,8 +169,6 @@ class CheckpointSaver:
 
     def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, tmp: Path,
                      epoch_ending: bool) -> None:
-        import torch
-
         model = pl_module.model
         world, rank, zero = trainer.world_size, trainer.global_rank, trainer.is_global_zero
         strategy = trainer.strategy
@@ -176,7 +178,7 @@ class CheckpointSaver:
         full_state = dist_state.full_model_state_dict(model)  # collective under FSDP2, None otherwise
         if zero:
             save_model_files(model, tmp, self.processing_class, state_dict=full_state)
-            write_file(tmp / "training_args.bin", lambda path: torch.save(self.args, path))
+            torch_save(self.args, tmp / "training_args.bin")
         if not self.args.save_only_model:
             optimizer = trainer.optimizers[0] if trainer.optimizers else None
             optimizer = getattr(optimizer, "optimizer", optimizer)

@@ -42,7 +42,7 @@ from hf_lightning.checkpointing.folders import (
 
 __all__ = [
     "CHECKPOINT_PREFIX", "TMP_PREFIX", "LIGHTNING_STATE_NAME", "SHARDED_OPTIMIZER_DIR", "TRAINER_STATE_NAME",
-    "CheckpointWriteError", "finalize_checkpoint", "prepare_tmp_folder", "rng_file_name", "rng_state",
+    "CheckpointWriteError", "finalize_checkpoint", "prepare_tmp_folder", "rng_file_name", "rng_state", "torch_save",
     "save_model_files", "write_checkpoint", "write_file", "write_rng_state", "write_training_files",
 ]
 
@@ -99,8 +99,16 @@ def write_file(path: str | Path, writer: Callable[[Path], Any], what: str | None
         ) from error
 
 
-def _torch_save(obj: Any, path: Path) -> None:
-    write_file(path, lambda target: torch.save(obj, target))
+def torch_save(obj: Any, path: Path) -> None:
+    """`torch.save(obj, path)`; a failure names the file (`write_file`)."""
+
+    def save(target: Path) -> None:
+        # our own file object: closed even when `torch.save` fails, so a failed file's space is freed once it is
+        # removed (a path would leave the descriptor open in torch's writer, referenced by the traceback)
+        with open(target, "wb") as f:
+            torch.save(obj, f)
+
+    write_file(path, save)
 
 
 def save_model_files(model: nn.Module, directory: str | Path, processing_class: Any = None,
@@ -154,7 +162,7 @@ def prepare_tmp_folder(output_dir: str | Path, step: int, run: str) -> Path:
 
 def write_rng_state(folder: str | Path, world_size: int = 1, rank: int = 0) -> None:
     """This process's RNG file."""
-    _torch_save(rng_state(world_size > 1), Path(folder) / rng_file_name(world_size, rank))
+    torch_save(rng_state(world_size > 1), Path(folder) / rng_file_name(world_size, rank))
 
 
 def write_training_files(folder: str | Path, *, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
@@ -162,13 +170,13 @@ def write_training_files(folder: str | Path, *, optimizer: Any = None, scheduler
     """The shared resume files (rank 0): `optimizer.pt`, `scheduler.pt`, `scaler.pt`, `lightning_state.pt`."""
     folder = Path(folder)
     if optimizer is not None:
-        _torch_save(optimizer.state_dict(), folder / "optimizer.pt")
+        torch_save(optimizer.state_dict(), folder / "optimizer.pt")
     if scheduler is not None:
-        _torch_save(scheduler.state_dict(), folder / "scheduler.pt")
+        torch_save(scheduler.state_dict(), folder / "scheduler.pt")
     if scaler is not None:
-        _torch_save(scaler.state_dict(), folder / "scaler.pt")
+        torch_save(scaler.state_dict(), folder / "scaler.pt")
     if lightning_state is not None:
-        _torch_save(lightning_state, folder / LIGHTNING_STATE_NAME)
+        torch_save(lightning_state, folder / LIGHTNING_STATE_NAME)
 
 
 def finalize_checkpoint(output_dir: str | Path, step: int, run: str, check_held: Callable[[], None] | None = None,
@@ -218,7 +226,7 @@ def write_checkpoint(
     """Write `checkpoint-<step>` atomically from one process and return its path (`run`: the temporary name's id)."""
     tmp = prepare_tmp_folder(output_dir, step, run)
     save_model_files(model, tmp, processing_class, state_dict=state_dict)
-    _torch_save(args, tmp / "training_args.bin")
+    torch_save(args, tmp / "training_args.bin")
     if not getattr(args, "save_only_model", False):
         write_training_files(tmp, optimizer=optimizer, scheduler=scheduler, scaler=scaler,
                              lightning_state=lightning_state)
