@@ -191,7 +191,8 @@ class TransformerModule(pl.LightningModule):
         """One optimizer update over a window of micro-batches.
 
         Returns the update's loss; with several micro-batches, `{"loss": sum, "micro_losses": per micro-batch}` so
-        the logging callback can apply HF's `logging_nan_inf_filter` to each micro-batch loss as HF does.
+        the logging callback can apply HF's `logging_nan_inf_filter` to each micro-batch loss as HF does; with the
+        window's label-token count when it was computed (`"label_tokens"`, for the no-label warning).
         """
         window = [batch] if isinstance(batch, Mapping) else list(batch)
         if len(window) == 1 and self._plain_model_loss and self.trainer.world_size == 1:
@@ -232,10 +233,10 @@ class TransformerModule(pl.LightningModule):
         if scheduler is not None and not skipped and not self._is_plateau(scheduler):
             scheduler.step()
         optimizer.zero_grad()
-        if len(micro_losses) == 1:
+        if len(micro_losses) == 1 and num_items is None:
             return micro_losses[0]
         stacked = torch.stack(micro_losses)
-        return {"loss": stacked.sum(), "micro_losses": stacked}
+        return {"loss": stacked.sum(), "micro_losses": stacked, "label_tokens": num_items}
 
     @staticmethod
     def _is_plateau(scheduler: Any) -> bool:

@@ -178,7 +178,8 @@ class HFTrainerFlow(Callback):
         """After an update: HF's bookkeeping, `on_step_end`, the step pass, and at an epoch's end the epoch pass."""
         assert self.plan is not None
         window = [batch] if isinstance(batch, Mapping) else list(batch)
-        self.loss.add(self._micro_losses(outputs), self.state.global_step)
+        label_tokens = outputs.get("label_tokens") if isinstance(outputs, Mapping) else None
+        self.loss.add(self._micro_losses(outputs), self.state.global_step, label_tokens)
         self.flos.add_window(getattr(pl_module, "model", None), window)
         # every earlier window of the epoch is full, so this also holds after a mid-epoch resume
         micro_done = batch_idx * self.args.gradient_accumulation_steps + len(window)
