@@ -2,7 +2,8 @@
 
 - `hf_prediction_step` is `Trainer.prediction_step` (T:3185-3292).
 - `EvalAccumulator` collects one evaluation run: the batch mean loss repeated per sample (so `eval_loss` is HF's
-  sample-weighted mean of batch means, T:2999/3089; a token-weighted alternative is `eval_loss_weighting="tokens"`),
+  sample-weighted mean of batch means, T:2999/3089; HF's `Seq2SeqTrainer` repeats it `eval_batch_size` times, see
+  `Seq2SeqTransformerModule.eval_loss_repeats`; a token-weighted alternative is `eval_loss_weighting="tokens"`),
   logits after `preprocess_logits_for_metrics`, labels, and optional inputs, kept per batch and concatenated once
   with -100 padding (HF's `EvalLoopContainer` result). A streaming `compute_metrics` (torchmetrics, see
   `hf_lightning.metrics`) or `batch_eval_metrics` is fed per batch instead, and no predictions are kept.
@@ -240,8 +241,10 @@ class EvalAccumulator:
         self.num_samples += batch_size
         if loss is not None:
             # a Python float per batch, expanded at `finish`: a small array kept per batch would pin fragments of
-            # the heap between the large per-batch logits, and a long evaluation's memory would creep up
-            self.losses.append((float(loss.detach().float()), batch_size))
+            # the heap between the large per-batch logits, and a long evaluation's memory would creep up. HF repeats
+            # it per sample (`Trainer`), or per slot of the loader's batch (`Seq2SeqTrainer`: `eval_loss_repeats`)
+            repeats = getattr(self.module, "eval_loss_repeats", None) or batch_size
+            self.losses.append((float(loss.detach().float()), repeats))
             if self.weighting == "tokens":
                 self._add_tokens(batch, loss)
         self._check_labels(batch, labels)

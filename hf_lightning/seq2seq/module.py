@@ -9,6 +9,9 @@ generated_ids, labels)` returned. Differences (README "Generation-based evaluati
 - labels keep -100 as their only padding (HF appends pad ids after the collator's -100);
 - a decoder-only model (HF has no support) generates completions of left-padded prompts; the predictions are the
   completion tokens and the labels the reference completions (format in `prompts.py`).
+
+`eval_loss` is weighted as HF's `Seq2SeqTrainer` weights it (`eval_loss_repeats`): every batch's mean loss counts
+`per_device_eval_batch_size` times, a short last batch as a full one.
 """
 
 from __future__ import annotations
@@ -76,6 +79,14 @@ class Seq2SeqTransformerModule(TransformerModule):
         self.gen_kwargs: dict[str, Any] = resolve_gen_kwargs(self.args)
         self._active_dataloader = 0
         self._active_loaders: Any = None
+
+    @property
+    def eval_loss_repeats(self) -> int:
+        """How often each eval batch's mean loss is counted in `eval_loss`: HF's `Seq2SeqTrainer.evaluate/predict`
+        gather with `accelerator.gather` instead of `gather_for_metrics` (S2S:136, 199), so the loss repeated
+        `eval_batch_size` times is never cut to the short last batch: every batch weighs the same (the plain mean of
+        the batch means). The base `TransformerModule` counts each batch's samples, as HF's `Trainer`."""
+        return self.args.per_device_eval_batch_size
 
     # ----- accumulators that count generate calls -----
     def _accumulator(
