@@ -58,7 +58,9 @@ def read_file(path: str | Path, loader: Callable[[Path], Any], what: str = "resu
     try:
         return loader(path)
     except Exception as err:
-        raise damaged_file_error(path.parent, {path.name: f"{type(err).__name__}: {err}"}, what) from err
+        detail = " ".join(f"{type(err).__name__}: {err}".split())  # one line, whatever the library printed
+        detail = detail if len(detail) <= 300 else detail[:297] + "..."
+        raise damaged_file_error(path.parent, {path.name: detail}, what) from err
 
 
 def read_weights(path: str | Path, what: str = "resume_from_checkpoint") -> dict[str, torch.Tensor]:
