@@ -93,17 +93,20 @@ def _phase(operation: str, paths: str) -> str:
     return "other"
 
 
-def _kill_chains(tmp_path: Path, uninterrupted, kills_wanted: int, seed: int) -> dict[str, int]:
-    """Chains of killed runs, each resumed by the next, until `kills_wanted` kills; returns kills per operation."""
+def _kill_chains(tmp_path: Path, uninterrupted, kills_wanted: int, seed: int,
+                 points: tuple[str, ...] = ()) -> dict[str, int]:
+    """Chains of killed runs, each resumed by the next, until `kills_wanted` kills; returns kills per operation.
+    The kill points are `points` (see fault_train.py) in order, then random operation numbers."""
     operations, final_weights = uninterrupted
     rng = random.Random(seed)
+    chosen = list(points)
     log = tmp_path / "kills.log"
     kills, chain = 0, 0
     while kills < kills_wanted:
         out = tmp_path / f"chain{chain}"
         chain += 1
-        for attempt in range(50):
-            kill_at = rng.randint(1, operations) if kills < kills_wanted else 0
+        for _ in range(50):
+            kill_at = (chosen.pop(0) if chosen else rng.randint(1, operations)) if kills < kills_wanted else 0
             proc = _child("run", str(out), str(kill_at), str(tmp_path / "result.json"),
                           env={"FAULT_KILL_LOG": str(log)})
             if proc.returncode == -signal.SIGKILL:
@@ -128,8 +131,16 @@ def _kill_chains(tmp_path: Path, uninterrupted, kills_wanted: int, seed: int) ->
     return counts
 
 
+# the moments issue 13 found dangerous, then the other steps of a save: each lands in one chain of resumed runs
+TARGETED = ("replace:deleting-checkpoint:2", "unlink:model.safetensors:1", "replace:tmp-checkpoint:3", "fsync::5")
+
+
 def test_sigkill_during_saves_and_rotations_short(tmp_path, uninterrupted):
-    assert sum(_kill_chains(tmp_path, uninterrupted, kills_wanted=2, seed=13).values()) == 2
+    """Kills at a rotation's rename, in the middle of a rotation's removal, at a save's rename into place and at a
+    flush: every folder left is complete, and resuming ends with the uninterrupted weights."""
+    counts = _kill_chains(tmp_path, uninterrupted, kills_wanted=len(TARGETED), seed=13, points=TARGETED)
+    assert counts == {"replace (rotation: rename out of the set)": 1, "unlink (rotation: removing the renamed "
+                      "folder)": 1, "replace (save: rename into place)": 1, "fsync (flush before/after a rename)": 1}
 
 
 @pytest.mark.slow
@@ -183,6 +194,19 @@ def test_two_runs_started_together_never_mix(tmp_path):
     assert names[-1] == "checkpoint-8"
     args = [torch.load(out / name / "training_args.bin", weights_only=False).output_dir for name in names]
     assert set(args) == {str(out)}
+
+
+@pytest.mark.distributed
+def test_under_ddp_a_busy_output_dir_stops_every_rank(tmp_path):
+    """Rank 0 checks the lock and tells the other ranks: both stop with the message, none waits at a barrier."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "run": "0123abcd",
+                                             "created": 0}))  # this test process: alive
+    proc = _child("run", str(out), "0", str(tmp_path / "r.json"), env={"FAULT_DDP": "1"}, timeout=300)
+    assert proc.returncode != 0
+    assert proc.stderr.count(f"is in use by another training run: pid {os.getpid()}") >= 2  # raised on both ranks
+    assert sorted(os.listdir(out)) == [LOCK_NAME] and not (tmp_path / "r.json").exists()
 
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_warning(tmp_path, caplog, one_thread):

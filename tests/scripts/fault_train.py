@@ -6,13 +6,16 @@ Usage:
       Train a tiny GPT-2 (save every update, save_total_limit=2) into OUT_DIR, resuming from its latest checkpoint
       when there is one. With KILL_AT > 0 the process SIGKILLs itself just before its KILL_AT-th file-system
       operation on OUT_DIR (mkdir, open for writing, fsync, rename, unlink, rmdir: every step of a save and of a
-      rotation), so a kill lands at a chosen, reproducible moment. Writes RESULT_JSON when it finishes: the number
-      of operations, the final global step, and the step it resumed from.
+      rotation), so a kill lands at a chosen, reproducible moment; KILL_AT `OPERATION:TEXT:N` kills before the N-th
+      OPERATION whose paths contain TEXT (e.g. `replace:deleting-checkpoint:1`, the first rotation rename). Writes
+      RESULT_JSON when it finishes: the number of operations, the final global step, and the step it resumed from.
   python fault_train.py hold OUT_DIR READY GO
       Train, and after taking the output-directory lock create READY and wait until GO exists (a run that holds
       the lock for as long as the test needs).
   python fault_train.py disk OUT_DIR RESULT_JSON
       Train with a save every update until the disk is full; writes the error's type, errno and message.
+
+With FAULT_DDP=1 in the environment, training runs on 2 CPU processes (DDP, gloo).
 """
 
 import builtins
@@ -38,10 +41,11 @@ def make_trainer(out_dir: str, callbacks=(), max_steps: int = MAX_STEPS, **overr
                     logging_steps=1, save_strategy="steps", save_steps=1, save_total_limit=2, seed=5,
                     report_to="none", disable_tqdm=True, optim="adamw_torch")
     settings.update(overrides)
+    ddp = {"devices": 2, "strategy": "ddp"} if os.environ.get("FAULT_DDP") == "1" else {}
     return hf_lightning.Trainer(
         model=tiny_gpt2(dropout=0.1), args=hf_lightning.TrainingArguments(**settings),
         train_dataset=lm_dataset(n=16), callbacks=list(callbacks),
-        lightning_kwargs={"accelerator": "cpu", "logger": False, "enable_progress_bar": False},
+        lightning_kwargs={"accelerator": "cpu", "logger": False, "enable_progress_bar": False, **ddp},
     )
 
 
@@ -49,10 +53,13 @@ class OperationCounter:
     """Counts file-system operations under one folder; SIGKILLs the process before operation number `kill_at`,
     after appending `<operation> <path>` to the file named by $FAULT_KILL_LOG (for the test's summary)."""
 
-    def __init__(self, root: str, kill_at: int) -> None:
+    def __init__(self, root: str, kill_at: str) -> None:
         self.root = os.path.realpath(root)
-        self.kill_at = kill_at
+        operation, _, rest = kill_at.rpartition(":") if ":" in kill_at else ("", "", kill_at)
+        self.kill_at = int(rest)
+        self.operation, _, self.text = operation.partition(":")
         self.count = 0
+        self.matching = 0
 
     def _touch(self, name: str, *paths, relative: bool = False) -> None:
         # `relative`: a name relative to a directory descriptor (shutil.rmtree): only this folder is removed here
@@ -60,7 +67,11 @@ class OperationCounter:
         if paths and not inside and not relative:
             return
         self.count += 1
-        if self.count == self.kill_at:
+        if self.operation:
+            if name != self.operation or (self.text and not any(self.text in os.fspath(p) for p in paths)):
+                return
+            self.matching += 1
+        if (self.matching if self.operation else self.count) == self.kill_at:
             log = os.environ.get("FAULT_KILL_LOG")
             if log:
                 with open(log, "a") as f:
@@ -88,7 +99,7 @@ class OperationCounter:
         builtins.open = open_
 
 
-def run(out_dir: str, kill_at: int, result_json: str, max_steps: int = MAX_STEPS) -> None:
+def run(out_dir: str, kill_at: str, result_json: str, max_steps: int = MAX_STEPS) -> None:
     from hf_lightning.resume.find import last_checkpoint
 
     counter = OperationCounter(out_dir, kill_at)
@@ -129,7 +140,7 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     mode = sys.argv[1]
     if mode == "run":
-        run(sys.argv[2], int(sys.argv[3]), sys.argv[4], *(int(a) for a in sys.argv[5:6]))
+        run(sys.argv[2], sys.argv[3], sys.argv[4], *(int(a) for a in sys.argv[5:6]))
     elif mode == "hold":
         hold(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
