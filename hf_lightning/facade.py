@@ -78,6 +78,9 @@ class Trainer:
         from transformers import set_seed
 
         self.args = self._resolve_args(args)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity(self.args.get_process_log_level())  # as HF's Trainer.__init__ does
         set_seed(self.args.seed)
         if model is None and model_init is None:
             raise ValueError("`Trainer` requires either a `model` or `model_init` argument (both are None).")

@@ -92,7 +92,8 @@ def test_save_strategy_best_needs_a_metric():
         (dict(gradient_accumulation_steps=0), ["gradient_accumulation_steps", "=0"]),
         (dict(save_steps=0), ["save_steps"]),
         (dict(include_for_metrics=["logits"]), ["include_for_metrics", "'logits'"]),
-        (dict(report_to="wandb"), ["report_to", "'wandb'"]),
+        (dict(report_to="bogus"), ["report_to", "'bogus'", "wandb", "mlflow"]),
+        (dict(report_to="clearml"), ["report_to", "'clearml'", "ClearML", "lightning_kwargs"]),
         (dict(dataloader_prefetch_factor=2), ["dataloader_prefetch_factor", "dataloader_num_workers"]),
     ],
 )
@@ -205,9 +206,10 @@ def test_conversion_lists_every_unsupported_field_in_one_error(tmp_path):
     with pytest.raises(ValueError) as info:
         from_hf_training_arguments(hf)
     message = str(info.value)
-    for fragment in ("neftune_noise_alpha=5.0", "full_determinism=True", "torch_empty_cache_steps=3",
-                     "include_num_input_tokens_seen="):
+    for fragment in ("`neftune_noise_alpha`=5.0", "`full_determinism`=True", "`torch_empty_cache_steps`=3",
+                     "`include_num_input_tokens_seen`='all'", "enable_full_determinism"):
         assert fragment in message
+    assert message.count("\n  * ") == 4  # one line per field, each saying what to do instead
     assert "learning_rate" not in message  # supported fields are never reported
 
 

@@ -4,8 +4,9 @@ Each field's value is compared with its annotation, so a field added to the data
 this module. Strings are converted where HF's `HfArgumentParser` would convert them (it parses every command-line
 value with the field's type), so a value read from a YAML or JSON string works as it does under HF:
 `"1e-3"` -> float, `"3"` -> int, `"true"` / `"no"` / `"1"` -> bool (HF's `string_to_bool`), a JSON object string ->
-dict. A `pathlib.Path` given for a string field becomes that path's string. Anything else of the wrong type is
-reported, every field at once, with its value and the expected type.
+dict. A `pathlib.Path` given for a string field becomes that path's string. What HF's parser itself produces passes
+as it is: a field's `metadata["const"]` (a bare `--flag`) and None for a list field (`nargs="+"` without a default
+factory). Anything else of the wrong type is reported, every field at once, with its value and the expected type.
 
 Supported annotation forms: `Any`, `None`, `bool`, `int`, `float`, `str`, other classes (an `isinstance` check),
 `Literal[...]` (its values' types; the value itself is checked with HF's message in `validation.py`), unions
@@ -112,6 +113,8 @@ def _coerce(value: Any, annotation: Any) -> Any:
 
 
 def _fits_exactly(value: Any, annotation: Any) -> bool:
+    if annotation is Any:  # a class from Python 3.11 on, but not one `isinstance` accepts
+        return True
     if annotation is _NONE_TYPE:
         return value is None
     if isinstance(annotation, type) and not get_args(annotation):
@@ -163,6 +166,11 @@ def _coerce_scalar(value: Any, annotation: Any) -> Any:
     return value  # an annotation form we do not check (see `unsupported_annotations`)
 
 
+def _has_list(annotation: Any) -> bool:
+    members = get_args(annotation) if _is_union(annotation) else (annotation,)
+    return any(get_origin(m) is list or m is list for m in members)
+
+
 def _supported(annotation: Any) -> bool:
     if annotation is None:
         return False
@@ -190,6 +198,10 @@ def check_field_types(args: Any) -> list[str]:
     for f in dataclasses.fields(args):
         value = getattr(args, f.name)
         annotation = hints.get(f.name)
+        if "const" in f.metadata and value is f.metadata["const"]:
+            continue  # what HF's parser gives for a bare `--flag` (e.g. `--fsdp`: True for a `str | None` field)
+        if value is None and _has_list(annotation):
+            continue  # HF's parser leaves a list field without default_factory at None (`debug`); __post_init__ fills it
         try:
             converted = _coerce(value, annotation)
         except _Mismatch:

@@ -1,7 +1,10 @@
 """Conversion of a `transformers.TrainingArguments` into hf_lightning's `TrainingArguments`.
 
-Every field we support is copied (enums become their string values). Every other field whose value differs from
-HF's default is collected, and all of them are reported in one error, so nothing a user set is silently ignored.
+Both classes have the same fields. Every supported field is copied (enums become their string values). An
+unsupported field (`support.UNSUPPORTED`) counts as set when its value differs from what HF itself derives without
+it, so values HF fills in (e.g. `accelerator_config` becomes an `AcceleratorConfig()`) are not blamed on the user;
+all such fields are reported in one error. `report_to` keeps HF's meaning: HF's default (no integration) writes no
+logs here either.
 """
 
 from __future__ import annotations
@@ -12,15 +15,12 @@ import warnings
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.support import UNSUPPORTED, unsupported_problem
 
 __all__ = ["from_hf_training_arguments"]
 
-# HF fields whose value is filled by HF itself or has no meaning here; never reported as unsupported.
-_IGNORED = {
-    "do_train", "do_eval", "do_predict", "local_rank", "ddp_backend", "log_level", "log_level_replica",
-    "log_on_each_node", "disable_tqdm", "skip_memory_metrics", "push_to_hub_token", "hub_token",
-    "logging_dir", "_n_gpu", "accelerator_config", "deepspeed_plugin", "parallelism_config",
-}
+# Unsupported fields HF fills in from another one (TA:1533-1545, TA:1608-1616): named only with their source.
+_DERIVED = {"torch_compile_backend": "torch_compile", "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs"}
 
 
 def _plain(value: Any) -> Any:
@@ -35,33 +35,28 @@ def from_hf_training_arguments(hf_args: Any) -> TrainingArguments:
     """Build our `TrainingArguments` from a `transformers.TrainingArguments` (or a subclass).
 
     Raises:
-        ValueError: listing every field that is set to a non-default value we do not support.
+        ValueError: listing every unsupported field that is set (with what to use instead), or any value our
+            arguments reject (e.g. an `optim` we do not build).
     """
-    ours = {f.name for f in dataclasses.fields(TrainingArguments)}
-    init_fields = [f for f in dataclasses.fields(hf_args) if f.init]
-    supported = {f.name: getattr(hf_args, f.name) for f in init_fields if f.name in ours}
+    ours = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
+    init_fields = [f for f in dataclasses.fields(hf_args) if f.init and f.name in ours]
+    supported = {f.name: getattr(hf_args, f.name) for f in init_fields if f.name not in UNSUPPORTED}
     # The reference gets the same supported fields, so values HF derives from them in `__post_init__` (e.g.
-    # `gradient_checkpointing=True` sets `activation_checkpointing=True`) are not reported as set by the user.
+    # `torch_compile_backend` from `torch_compile`) are compared like for like.
     with warnings.catch_warnings():  # e.g. HF's FutureWarning for the `gradient_checkpointing` alias: not the user's
         warnings.simplefilter("ignore")
         reference = type(hf_args)(**supported)
-    values: dict[str, Any] = {}
-    unsupported: list[str] = []
-    for f in init_fields:
-        value = _plain(getattr(hf_args, f.name))
-        if f.name in ours:
-            values[f.name] = value
-        elif f.name not in _IGNORED and value != _plain(getattr(reference, f.name)):
-            unsupported.append(f"{f.name}={value!r}")
-    if unsupported:
-        raise ValueError(
-            "These transformers.TrainingArguments fields are set to values hf_lightning does not support: "
-            + ", ".join(unsupported)
-            + ". Reset them to their defaults (see README, 'HF argument map'); Lightning-side settings go in "
-            "`lightning_kwargs`."
-        )
-    report_to = values.get("report_to")
-    if report_to in (["none"], "none", None, []):
-        values.pop("report_to", None)  # HF's default; we keep our TensorBoard default
-    values = {k: v for k, v in values.items() if k in ours}
+    set_values = {name: _plain(getattr(hf_args, name)) for name in UNSUPPORTED if name in ours}
+    reference_values = {name: _plain(getattr(reference, name)) for name in set_values}
+    changed = {name for name in set_values if set_values[name] != reference_values[name]}
+    for name, source in _DERIVED.items():
+        if name in changed and source in changed:
+            reference_values[name] = set_values[name]
+    problem = unsupported_problem(set_values, reference_values)
+    if problem:
+        raise ValueError("These transformers." + problem.removeprefix("these "))
+    values = {name: _plain(value) for name, value in supported.items()}
+    # HF resolved `report_to` in its `__post_init__` ("none" -> [], "all" -> installed names): pass the result on,
+    # with [] spelled "none" so that our default (tensorboard) does not come back
+    values["report_to"] = values["report_to"] or "none"
     return TrainingArguments(**values)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.process import check_process_group
+from hf_lightning.args.report_to import build_loggers
 
 __all__ = ["lightning_trainer_kwargs", "OWNED_BY_HF_ARGS"]
 
@@ -26,31 +28,18 @@ OWNED_BY_HF_ARGS = {
 """lightning.Trainer options that the HF arguments decide; passing them raises an error naming the HF argument."""
 
 
-def _default_loggers(args: TrainingArguments) -> Any:
-    names = set(args.report_to) if isinstance(args.report_to, list) else {args.report_to}
-    if "none" in names:
-        return False
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-
-    out = args.resolved_output_dir
-    loggers: list[Any] = []
-    if names & {"tensorboard", "all"}:
-        loggers.append(TensorBoardLogger(save_dir=out, name="runs", version=args.run_name, default_hp_metric=False))
-    if names & {"csv", "all"}:
-        loggers.append(CSVLogger(save_dir=out, name="csv", version=args.run_name))
-    return loggers or False
-
-
 def lightning_trainer_kwargs(args: TrainingArguments, lightning_kwargs: dict[str, Any] | None) -> dict[str, Any]:
     """`lightning.Trainer(**kwargs)` for these arguments; `lightning_kwargs` wins for everything Lightning owns.
 
     Raises:
-        ValueError: `lightning_kwargs` sets an option the HF arguments decide (the message names both).
+        ValueError: `lightning_kwargs` sets an option the HF arguments decide (the message names both), or a
+            strategy whose process group differs from the one `main_process_first` initialised.
     """
     user = dict(lightning_kwargs or {})
     clashes = [f"{k} (use TrainingArguments.{OWNED_BY_HF_ARGS[k]})" for k in user if k in OWNED_BY_HF_ARGS]
     if clashes:
         raise ValueError("These lightning_kwargs are decided by the HF arguments: " + ", ".join(clashes) + ".")
+    check_process_group(user)
     kwargs: dict[str, Any] = {
         "default_root_dir": args.resolved_output_dir,
         "enable_checkpointing": False,  # checkpoints are HF folders written by HFTrainerFlow
@@ -68,6 +57,6 @@ def lightning_trainer_kwargs(args: TrainingArguments, lightning_kwargs: dict[str
     elif args.fp16:
         kwargs["precision"] = "16-mixed"
     if "logger" not in user:
-        kwargs["logger"] = _default_loggers(args)
+        kwargs["logger"] = build_loggers(args)
     kwargs.update(user)
     return kwargs

@@ -1,51 +1,76 @@
-"""`TrainingArguments`: the HF Trainer's argument names and defaults, for the fields hf_lightning supports.
+"""`TrainingArguments`: every field of `transformers.TrainingArguments` (5.x), with HF's name, type and default.
 
-Pure Python (no torch import), so the CLI can build its parser without loading the heavy stack. Each field keeps the
-name and default of `transformers.TrainingArguments` (5.x); the docstring under each field is what
-`hf-lightning --help` prints. Validation mirrors `TrainingArguments.__post_init__` (same messages where users grep
-for them) and reports every problem at once. Converting a `transformers.TrainingArguments` lives in `from_transformers.py`.
+Pure Python (no torch import), so the CLI can build its parser without loading the heavy stack; HF's enum types are
+`Literal`s or `str` here. Any command line `HfArgumentParser` accepts for HF's class parses into this one. The
+docstring under each field is what `hf-lightning fit --help` prints. What each field does here (supported, supported
+with a difference, or not supported and refused when set) is the table in `support.py`; validation mirrors HF's
+`__post_init__` (`validation.py`); the process-layout properties scripts call are in `process.py`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from hf_lightning.args.choices import IntervalStrategyName, SamplingStrategyName, SaveStrategyName
+from hf_lightning.args.choices import (
+    HubStrategyName,
+    IntervalStrategyName,
+    LogLevelName,
+    SamplingStrategyName,
+    SaveStrategyName,
+    default_optimizer,
+)
+from hf_lightning.args.process import ProcessLayoutMixin
 
 __all__ = ["TrainingArguments"]
 
+_BARE_FLAG = {"nargs": "?", "const": True}  # HF's metadata: a bare `--flag` means True for a `bool | None` field
+
+
 @dataclass
-class TrainingArguments:
-    """The HF `TrainingArguments` fields that hf_lightning honours, with HF's names and defaults.
+class TrainingArguments(ProcessLayoutMixin):
+    """Every `transformers.TrainingArguments` field, with HF's names, types and defaults.
 
     Lightning-only settings (devices, strategy, precision, loggers) go to `lightning.Trainer`; the facade takes them
-    as `lightning_kwargs`, the CLI under `trainer:`. Unsupported HF fields are listed in README's argument map.
+    as `lightning_kwargs`, the CLI under `trainer:`. Fields hf_lightning does not support keep their default; setting
+    one raises (README, "HF argument map"). Our one deliberate default difference: `report_to="tensorboard"`.
 
     Raises:
-        ValueError: listing every invalid field, its value and what is allowed.
+        ValueError: listing every invalid field, its value and what is allowed, and every unsupported field set.
     """
 
+    # --- Output ---
     output_dir: str | None = None
     """Where checkpoints (`checkpoint-<step>/`) and logs go. Defaults to `trainer_output`."""
-    eval_strategy: IntervalStrategyName = "no"
-    """When to evaluate during training: `no`, `steps` (every `eval_steps` updates) or `epoch`."""
-    prediction_loss_only: bool = False
-    """`evaluate`/`predict` return only the loss (no logits, no labels)."""
+
+    # --- Training duration and batch size ---
     per_device_train_batch_size: int = 8
     """Micro-batch size per process for training."""
-    per_device_eval_batch_size: int = 8
-    """Batch size per process for evaluation and prediction."""
-    gradient_accumulation_steps: int = 1
-    """Micro-batches accumulated into one optimizer update. A window never crosses an epoch boundary."""
-    eval_accumulation_steps: int | None = None
-    """Move accumulated eval tensors to the CPU every this many batches (values are identical)."""
-    eval_delay: float = 0
-    """Updates (or epochs, with `eval_strategy="epoch"`) to wait before the first evaluation."""
+    num_train_epochs: float = 3.0
+    """Epochs to train; a fraction stops inside the last epoch. Ignored when `max_steps > 0`."""
+    max_steps: int = -1
+    """Total optimizer updates; overrides `num_train_epochs` when > 0. Required for an unsized train dataset."""
+
+    # --- Learning rate and scheduler ---
     learning_rate: float = 5e-5
     """Initial (peak) learning rate."""
+    lr_scheduler_type: str = "linear"
+    """Learning-rate schedule, a `transformers.get_scheduler` name except `greedy` (see README)."""
+    lr_scheduler_kwargs: dict[str, Any] | str | None = None
+    """Extra keyword arguments for the scheduler, a dict or a JSON string (e.g. `{"num_cycles": 2}`)."""
+    warmup_steps: float = 0
+    """Warmup updates: an int >= 1, or a fraction of the total updates in [0, 1)."""
+
+    # --- Optimizer ---
+    optim: str = default_optimizer()
+    """Optimizer: `adamw_torch`, `adamw_torch_fused` (the default from torch 2.8, as HF), `sgd`, `adafactor`, `adagrad`,
+    `rmsprop`."""
+    optim_args: str | None = None
+    """Extra optimizer arguments as `key=value,key=value`."""
     weight_decay: float = 0.0
     """Weight decay applied to every parameter except biases and normalisation weights."""
     adam_beta1: float = 0.9
@@ -54,112 +79,260 @@ class TrainingArguments:
     """AdamW beta2."""
     adam_epsilon: float = 1e-8
     """AdamW epsilon."""
+    optim_target_modules: None | str | list[str] = None
+    """Not supported (GaLore / APOLLO target modules): must stay None."""
+
+    # --- Regularization and stability ---
+    gradient_accumulation_steps: int = 1
+    """Micro-batches accumulated into one optimizer update. A window never crosses an epoch boundary."""
+    average_tokens_across_devices: bool = True
+    """Normalise the loss by the label tokens of all processes (exact token-weighted mean under DDP)."""
     max_grad_norm: float = 1.0
     """Clip the total gradient norm to this value (<= 0: no clipping; the norm is still logged)."""
-    num_train_epochs: float = 3.0
-    """Epochs to train; a fraction stops inside the last epoch. Ignored when `max_steps > 0`."""
-    max_steps: int = -1
-    """Total optimizer updates; overrides `num_train_epochs` when > 0. Required for an unsized train dataset."""
-    lr_scheduler_type: str = "linear"
-    """Learning-rate schedule, a `transformers.get_scheduler` name (see README)."""
-    lr_scheduler_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Extra keyword arguments for the scheduler (e.g. `{"num_cycles": 2}`)."""
-    warmup_steps: float = 0
-    """Warmup updates: an int >= 1, or a fraction of `max_steps` in [0, 1)."""
-    logging_strategy: IntervalStrategyName = "steps"
-    """When to log the training loss: `no`, `steps` or `epoch`."""
-    logging_first_step: bool = False
-    """Also log after the first update."""
-    logging_steps: float = 500
-    """Log every this many updates (a fraction < 1 is a share of `max_steps`)."""
-    logging_nan_inf_filter: bool = True
-    """Replace a non-finite training loss by the running mean of the window when logging."""
-    save_strategy: SaveStrategyName = "steps"
-    """When to write `checkpoint-<step>/`: `no`, `steps`, `epoch` or `best` (on every new best metric)."""
-    save_steps: float = 500
-    """Save every this many updates (a fraction < 1 is a share of `max_steps`)."""
-    save_total_limit: int | None = None
-    """Keep at most this many checkpoints (the newest and the best are never deleted)."""
-    save_only_model: bool = False
-    """Checkpoints hold the model files only (no optimizer, scheduler or RNG state: cannot resume exactly)."""
-    seed: int = 42
-    """Random seed set at the start of training (model init with `model_init`, dropout, shuffling)."""
-    data_seed: int | None = None
-    """Seed of the training-data shuffle only; defaults to `seed`."""
+    label_smoothing_factor: float = 0.0
+    """Label smoothing epsilon (HF's `LabelSmoother`, shifted for causal LMs)."""
+
+    # --- Mixed precision ---
     bf16: bool = False
     """Train with bfloat16 autocast (Lightning `precision="bf16-mixed"`)."""
     fp16: bool = False
     """Train with float16 autocast and a grad scaler (Lightning `precision="16-mixed"`)."""
-    dataloader_drop_last: bool = False
-    """Drop the last incomplete batch of each epoch (train and eval loaders, as HF)."""
+    bf16_full_eval: bool = False
+    """Not supported (evaluate in pure bfloat16): must stay False."""
+    fp16_full_eval: bool = False
+    """Not supported (evaluate in pure float16): must stay False."""
+    tf32: bool | None = None
+    """Not supported (TF32 matmuls): must stay None; set `torch.backends` flags yourself."""
+
+    # --- Activation checkpointing ---
+    activation_checkpointing: bool | None = field(default=None, metadata=_BARE_FLAG)
+    """Recompute activations in the backward pass to save memory (`model.gradient_checkpointing_enable()`)."""
+    activation_checkpointing_kwargs: dict[str, Any] | str | None = None
+    """Not supported (kwargs for `gradient_checkpointing_enable`): must stay None."""
+    gradient_checkpointing: bool | None = field(default=None, metadata=_BARE_FLAG)
+    """HF's deprecated alias of `activation_checkpointing` (used when that one is not set)."""
+    gradient_checkpointing_kwargs: dict[str, Any] | str | None = None
+    """Not supported (alias of `activation_checkpointing_kwargs`): must stay None."""
+
+    # --- Compilation and kernels ---
+    torch_compile: bool = False
+    """Not supported (`torch.compile` the model): must stay False; compile the model yourself."""
+    torch_compile_backend: str | None = None
+    """Not supported (`torch.compile` backend): must stay None."""
+    torch_compile_mode: str | None = None
+    """Not supported (`torch.compile` mode): must stay None."""
+    use_liger_kernel: bool = False
+    """Not supported (Liger kernels): must stay False."""
+    liger_kernel_config: dict[str, bool] | None = None
+    """Not supported (Liger kernel settings): must stay None."""
+
+    # --- Additional optimizations ---
+    use_cache: bool = False
+    """Value forced onto `model.config.use_cache` (HF 5 sets False: the KV cache is useless in training)."""
+    neftune_noise_alpha: float | None = None
+    """Not supported (NEFTune embedding noise): must stay None."""
+    torch_empty_cache_steps: int | None = None
+    """Not supported (periodic `empty_cache`): must stay None."""
+    auto_find_batch_size: bool = False
+    """Not supported (batch size search on OOM): must stay False."""
+
+    # --- Logging ---
+    logging_strategy: IntervalStrategyName = "steps"
+    """When to log the training loss: `no`, `steps` or `epoch`."""
+    logging_steps: float = 500
+    """Log every this many updates (a fraction < 1 is a share of the total updates)."""
+    logging_first_step: bool = False
+    """Also log after the first update."""
+    log_on_each_node: bool = True
+    """`should_log` on local rank 0 of every node (True) or on global rank 0 only (False)."""
+    logging_nan_inf_filter: bool = True
+    """Replace a non-finite training loss by the running mean of the window when logging."""
+    include_num_input_tokens_seen: str | bool = "no"
+    """Not supported (count input tokens): must stay `no` / False."""
+    log_level: LogLevelName = "passive"
+    """transformers' log level on the main process (`passive`: leave it); see `get_process_log_level()`."""
+    log_level_replica: LogLevelName = "warning"
+    """transformers' log level on the other processes; see `get_process_log_level()`."""
+    disable_tqdm: bool | None = None
+    """Disable the progress bar (default: only when transformers logs less than warnings)."""
+
+    # --- Experiment tracking ---
+    report_to: None | str | list[str] = "tensorboard"
+    """Loggers: `tensorboard` (default; HF's is `none`), `csv`, `wandb`, `mlflow`, `comet_ml`, `neptune`, `all`, `none`."""
+    run_name: str | None = None
+    """A name for the run: the logger's run name (TensorBoard / CSV: its version folder)."""
+    project: str = "huggingface"
+    """Not supported (trackio project): must stay `huggingface`."""
+    trackio_space_id: str | None = None
+    """Not supported (trackio): must stay None."""
+    trackio_bucket_id: str | None = None
+    """Not supported (trackio): must stay None."""
+    trackio_static_space_id: str | None | Literal[False] = None
+    """Not supported (trackio): must stay None."""
+
+    # --- Evaluation ---
+    eval_strategy: IntervalStrategyName = "no"
+    """When to evaluate during training: `no`, `steps` (every `eval_steps` updates) or `epoch`."""
     eval_steps: float | None = None
     """Evaluate every this many updates; defaults to `logging_steps`."""
-    dataloader_num_workers: int = 0
-    """Worker processes for data loading."""
-    dataloader_prefetch_factor: int | None = None
-    """Batches prefetched per worker (only with workers)."""
-    run_name: str | None = None
-    """A name for the run, used as the logger's version folder."""
-    disable_tqdm: bool | None = None
-    """Disable the progress bar."""
-    remove_unused_columns: bool = True
-    """Drop dataset columns that the model's `forward` does not accept."""
-    label_names: list[str] | None = None
-    """Input keys holding the labels; defaults to the model's `forward` parameters containing `label`."""
+    eval_delay: float = 0
+    """Updates (or epochs, with `eval_strategy="epoch"`) to wait before the first evaluation."""
+    per_device_eval_batch_size: int = 8
+    """Batch size per process for evaluation and prediction."""
+    prediction_loss_only: bool = False
+    """`evaluate`/`predict` return only the loss (no logits, no labels)."""
+    eval_on_start: bool = False
+    """Run one evaluation before the first training step (a sanity check)."""
+    eval_do_concat_batches: bool = True
+    """Concatenate eval predictions across batches (False: keep a list per batch)."""
+    eval_use_gather_object: bool = False
+    """Not supported (gather Python objects across processes): must stay False."""
+    eval_accumulation_steps: int | None = None
+    """Move accumulated eval tensors to the CPU every this many batches (values are identical)."""
+
+    # --- Metrics ---
+    include_for_metrics: list[str] = field(default_factory=list)
+    """Extra fields for `compute_metrics`: `inputs` and/or `loss`."""
+    batch_eval_metrics: bool = False
+    """Call `compute_metrics(..., compute_result=...)` per batch instead of once at the end."""
+
+    # --- Checkpointing and saving ---
+    save_only_model: bool = False
+    """Checkpoints hold the model files only (no optimizer, scheduler or RNG state: cannot resume exactly)."""
+    save_strategy: SaveStrategyName = "steps"
+    """When to write `checkpoint-<step>/`: `no`, `steps`, `epoch` or `best` (on every new best metric)."""
+    save_steps: float = 500
+    """Save every this many updates (a fraction < 1 is a share of the total updates)."""
+    save_on_each_node: bool = False
+    """Not supported (save on every node): must stay False."""
+    save_total_limit: int | None = None
+    """Keep at most this many checkpoints (the newest and the best are never deleted)."""
+    enable_jit_checkpoint: bool = False
+    """Not supported (checkpoint on SIGTERM): must stay False."""
+
+    # --- Hub (not supported: no hub access) ---
+    push_to_hub: bool = False
+    """Not supported (push to the Hub): must stay False."""
+    hub_token: str | None = None
+    """Not supported (Hub token): must stay None."""
+    hub_private_repo: bool | None = None
+    """Not supported (Hub): must stay None."""
+    hub_model_id: str | None = None
+    """Not supported (Hub): must stay None."""
+    hub_strategy: HubStrategyName = "every_save"
+    """Not supported (Hub): must stay `every_save`."""
+    hub_always_push: bool = False
+    """Not supported (Hub): must stay False."""
+    hub_revision: str | None = None
+    """Not supported (Hub): must stay None."""
+
+    # --- Best model ---
     load_best_model_at_end: bool = False
     """At the end of training, load the checkpoint with the best `metric_for_best_model`."""
     metric_for_best_model: str | None = None
     """Metric that picks the best checkpoint (`eval_` is prepended if missing). Defaults to `loss` when needed."""
     greater_is_better: bool | None = None
     """Whether a larger metric is better; defaults to `not metric_for_best_model.endswith("loss")`."""
+
+    # --- Resuming ---
     ignore_data_skip: bool = False
     """On resume, replay the interrupted epoch from its start instead of skipping seen batches."""
-    optim: str = "adamw_torch_fused"
-    """Optimizer: one of `adamw_torch`, `adamw_torch_fused`, `sgd`, `adafactor`, `adagrad`, `rmsprop`."""
-    optim_args: str | None = None
-    """Extra optimizer arguments as `key=value,key=value`."""
-    label_smoothing_factor: float = 0.0
-    """Label smoothing epsilon (HF's `LabelSmoother`, shifted for causal LMs)."""
+    restore_callback_states_from_checkpoint: bool = False
+    """On resume, also restore the state of `TrainerCallback`s that export one (e.g. early stopping)."""
+
+    # --- Reproducibility ---
+    full_determinism: bool = False
+    """Not supported (deterministic algorithms everywhere): must stay False."""
+    seed: int = 42
+    """Random seed set at the start of training (model init with `model_init`, dropout, shuffling)."""
+    data_seed: int | None = None
+    """Seed of the training-data shuffle only; defaults to `seed`."""
+
+    # --- Hardware ---
+    use_cpu: bool = False
+    """Train on the CPU even if an accelerator is present."""
+    accelerator_config: dict | str | None = None
+    """Not supported (accelerate settings; Lightning owns devices): must stay None."""
+    parallelism_config: Any = None
+    """Not supported (accelerate `ParallelismConfig`; use a Lightning strategy): must stay None."""
+
+    # --- Data loading ---
+    dataloader_drop_last: bool = False
+    """Drop the last incomplete batch of each epoch (train and eval loaders, as HF)."""
+    dataloader_num_workers: int = 0
+    """Worker processes for data loading."""
     dataloader_pin_memory: bool = True
     """Pin host memory in data loaders (ignored on CPU-only runs)."""
     dataloader_persistent_workers: bool = False
     """Keep data-loader workers alive between epochs."""
-    resume_from_checkpoint: str | None = None
-    """A checkpoint folder to resume from (the facade's `train(resume_from_checkpoint=...)` wins)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory (`model.gradient_checkpointing_enable()`)."""
-    include_for_metrics: list[str] = field(default_factory=list)
-    """Extra fields for `compute_metrics`: `inputs` and/or `loss`."""
-    eval_do_concat_batches: bool = True
-    """Concatenate eval predictions across batches (False: keep a list per batch)."""
-    batch_eval_metrics: bool = False
-    """Call `compute_metrics(..., compute_result=...)` per batch instead of once at the end."""
-    eval_on_start: bool = False
-    """Run one evaluation before the first training step (a sanity check)."""
-    average_tokens_across_devices: bool = True
-    """Normalise the loss by the label tokens of all processes (exact token-weighted mean under DDP)."""
-    use_cpu: bool = False
-    """Train on the CPU even if an accelerator is present."""
-    use_cache: bool = False
-    """Value forced onto `model.config.use_cache` (HF 5 sets False: the KV cache is useless in training)."""
+    dataloader_prefetch_factor: int | None = None
+    """Batches prefetched per worker (only with workers)."""
+    dataloader_multiprocessing_context: Literal["fork", "spawn", "forkserver"] | None = None
+    """Not supported (workers' start method): must stay None."""
+    dataloader_in_order: bool = True
+    """Not supported (out-of-order batches): must stay True."""
+    remove_unused_columns: bool = True
+    """Drop dataset columns that the model's `forward` does not accept."""
+    label_names: list[str] | None = None
+    """Input keys holding the labels; defaults to the model's `forward` parameters containing `label`."""
     train_sampling_strategy: SamplingStrategyName = "random"
     """Order of training samples: `random` (seeded by `data_seed` or `seed`, and the epoch) or `sequential`."""
-    restore_callback_states_from_checkpoint: bool = False
-    """On resume, also restore the state of `TrainerCallback`s that export one (e.g. early stopping)."""
-    report_to: str | list[str] = "tensorboard"
-    """Loggers when none is given to Lightning: `tensorboard` (default, differs from HF's `none`), `csv`, `none`."""
+    length_column_name: str = "length"
+    """Not supported (length-grouped sampling): must stay `length`."""
+
+    # --- DDP (not supported here: a Lightning strategy decides) ---
+    ddp_find_unused_parameters: bool | None = None
+    """Not supported: use `DDPStrategy(find_unused_parameters=...)`; must stay None."""
+    ddp_bucket_cap_mb: int | None = None
+    """Not supported: use `DDPStrategy(bucket_cap_mb=...)`; must stay None."""
+    ddp_broadcast_buffers: bool | None = None
+    """Not supported: use `DDPStrategy(broadcast_buffers=...)`; must stay None."""
+    ddp_static_graph: bool | None = None
+    """Not supported: use `DDPStrategy(static_graph=...)`; must stay None."""
+    ddp_backend: Literal["nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl"] | None = None
+    """Not supported: use `DDPStrategy(process_group_backend=...)`; must stay None."""
+    ddp_timeout: int = 1800
+    """Not supported: use `DDPStrategy(timeout=...)`; must stay 1800."""
+
+    # --- FSDP and DeepSpeed (not supported here: a Lightning strategy decides) ---
+    fsdp: str | None = field(default=None, metadata=_BARE_FLAG)
+    """Not supported: use a Lightning FSDP strategy; must stay None."""
+    fsdp_config: dict[str, Any] | str | None = None
+    """Not supported: use a Lightning FSDP strategy; must stay None."""
+    deepspeed: dict | str | None = None
+    """Not supported: use a Lightning DeepSpeed strategy; must stay None."""
+
+    # --- Debugging ---
+    debug: str | list[str] = ""
+    """Not supported (HF debug features): must stay empty."""
+    skip_memory_metrics: bool = True
+    """Not supported when False (memory metrics): must stay True."""
+
+    # --- Flags for scripts (HF's Trainer does not read them either) ---
+    do_train: bool = False
+    """Whether the script should train (read by scripts, not by the Trainer)."""
+    do_eval: bool = False
+    """Whether the script should evaluate; set to True when `eval_strategy` is not `no` (as HF)."""
+    do_predict: bool = False
+    """Whether the script should predict on a test set (read by scripts, not by the Trainer)."""
+    resume_from_checkpoint: str | None = None
+    """A checkpoint folder to resume from (`train(resume_from_checkpoint=...)` wins; `train()` reads this one too)."""
+    local_rank: int = -1
+    """Filled by the deprecated `torch.distributed.launch`; read `local_process_index` instead."""
 
     def __post_init__(self) -> None:
         from hf_lightning.args.validation import normalise_and_check
 
         normalise_and_check(self)
 
-    # ----- derived values (HF's TrainingArguments properties) -----
-    @property
-    def do_eval(self) -> bool:
-        """HF sets `do_eval` whenever an eval strategy is set."""
-        return self.eval_strategy != "no"
+    def __str__(self) -> str:
+        """HF's form: one `name=value` per line, sorted, with `*_token` values hidden."""
+        values = {k: (f"<{k.upper()}>" if k.endswith("_token") else v) for k, v in self._field_values().items()}
+        return f"{type(self).__name__}(\n" + "".join(f"{k}={v},\n" for k, v in sorted(values.items())) + ")"
 
+    __repr__ = __str__
+
+    # ----- derived values (HF's TrainingArguments methods) -----
     @property
     def resolved_output_dir(self) -> str:
         """`output_dir`, or HF 5's default `trainer_output`."""
@@ -171,12 +344,27 @@ class TrainingArguments:
             return int(self.warmup_steps)
         return math.ceil(num_training_steps * self.warmup_steps)
 
+    def _field_values(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly copy of every field."""
-        return dataclasses.asdict(self)
+        """Every field, JSON-friendly, with `*_token` values hidden (HF's `to_dict`)."""
+        out = {}
+        for name, value in self._field_values().items():
+            if name.endswith("_token"):
+                value = f"<{name.upper()}>"
+            elif hasattr(value, "to_dict"):  # e.g. a `GenerationConfig` (HF serialises it the same way)
+                value = value.to_dict()
+            elif isinstance(value, os.PathLike):  # a `Path` from the command line stays JSON-friendly
+                value = os.fspath(value)
+            out[name] = value
+        return out
 
     def to_json_string(self) -> str:
-        """The fields as indented JSON (what HF callbacks and loggers print)."""
-        import json
+        """`to_dict()` as indented JSON (what HF's callbacks print)."""
+        return json.dumps(self.to_dict(), indent=2)
 
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+    def to_sanitized_dict(self) -> dict[str, Any]:
+        """`to_dict()` plus the batch sizes, every non-scalar value as a string (for TensorBoard hparams)."""
+        values = {**self.to_dict(), "train_batch_size": self.train_batch_size, "eval_batch_size": self.eval_batch_size}
+        return {k: v if type(v) in (bool, int, float, str) else str(v) for k, v in values.items()}

@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, get_args
 
 from hf_lightning.args import choices
-from hf_lightning.args.choices import OPTIMIZER_NAMES, SCHEDULER_NAMES
+from hf_lightning.args.choices import OPTIMIZER_NAMES, SAMPLING_STRATEGIES, SCHEDULER_NAMES
 from hf_lightning.args.field_types import check_field_types
+from hf_lightning.args.hf_fields import normalise_hf_fields
 
 if TYPE_CHECKING:
     from hf_lightning.args.training_args import TrainingArguments
@@ -99,17 +100,29 @@ def _escapes(name: str) -> bool:
 
 def normalise_and_check(args: TrainingArguments) -> None:
     """Fill HF's derived defaults in place and raise one `ValueError` listing every invalid field."""
-    # HF accepts None (its default) or a JSON string for `lr_scheduler_kwargs` (TA:792); we keep a dict (the type
-    # check parses a JSON string).
+    type_issues = check_field_types(args)  # first: everything below relies on the types
+    if type_issues:
+        raise ValueError("Invalid TrainingArguments (types):\n- " + "\n- ".join(type_issues))
+    issues: list[str] = []
+    normalise_hf_fields(args, issues)
+    # HF accepts None (its default) or a JSON string for `lr_scheduler_kwargs` (TA:792); we keep a dict.
     if args.lr_scheduler_kwargs is None:
         args.lr_scheduler_kwargs = {}
-    issues = check_field_types(args)
-    if issues:
-        raise ValueError("Invalid TrainingArguments (types):\n- " + "\n- ".join(issues))
+    elif isinstance(args.lr_scheduler_kwargs, str):
+        import json
+
+        try:
+            args.lr_scheduler_kwargs = json.loads(args.lr_scheduler_kwargs)
+        except json.JSONDecodeError:
+            issues.append(f"`lr_scheduler_kwargs`={args.lr_scheduler_kwargs!r} is not a JSON object.")
     _check_choice(issues, "eval_strategy", args.eval_strategy, _choices("IntervalStrategyName"))
     _check_choice(issues, "logging_strategy", args.logging_strategy, _choices("IntervalStrategyName"))
     _check_choice(issues, "save_strategy", args.save_strategy, _choices("SaveStrategyName"))
-    _check_choice(issues, "train_sampling_strategy", args.train_sampling_strategy, _choices("SamplingStrategyName"))
+    if args.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
+        issues.append(f"`train_sampling_strategy`={args.train_sampling_strategy!r} is not supported by hf_lightning "
+                      f"(length-grouped sampling is not implemented); allowed: {', '.join(SAMPLING_STRATEGIES)}.")
+    else:
+        _check_choice(issues, "train_sampling_strategy", args.train_sampling_strategy, SAMPLING_STRATEGIES)
     _check_choice(issues, "optim", args.optim, OPTIMIZER_NAMES)
     _check_choice(issues, "lr_scheduler_type", args.lr_scheduler_type, SCHEDULER_NAMES)
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
@@ -154,11 +167,6 @@ def normalise_and_check(args: TrainingArguments) -> None:
     if args.run_name is not None and _escapes(args.run_name):
         issues.append(f"`run_name`={args.run_name!r} names the logs' folder inside output_dir (runs/<run_name>); it "
                       "must be a relative name without '..', so nothing is written outside output_dir.")
-    if isinstance(args.report_to, str):
-        args.report_to = [args.report_to]
-    for name in args.report_to:
-        if name not in ("tensorboard", "csv", "none", "all"):
-            issues.append(f"`report_to` entry {name!r} is not valid; allowed: tensorboard, csv, all, none.")
     if issues:
         raise ValueError("Invalid TrainingArguments:\n- " + "\n- ".join(issues))
 

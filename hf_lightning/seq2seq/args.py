@@ -7,14 +7,17 @@ path to a folder or file, or a name; it is loaded by the module (`load_generatio
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
 
 __all__ = ["Seq2SeqTrainingArguments", "SEQ2SEQ_FIELDS"]
 
-SEQ2SEQ_FIELDS = ("predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config")
-"""The fields this class adds to `TrainingArguments` (same names and defaults as HF's)."""
+SEQ2SEQ_FIELDS = (
+    "sortish_sampler", "predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config",
+)
+"""The fields this class adds to `TrainingArguments` (every field HF's adds, same names and defaults)."""
 
 
 @dataclass
@@ -26,6 +29,8 @@ class Seq2SeqTrainingArguments(TrainingArguments):
             `generation_max_length` < 1.
     """
 
+    sortish_sampler: bool = False
+    """Accepted as in HF, whose `Seq2SeqTrainer` does not use it either (no effect)."""
     predict_with_generate: bool = False
     """Evaluate and predict by calling `model.generate` (predictions are token ids, metrics compare texts)."""
     generation_max_length: int | None = None
@@ -33,8 +38,10 @@ class Seq2SeqTrainingArguments(TrainingArguments):
     For a decoder-only model it counts the prompt too (HF's `generate` semantics)."""
     generation_num_beams: int | None = None
     """`num_beams` passed to `generate` when `evaluate`/`predict` do not get one (1 = greedy)."""
-    generation_config: Any = None
-    """A `transformers.GenerationConfig`, a folder/file path or a name; replaces `model.generation_config`."""
+    generation_config: str | Path | Any | None = None
+    """A `transformers.GenerationConfig`, a folder/file path or a name; replaces `model.generation_config`.
+    (HF's type `str | Path | GenerationConfig | None`, with `Any` for the config so that importing needs no
+    transformers.)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -45,11 +52,3 @@ class Seq2SeqTrainingArguments(TrainingArguments):
                 issues.append(f"`{name}`={value!r} must be None or an integer >= 1.")
         if issues:
             raise ValueError("Invalid Seq2SeqTrainingArguments: " + " ".join(issues))
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly copy of every field (a `GenerationConfig` becomes its dict, as HF does)."""
-        out = super().to_dict()
-        config = out.get("generation_config")
-        if config is not None and hasattr(config, "to_dict"):
-            out["generation_config"] = config.to_dict()
-        return out

@@ -31,7 +31,7 @@ def to_seq2seq_args(args: Any) -> Seq2SeqTrainingArguments:
 
     extra = {name: getattr(args, name) for name in SEQ2SEQ_FIELDS if hasattr(args, name)}
     plain = copy.copy(args)
-    for name in (*SEQ2SEQ_FIELDS, "sortish_sampler"):  # sortish_sampler: unused by HF's Seq2SeqTrainer too
+    for name in SEQ2SEQ_FIELDS:
         if hasattr(plain, name):
             setattr(plain, name, False if name in ("predict_with_generate", "sortish_sampler") else None)
     base = from_hf_training_arguments(plain)

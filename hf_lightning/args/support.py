@@ -1,0 +1,126 @@
+"""What hf_lightning does with each `transformers.TrainingArguments` field: the single table behind the checks and
+the README's argument map (pure Python, no imports).
+
+Every HF field exists on `hf_lightning.TrainingArguments` with HF's name, type and default, so any HF command line
+parses. A field is either supported (HF's meaning), supported with a documented difference (`DIFFERENCES`), or not
+supported (`UNSUPPORTED`): it keeps its default, and setting it to anything else raises one error naming every such
+field and what to use instead (`unsupported_problem`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["UNSUPPORTED", "DIFFERENCES", "DEFAULT_DIFFERENCES", "SCRIPT_ONLY", "unsupported_problem"]
+
+_STRATEGY = "a Lightning strategy in `lightning_kwargs[\"strategy\"]` (CLI: `trainer.strategy`)"
+_HUB = "no hub access: save with `trainer.save_model()` and upload with `huggingface_hub` yourself"
+_TRACKIO = "trackio has no Lightning logger: pass a Lightning logger in `lightning_kwargs[\"logger\"]`"
+
+UNSUPPORTED: dict[str, str] = {
+    "optim_target_modules": "GaLore / APOLLO optimizers are not built; pass your own `optimizers=(optimizer, None)`",
+    "bf16_full_eval": "cast the model to bfloat16 yourself before `evaluate()`",
+    "fp16_full_eval": "cast the model to float16 yourself before `evaluate()`",
+    "tf32": "set `torch.backends.cuda.matmul.allow_tf32` (or `torch.set_float32_matmul_precision`) yourself",
+    "activation_checkpointing_kwargs": "call `model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)` "
+                                       "yourself",
+    "gradient_checkpointing_kwargs": "call `model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)` "
+                                     "yourself",
+    "torch_compile": "compile the model yourself (`torch.compile(model)`) before passing it",
+    "torch_compile_backend": "compile the model yourself (`torch.compile(model, backend=...)`)",
+    "torch_compile_mode": "compile the model yourself (`torch.compile(model, mode=...)`)",
+    "use_liger_kernel": "apply the Liger kernels to the model yourself",
+    "liger_kernel_config": "apply the Liger kernels to the model yourself",
+    "neftune_noise_alpha": "add NEFTune noise with a forward hook on the embeddings yourself",
+    "torch_empty_cache_steps": "call `torch.cuda.empty_cache()` from a callback yourself",
+    "auto_find_batch_size": "choose `per_device_train_batch_size` yourself (Lightning's `BatchSizeFinder` does not "
+                            "know HF's accumulation)",
+    "include_num_input_tokens_seen": "count tokens in a callback yourself",
+    "project": _TRACKIO,
+    "trackio_space_id": _TRACKIO,
+    "trackio_bucket_id": _TRACKIO,
+    "trackio_static_space_id": _TRACKIO,
+    "eval_use_gather_object": "gather Python objects in your `compute_metrics` yourself",
+    "save_on_each_node": "checkpoints are written by global rank 0 (use a shared file system)",
+    "enable_jit_checkpoint": "save from a SIGTERM handler yourself (`trainer.save_model()`)",
+    "push_to_hub": _HUB,
+    "hub_token": _HUB,
+    "hub_private_repo": _HUB,
+    "hub_model_id": _HUB,
+    "hub_strategy": _HUB,
+    "hub_always_push": _HUB,
+    "hub_revision": _HUB,
+    "full_determinism": "call `transformers.enable_full_determinism(seed)` yourself before building the model",
+    "accelerator_config": "no accelerate: Lightning owns devices; set them in `lightning_kwargs`",
+    "parallelism_config": _STRATEGY,
+    "dataloader_multiprocessing_context": "pass `DataLoader`s with your own `multiprocessing_context` (override "
+                                          "`train_dataloader`)",
+    "dataloader_in_order": "batches are always yielded in order",
+    "length_column_name": "length-grouped sampling is not implemented (`train_sampling_strategy` is `random` or "
+                          "`sequential`)",
+    "ddp_find_unused_parameters": f"{_STRATEGY}, e.g. `DDPStrategy(find_unused_parameters=True)`",
+    "ddp_bucket_cap_mb": f"{_STRATEGY}, e.g. `DDPStrategy(bucket_cap_mb=...)`",
+    "ddp_broadcast_buffers": f"{_STRATEGY}, e.g. `DDPStrategy(broadcast_buffers=False)`",
+    "ddp_static_graph": f"{_STRATEGY}, e.g. `DDPStrategy(static_graph=True)`",
+    "ddp_backend": f"{_STRATEGY}, e.g. `DDPStrategy(process_group_backend=\"gloo\")`",
+    "ddp_timeout": f"{_STRATEGY}, e.g. `DDPStrategy(timeout=datetime.timedelta(seconds=...))`",
+    "fsdp": f"{_STRATEGY}: `\"fsdp\"` / `FSDPStrategy(...)`, or FSDP2 with `ModelParallelStrategy`",
+    "fsdp_config": f"{_STRATEGY}: `FSDPStrategy(...)` takes these settings",
+    "deepspeed": f"{_STRATEGY}: `DeepSpeedStrategy(config=...)`",
+    "debug": "not implemented (underflow/overflow detection: `transformers.debug_utils.DebugUnderflowOverflow`)",
+    "skip_memory_metrics": "memory metrics are not collected (Lightning's `DeviceStatsMonitor` reports memory)",
+}
+"""Fields that keep their default; a different value raises, and this says what to use instead."""
+
+DIFFERENCES: dict[str, str] = {
+    "lr_scheduler_type": "every `get_scheduler` name except `greedy`",
+    "optim": "`adamw_torch`, `adamw_torch_fused`, `sgd`, `adafactor`, `adagrad`, `rmsprop` only",
+    "gradient_accumulation_steps": "the loss is token-normalised for every model (HF skips it for BERT-like models)",
+    "bf16": "becomes Lightning `precision=\"bf16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` "
+            "wins",
+    "fp16": "becomes Lightning `precision=\"16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` wins",
+    "use_cpu": "sets Lightning `accelerator=\"cpu\"`",
+    "disable_tqdm": "switches Lightning's progress bar",
+    "report_to": "default `tensorboard` (HF: `none`); `tensorboard`, `csv` (ours), `wandb`, `mlflow`, `comet_ml` become "
+                 "Lightning loggers fed HF's log entries at HF's steps (a missing package is one error naming it); "
+                 "`all` = every installed one, as HF; HF's other integrations raise an error; a logger in "
+                 "`lightning_kwargs[\"logger\"]` replaces them; the arguments and model config are not sent as "
+                 "hyperparameters (HF's callbacks send them)",
+    "run_name": "the logger's run name (TensorBoard / CSV: the version folder under `runs/` / `csv/`)",
+    "train_sampling_strategy": "`random` and `sequential`; `group_by_length` and `batch_rebalance` raise an error",
+    "resume_from_checkpoint": "`train()` also reads it when called without `resume_from_checkpoint` (HF's Trainer "
+                              "leaves it to scripts)",
+}
+"""Supported fields that behave differently from HF, and how (the README map prints these)."""
+
+DEFAULT_DIFFERENCES: dict[str, Any] = {"report_to": "tensorboard"}
+"""Fields whose default is deliberately not HF's (HF writes no logs by default; we write TensorBoard)."""
+
+SCRIPT_ONLY: dict[str, str] = {
+    "do_train": "read by scripts; the HF Trainer does not use it either",
+    "do_eval": "read by scripts; set to True when `eval_strategy` is not `no`, as in HF",
+    "do_predict": "read by scripts; the HF Trainer does not use it either",
+    "local_rank": "kept for `torch.distributed.launch` command lines, as in HF; read `local_process_index`",
+    "log_level": "`get_process_log_level()`; the Trainer sets transformers' verbosity from it, as HF's",
+    "log_level_replica": "`get_process_log_level()` on the processes that are not `should_log`",
+    "log_on_each_node": "`should_log`: local rank 0 of every node, or global rank 0 only",
+}
+"""Fields with HF's meaning that only scripts (or the arguments' own methods) read: the map's notes for them."""
+
+
+def unsupported_problem(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> str | None:
+    """One message naming every `UNSUPPORTED` field whose value differs from its default, or None.
+
+    Args:
+        values: field name -> value as set (missing names count as default).
+        defaults: field name -> default value.
+    """
+    changed = [name for name in UNSUPPORTED if name in values and values[name] != defaults[name]]
+    if not changed:
+        return None
+    lines = [f"`{name}`={values[name]!r}: {UNSUPPORTED[name]}" for name in changed]
+    return (
+        "these TrainingArguments fields are not supported by hf_lightning and must keep their defaults "
+        "(README, 'HF argument map'):\n  * " + "\n  * ".join(lines)
+    )
