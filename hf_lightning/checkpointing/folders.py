@@ -76,10 +76,17 @@ fsync_dir = fsync_file
 
 
 def fsync_tree(folder: str | Path) -> None:
-    """Flush every file of `folder` (recursively), then every directory, bottom-up."""
-    for root, _, files in os.walk(folder, topdown=False):
-        for name in files:
-            fsync_file(os.path.join(root, name))
+    """Flush every file of `folder` (recursively), then every directory, bottom-up.
+
+    The files are flushed from a few threads at once (`fsync` releases the GIL): the device then writes them in
+    parallel, which measured faster than one after the other (bench/README.md)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    walked = list(os.walk(folder, topdown=False))
+    files = [os.path.join(root, name) for root, _, names in walked for name in names]
+    with ThreadPoolExecutor(max_workers=min(8, max(len(files), 1))) as pool:
+        list(pool.map(fsync_file, files))
+    for root, _, _ in walked:
         fsync_dir(root)
 
 
