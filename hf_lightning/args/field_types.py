@@ -124,6 +124,18 @@ def _fits_exactly(value: Any, annotation: Any) -> bool:
     return False
 
 
+def _number(value: Any, parse: type, accepted: type) -> Any:
+    """An `accepted` number (a plain int / float as it is, a numpy scalar converted) or a string `parse` reads."""
+    if isinstance(value, accepted):
+        return value if type(value) in (int, float) else parse(value)
+    if isinstance(value, str):
+        try:
+            return parse(value.strip())
+        except ValueError:
+            raise _Mismatch from None
+    raise _Mismatch
+
+
 def _coerce_scalar(value: Any, annotation: Any) -> Any:
     import numbers
 
@@ -136,23 +148,9 @@ def _coerce_scalar(value: Any, annotation: Any) -> Any:
     if isinstance(value, bool):  # True is an int to Python, never a number here
         raise _Mismatch
     if annotation is int:
-        if isinstance(value, numbers.Integral):
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                raise _Mismatch from None
-        raise _Mismatch
+        return _number(value, int, numbers.Integral)
     if annotation is float:
-        if isinstance(value, numbers.Real):
-            return value if isinstance(value, (int, float)) else float(value)
-        if isinstance(value, str):
-            try:
-                return float(value.strip())
-            except ValueError:
-                raise _Mismatch from None
-        raise _Mismatch
+        return _number(value, float, numbers.Real)
     if annotation is str:
         if isinstance(value, str):
             return value
