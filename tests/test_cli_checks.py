@@ -100,3 +100,18 @@ def test_an_output_dir_that_is_a_file_is_one_error_line(tmp_path, in_repo, capsy
     target.write_text("not a folder")
     line = _error(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(target)], capsys)
     assert f"args.output_dir={str(target)!r} is a file, not a folder" in line
+
+
+def test_a_busy_output_dir_is_one_error_line(tmp_path, in_repo, capsys):
+    """Another live run holds the lock (here: this process, under another run id)."""
+    import json
+    import os
+    import socket
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".hf_lightning.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(),
+                                                        "run": "0123abcd", "created": 0}))
+    line = _error(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(out),
+                   "--args.max_steps", "2"], capsys)
+    assert f"output_dir={str(out)!r} is in use by another training run: pid {os.getppid()} on host " in line

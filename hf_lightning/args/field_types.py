@@ -199,7 +199,7 @@ def check_field_types(args: Any) -> list[str]:
         if "const" in f.metadata and value is f.metadata["const"]:
             continue  # what HF's parser gives for a bare `--flag` (e.g. `--fsdp`: True for a `str | None` field)
         if value is None and _has_list(annotation):
-            continue  # HF's parser leaves a list field without default_factory at None (`debug`); __post_init__ fills it
+            continue  # HF's parser leaves a list field without default_factory at None (`debug`); normalised later
         try:
             converted = _coerce(value, annotation)
         except _Mismatch:

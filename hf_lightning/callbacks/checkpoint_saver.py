@@ -47,7 +47,7 @@ from hf_lightning.checkpointing.io import (
 )
 from hf_lightning.checkpointing.lightning_state import capture_lightning_state, epoch_geometry
 from hf_lightning.checkpointing.rotation import final_cleanup, select_for_deletion
-from hf_lightning.checkpointing.run_lock import OutputDirLocked, RunLock
+from hf_lightning.checkpointing.run_lock import RunLock
 
 __all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
 
@@ -95,18 +95,20 @@ class CheckpointSaver:
             OutputDirLocked: another run uses `output_dir` (raised on every rank, naming it).
         """
         outcome: tuple[str | None, type[Exception] | None, str] = (None, None, "")
+        failure: Exception | None = None
         if trainer.is_global_zero:
-            problem = output_dir_problem(self.output_dir)
-            if problem is not None:
-                outcome = (None, ValueError, problem)
-            else:
-                try:
-                    self.lock = RunLock.acquire(self.output_dir)
-                    clean_leftovers(self.output_dir)
-                    outcome = (self.lock.run, None, "")
-                except OutputDirLocked as err:
-                    outcome = (None, OutputDirLocked, str(err))
+            try:
+                problem = output_dir_problem(self.output_dir)
+                if problem is not None:
+                    raise ValueError(problem)
+                self.lock = RunLock.acquire(self.output_dir)
+                clean_leftovers(self.output_dir)
+                outcome = (self.lock.run, None, "")
+            except Exception as err:  # every rank must leave the broadcast below, then fail the same way
+                failure, outcome = err, (None, type(err), str(err))
         run, error, message = trainer.strategy.broadcast(outcome, src=0)
+        if failure is not None:
+            raise failure
         if error is not None:
             raise error(message)
         self.run = run

@@ -3,7 +3,7 @@
 - `TrainLossTracker` is the bookkeeping of `Trainer._tr_loss`, `_total_loss_scalar` and `_globalstep_last_logged`
   (T:1645-1650, 1911-1923, 2242-2262, 1997-1999): the per-update losses are summed on device, the NaN/Inf filter
   replaces a non-finite micro-batch loss by the running mean of the window, and at log time the sum is averaged over
-  processes and divided by the number of updates since the last log. Two silent cases HF leaves silent get one
+  processes and divided by the number of updates since the last log. Two cases HF leaves silent get one
   warning each (the first time, naming the step): a window whose every micro-batch loss was NaN/Inf (its logged
   loss is the filter's 0.0), and updates without any label token (their loss is 0, they teach nothing). Without the
   filter a NaN window logs NaN and the next window starts from zero (HF's stays NaN forever: README "Differences").
@@ -15,10 +15,9 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
-
-import logging
 
 import torch
 
@@ -95,7 +94,8 @@ class TrainLossTracker:
 
     def pop_log_value(self, strategy: Any, global_step: int) -> float:
         """The `loss` of a log entry: the window sum averaged over processes, per update since the last log."""
-        counts = torch.stack([self.window, self.finite.to(self.window.dtype), self.empty_updates.to(self.window.dtype)])
+        dtype = self.window.dtype
+        counts = torch.stack([self.window, self.finite.to(dtype), self.empty_updates.to(dtype)])
         window_sum, finite, empty = _mean_over_processes(strategy, counts)
         self.window = torch.zeros_like(self.window)
         loss = window_sum / (global_step - self.last_logged_step)

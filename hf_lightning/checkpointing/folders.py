@@ -29,8 +29,8 @@ from pathlib import Path
 from hf_lightning.checkpointing.rotation import CheckpointInfo
 
 __all__ = [
-    "CHECKPOINT_PREFIX", "TMP_PREFIX", "checkpoint_folders", "clean_leftovers", "restorable_checkpoints", "fsync_dir", "fsync_file", "fsync_tree",
-    "list_checkpoints", "remove_checkpoint", "replace_checkpoint", "tmp_folder",
+    "CHECKPOINT_PREFIX", "TMP_PREFIX", "checkpoint_folders", "clean_leftovers", "fsync_dir", "fsync_file", "fsync_tree",
+    "list_checkpoints", "remove_checkpoint", "replace_checkpoint", "restorable_checkpoints", "tmp_folder",
 ]
 
 log = logging.getLogger(__name__)

@@ -70,7 +70,8 @@ def _disk_full(error: BaseException, path: Path) -> bool:
 
 
 def write_file(path: str | Path, writer: Callable[[Path], Any], what: str | None = None) -> None:
-    """Run `writer(path)`; a failure becomes `CheckpointWriteError` naming the file and, for a full disk, saying so.
+    """Run `writer(path)`; an I/O failure becomes `CheckpointWriteError` naming the file and, for a full disk, saying
+    so (other exceptions pass unchanged).
 
     `what` describes several files written by one call (e.g. `save_pretrained`); the failing file is named when the
     error carries it.
@@ -85,6 +86,8 @@ def write_file(path: str | Path, writer: Callable[[Path], Any], what: str | None
         failing = getattr(error, "filename", None)
         what = f"the checkpoint file {failing}" if failing else (what or f"the checkpoint file {path}")
         if not _disk_full(error, path):
+            if not isinstance(error, OSError):
+                raise  # not an I/O failure (e.g. an object that cannot be pickled): unchanged
             raise CheckpointWriteError(f"Writing {what} failed: {type(error).__name__}: {error}") from error
         try:
             free = f"{shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free"

@@ -137,7 +137,7 @@ class HFLightningCLI(LightningCLI):
         from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, split_callbacks
         from hf_lightning.resume.find import resolve_resume
         from hf_lightning.args.to_lightning import lightning_trainer_kwargs
-        from hf_lightning.tasks.checks import check_columns, check_explicit_num_labels, check_label_values, check_lengths
+        from hf_lightning.tasks import checks
         from hf_lightning.tasks.datamodule import TaskDataModule, splits_for_stage
         from hf_lightning.tasks.loading import build_model, label_list_for, load_split, load_tokenizer
         from hf_lightning.tasks.registry import get_task
@@ -172,7 +172,7 @@ class HFLightningCLI(LightningCLI):
         set_seed(args.seed)
         raw = {name: load_split(data_spec, name) for name in splits_for_stage(sub, args)}
         # data against model here, not inside fit: each mismatch is one error line (tasks/checks.py)
-        check_columns(task, data_spec, raw)
+        checks.check_columns(task, data_spec, raw)
         if sub == "fit" and raw.get("train") is None:
             raise ValueError("fit needs training data: set data.train_file or data.dataset_name.")
         if sub == "fit" and args.eval_strategy != "no" and raw.get("validation") is None:
@@ -182,12 +182,12 @@ class HFLightningCLI(LightningCLI):
             raise ValueError(f"{sub} needs data: set data.validation_file / data.test_file (or a dataset_name).")
         tokenizer = load_tokenizer(data_spec, model_spec)
         labels = label_list_for(task, data_spec, model_spec, list(raw.values()))
-        check_explicit_num_labels(model_spec, labels)
-        check_label_values(task, data_spec, raw, labels)
+        checks.check_explicit_num_labels(model_spec, labels)
+        checks.check_label_values(task, data_spec, raw, labels)
         label2id = {name: i for i, name in enumerate(labels)} if labels is not None else None
         allow_code_from = list(cfg.get("allow_code_from") or [])
         model = build_model(model_spec, task, tokenizer, labels, allow_code_from)
-        check_lengths(task, data_spec, model.config)
+        checks.check_lengths(task, data_spec, model.config)
         self.datamodule = TaskDataModule(task, data_spec, args, tokenizer, label2id, sub, raw=raw)
 
         self.task = task
@@ -217,9 +217,16 @@ class HFLightningCLI(LightningCLI):
         """Train, then save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`)."""
         from hf_lightning.checkpointing.io import save_model_files
 
+        from hf_lightning.checkpointing.run_lock import OutputDirLocked
+
         # the flow restores an HF-layout checkpoint folder itself (resume/load.py), as in the facade
         self.flow.resume_from_checkpoint = self.ckpt_for_lightning or False
-        self.trainer.fit(model, datamodule=datamodule)
+        try:
+            self.trainer.fit(model, datamodule=datamodule)
+        except OutputDirLocked as err:  # another run uses output_dir: one line (from one process), not a traceback
+            if self.trainer.is_global_zero:
+                self._error(err)
+            sys.exit(2)
         if self.trainer.is_global_zero:
             out = self.hf_args.resolved_output_dir
             save_model_files(model.model, out, datamodule.processing_class)
