@@ -115,3 +115,24 @@ def test_a_busy_output_dir_is_one_error_line(tmp_path, in_repo, capsys):
     line = _error(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(out),
                    "--args.max_steps", "2"], capsys)
     assert f"output_dir={str(out)!r} is in use by another training run: pid {os.getppid()} on host " in line
+
+
+def test_a_task_derived_from_a_preset_checks_the_presets_length_fields():
+    """The lengths checked are the preset's (`Task.length_fields`), not chosen by task name: a task made from
+    `causal_lm` under another name (as tests/scripts/cli_fsdp2_fit.py registers one) checks `data.block_size`."""
+    import dataclasses
+
+    from transformers import GPT2Config
+
+    from hf_lightning.tasks.checks import check_lengths
+    from hf_lightning.tasks.registry import get_task
+    from hf_lightning.tasks.specs import DataSpec
+
+    derived = dataclasses.replace(get_task("causal_lm"), name="my_causal_lm")
+    config = GPT2Config(n_positions=64)
+    check_lengths(derived, DataSpec(block_size=64, max_length=128), config)  # max_length does not apply to LM
+    with pytest.raises(ValueError, match=r"data.block_size=65 is longer than the model's position embeddings allow "
+                                         r"\(64 tokens"):
+        check_lengths(derived, DataSpec(block_size=65), config)
+    with pytest.raises(ValueError, match=r"data.max_length=128 .*\(64 tokens"):
+        check_lengths(get_task("text_classification"), DataSpec(max_length=128), config)

@@ -4,8 +4,8 @@
 - columns: the text column(s) in every split; the label column in the splits whose labels are used (training data,
   and evaluation data);
 - labels: every label value of the data is in the label list; an explicit `num_labels` agrees with it;
-- lengths: `data.max_length` (`data.block_size` for language modelling, `data.max_target_length` for a decoder
-  with position embeddings) fits the model's position embeddings.
+- lengths: the task's length fields (`Task.length_fields`: `data.max_length`, `data.block_size` for language
+  modelling; `data.max_target_length` for a decoder with position embeddings) fit the model's position embeddings.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from hf_lightning.tasks.task import Task
 __all__ = ["check_columns", "check_explicit_num_labels", "check_label_values", "check_lengths", "position_limit"]
 
 _LABELLED_SPLITS = ("train", "validation")  # `test` may come without labels (prediction data)
-_LM_TASKS = ("causal_lm", "masked_lm")
 # position ids of these models start after the padding index, so `pad_token_id + 1` embeddings are never a position
 _PADDING_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text")
 
@@ -99,7 +98,7 @@ def check_lengths(task: Task, spec: Any, config: Any) -> None:
     limit = position_limit(config)
     if limit is None:
         return
-    keys = ["block_size"] if task.name in _LM_TASKS else ["max_length"]
+    keys = list(task.length_fields)  # the preset's, so a task derived from one (`dataclasses.replace`) keeps them
     if getattr(config, "is_encoder_decoder", False):
         keys.append("max_target_length")
     for key in keys:
