@@ -8,6 +8,8 @@ reported with the others of its kind before any value check could trip over it.
 
 from __future__ import annotations
 
+import ntpath
+import posixpath
 from typing import Any, get_args
 
 from hf_lightning.args import choices
@@ -91,9 +93,6 @@ def _check_best_model(args: TrainingArguments, issues: list[str]) -> None:
 
 def _escapes(name: str) -> bool:
     """Whether a folder name used below output_dir could point outside it (absolute, `..`, a drive)."""
-    import ntpath
-    import posixpath
-
     parts = name.replace("\\", "/").split("/")
     return posixpath.isabs(name) or ntpath.isabs(name) or bool(ntpath.splitdrive(name)[0]) or ".." in parts
 
