@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from hf_lightning.checkpointing.io import torch_save
+
 __all__ = ["read_stream_position", "stream_position_name", "write_stream_position"]
 
 FORMAT = 1
@@ -28,7 +30,7 @@ def write_stream_position(folder: str | Path, position: Any, epoch: int, windows
     """This process's stream position after `windows_done` updates of pass `epoch` (plain containers only)."""
     record = {"format": FORMAT, "epoch": epoch, "windows_done": windows_done, "world_size": world_size,
               "position": position}
-    torch.save(record, Path(folder) / stream_position_name(world_size, rank))
+    torch_save(record, Path(folder) / stream_position_name(world_size, rank))
 
 
 def read_stream_position(folder: str | Path, epoch: int, windows_done: int, world_size: int = 1, rank: int = 0
