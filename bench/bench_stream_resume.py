@@ -30,7 +30,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "scripts" / "stream_train.py"
-WORDS = ["the", "film", "was", "quite", "good", "and", "the", "plot", "was", "dull", "but", "the", "cast", "was", "lovely", "music", "ending", "story", "acting", "great", "bad", "tedious", "wonderful", "honestly", "truly", "somewhat", "not", "very", "so"]
+WORDS = ["the", "film", "was", "quite", "good", "and", "plot", "dull", "but", "cast", "lovely", "music", "ending",
+         "story", "acting", "great", "bad", "tedious", "wonderful", "honestly", "truly", "somewhat", "not", "very"]
 
 
 def make_data(folder: Path, rows: int) -> None:
