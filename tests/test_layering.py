@@ -61,6 +61,8 @@ LAYERS: dict[str, int] = {
     "hf_lightning.args.readme_map": 1,
     "hf_lightning.callbacks.tokens": 1,
     "hf_lightning.callbacks.train_log": 1,
+    "hf_lightning.checkpointing.background": 1,
+    "hf_lightning.checkpointing.content": 1,
     "hf_lightning.checkpointing.distributed": 1,
     "hf_lightning.checkpointing.final_model": 1,
     "hf_lightning.checkpointing.io": 1,

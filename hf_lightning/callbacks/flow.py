@@ -379,6 +379,7 @@ class HFTrainerFlow(EvaluationHooks):
         """The train summary entry (T:1993-2014), best-model loading, rotation cleanup, then HF `on_train_end`."""
         assert self.plan is not None
         self._end_quiet_resume()
+        self.saver.wait(trainer)  # `save_async`: the last checkpoint is in place before the summary and best model
         steps = self.state.global_step - self.loss.initial_step
         train_loss = self.loss.train_loss(trainer.strategy, self.state.global_step)
         dataset = datamodule_of(trainer).train_dataset

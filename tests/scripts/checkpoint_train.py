@@ -6,9 +6,10 @@ Usage:
       update 4: KILL_POINT "files" (model files written, RNG / trainer_state not yet) or "rename" (the temporary
       folder is complete, the rename has not happened).
   python checkpoint_train.py resume OUT_DIR STRATEGY RESULT_JSON
-      STRATEGY "ddp" or "fsdp2" on 2 CPU processes (gloo): an uninterrupted run of 6 updates (save_total_limit=2),
-      then a run resumed from its checkpoint-4 (mid-epoch) in another output directory; rank 0 writes both log
-      histories to RESULT_JSON.
+      STRATEGY "ddp", "ddp-async" (`save_async=True`) or "fsdp2" on 2 CPU processes (gloo): an uninterrupted run of
+      6 updates (save_total_limit=2), then a run resumed from its checkpoint-4 (mid-epoch) in another output
+      directory; rank 0 writes both log histories to RESULT_JSON. "fsdp2-async" writes the error `save_async=True`
+      gets under FSDP2 instead.
 """
 
 import json
@@ -59,7 +60,7 @@ def make_trainer(output_dir: str, lightning_kwargs: dict, module_class=None, **o
 
 def kill(out_dir: str, point: str) -> None:
     from hf_lightning.callbacks import checkpoint_saver as saving
-    from hf_lightning.checkpointing import io
+    from hf_lightning.checkpointing import content, io
 
     def die(*_args, **_kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -72,25 +73,34 @@ def kill(out_dir: str, point: str) -> None:
         return wrapped
 
     if point == "files":
-        saving.write_rng_state = at_update_4(io.write_rng_state)
+        content.write_rng_file = at_update_4(content.write_rng_file)
     else:
         saving.finalize_checkpoint = at_update_4(io.finalize_checkpoint)
     make_trainer(out_dir, {}).train()
 
 
 def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
-    module_class = FSDP2Module if strategy_name == "fsdp2" else None
+    fsdp2 = strategy_name.startswith("fsdp2")
+    module_class = FSDP2Module if fsdp2 else None
+    extra = {"save_async": True} if strategy_name.endswith("-async") else {}
 
     def kwargs() -> dict:  # a strategy object belongs to one Lightning trainer: a fresh one per run
-        if strategy_name != "fsdp2":
+        if not fsdp2:
             return {"devices": 2, "strategy": "ddp"}
         from lightning.pytorch.strategies import ModelParallelStrategy
 
         return {"devices": 2, "strategy": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}
 
-    full = make_trainer(os.path.join(out_dir, "full"), kwargs(), module_class, save_total_limit=2)
+    full = make_trainer(os.path.join(out_dir, "full"), kwargs(), module_class, save_total_limit=2, **extra)
+    if strategy_name == "fsdp2-async":
+        try:
+            full.train()
+        except ValueError as error:
+            with open(result_json, "w") as f:
+                json.dump({"error": str(error)}, f)
+        return
     full.train()
-    resumed = make_trainer(os.path.join(out_dir, "resumed"), kwargs(), module_class, model_seed=77)
+    resumed = make_trainer(os.path.join(out_dir, "resumed"), kwargs(), module_class, model_seed=77, **extra)
     resumed.train(resume_from_checkpoint=os.path.join(out_dir, "full", "checkpoint-4"))
     resumed.save_model(os.path.join(out_dir, "final_model"))  # a collective under FSDP2
     if resumed.lightning_trainer.is_global_zero:
