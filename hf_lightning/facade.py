@@ -120,6 +120,12 @@ class Trainer:
             train_dataset=train_dataset, eval_dataset=eval_dataset, args=self.args,
             data_collator=data_collator, processing_class=processing_class,
         )
+        from hf_lightning.callbacks.best_model import unreachable_best_metric
+
+        loss_only = self.args.prediction_loss_only or compute_metrics is None
+        problem = unreachable_best_metric(self.args, self.datamodule.eval_dataset_names, loss_only)
+        if problem:  # HF raises a KeyError at the first evaluation, after training time is spent
+            raise ValueError(problem)
         hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
         self.flow = build_flow(self.args, hf_callbacks, processing_class)
         self.lightning_kwargs = dict(lightning_kwargs or {})

@@ -86,10 +86,13 @@ class HFTrainerFlow(Callback):
         datamodule = trainer.datamodule
         micro = datamodule.num_train_microbatches() if hasattr(datamodule, "num_train_microbatches") else None
         self.plan = plan_training(self.args, micro)
+        from hf_lightning.callbacks.best_model import unreachable_best_metric
         from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
 
         plan = self.plan
-        problem = unreachable_best_checkpoint(self.args, plan.eval_steps, plan.save_steps, plan.max_steps)
+        loss_only = self.args.prediction_loss_only or getattr(pl_module, "compute_metrics", None) is None
+        problem = unreachable_best_checkpoint(self.args, plan.eval_steps, plan.save_steps, plan.max_steps) or \
+            unreachable_best_metric(self.args, getattr(datamodule, "eval_dataset_names", None), loss_only)
         if problem:
             raise ValueError(problem)
         trainer.fit_loop.epoch_loop.max_steps = self.plan.max_steps
