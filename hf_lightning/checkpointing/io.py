@@ -41,11 +41,15 @@ _OLD_SUFFIX = "-old"
 def save_model_files(model: nn.Module, directory: str | Path, processing_class: Any = None,
                      state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """HF `Trainer._save`: `save_pretrained` for a `PreTrainedModel`, bare safetensors for any other module."""
+    from hf_lightning.console import quiet_save_progress
+
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if hasattr(model, "save_pretrained"):
-        # save_pretrained empties a state_dict it is given (transformers 5.23): pass a copy.
-        model.save_pretrained(directory, state_dict=dict(state_dict) if state_dict is not None else None)
+        # save_pretrained empties a state_dict it is given (transformers 5.23): pass a copy. Its "Writing model
+        # shards" bar would break into the training bar at every save.
+        with quiet_save_progress():
+            model.save_pretrained(directory, state_dict=dict(state_dict) if state_dict is not None else None)
     else:
         from safetensors.torch import save_file
 
