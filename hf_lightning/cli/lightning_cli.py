@@ -213,8 +213,11 @@ class HFLightningCLI(LightningCLI):
 
     # ----- subcommands -----
     def fit(self, model: Any, datamodule: Any, **_: Any) -> None:
-        """Train, then save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`)."""
+        """Train, save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`) and the
+        train metrics to `<output_dir>/train_results.json` (HF scripts' `save_metrics("train", ...)`), then print
+        the summary (`summary.fit_summary`)."""
         from hf_lightning.checkpointing.io import save_model_files
+        from hf_lightning.summary import fit_summary, logger_paths
 
         # the flow restores an HF-layout checkpoint folder itself (resume/load.py), as in the facade
         self.flow.resume_from_checkpoint = self.ckpt_for_lightning or False
@@ -222,9 +225,11 @@ class HFLightningCLI(LightningCLI):
         if self.trainer.is_global_zero:
             out = self.hf_args.resolved_output_dir
             save_model_files(model.model, out, datamodule.processing_class)
-            metrics = dict(getattr(self.flow, "train_metrics", {}))
-            print(json.dumps({"global_step": self.flow.state.global_step, **metrics}, default=float))
-            print(f"model saved to {os.path.abspath(out)}")
+            metrics = {**getattr(self.flow, "train_metrics", {}), "epoch": self.flow.state.epoch}
+            with open(os.path.join(out, "train_results.json"), "w") as f:
+                json.dump(metrics, f, indent=2, default=float)
+            print(fit_summary(self.flow.state, self.hf_args, train_metrics=metrics, model_dir=out,
+                              logs=logger_paths(self.trainer)))
 
     def validate(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Evaluate and print the HF metric dict (also written to `<output_dir>/eval_results.json`)."""
