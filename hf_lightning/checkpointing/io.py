@@ -58,6 +58,9 @@ def save_model_files(model: nn.Module, directory: str | Path, processing_class: 
                   metadata={"format": "pt"})
     if processing_class is not None and hasattr(processing_class, "save_pretrained"):
         processing_class.save_pretrained(directory)
+    from hf_lightning.checkpointing.permissions import apply_umask
+
+    apply_umask(directory)  # safetensors writes 0600 whatever the umask (checkpointing/permissions.py)
 
 
 def rng_state(distributed: bool = False) -> dict[str, Any]:
