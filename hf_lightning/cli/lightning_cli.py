@@ -65,6 +65,22 @@ def _check_input_columns(data_spec: Any, raw: dict[str, Any]) -> None:
                 raise ValueError(f"data.{key}={column!r} is not a column of the {split} data; its columns: {names}.")
 
 
+def _check_sources(model_spec: ModelSpec, data_spec: DataSpec) -> None:
+    """Names loaded with `from_pretrained` / `load_dataset`: a mistyped folder or a hub name without network is one
+    error line (`pretrained_source.py`), before any data is read.
+
+    Raises:
+        FileNotFoundError: naming the key, its value and the closest existing folder.
+    """
+    from hf_lightning.pretrained_source import check_pretrained_source, looks_like_path, missing_local_folder
+
+    check_pretrained_source("model.model_name_or_path", model_spec.model_name_or_path)
+    check_pretrained_source("data.tokenizer_name_or_path", data_spec.tokenizer_name_or_path)
+    name = data_spec.dataset_name
+    if name is not None and looks_like_path(name) and not os.path.isdir(os.path.expanduser(name)):
+        raise FileNotFoundError(missing_local_folder("data.dataset_name", name))
+
+
 class _OneLineErrorParser(LightningArgumentParser):
     """Parse errors as one `error:` line (no usage dump), like the errors of our own checks."""
 
@@ -172,6 +188,7 @@ class HFLightningCLI(LightningCLI):
                 and not os.path.isfile(self.ckpt_for_lightning):
             raise FileNotFoundError(f"ckpt_path={self.ckpt_for_lightning!r}: no such checkpoint folder or file.")
         model_spec, data_spec = ModelSpec(**model_values), DataSpec(**self._section("data"))
+        _check_sources(model_spec, data_spec)
         self.hf_args = args
         set_seed(args.seed)
         raw = {name: load_split(data_spec, name) for name in splits_for_stage(sub, args)}

@@ -79,6 +79,9 @@ def load_generation_config(value: Any) -> Any:
         if path.is_file():
             config = GenerationConfig.from_pretrained(path.parent, path.name)
         else:
+            from hf_lightning.pretrained_source import check_pretrained_source
+
+            check_pretrained_source("generation_config", str(value))  # one line for a typo or no network
             config = GenerationConfig.from_pretrained(str(value))
     else:
         raise ValueError(
