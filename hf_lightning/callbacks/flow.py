@@ -104,7 +104,9 @@ class HFTrainerFlow(Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Resume from `resume_from_checkpoint`, or refuse to overwrite another run's checkpoints (resume/load.py)."""
         from hf_lightning.resume.load import start_fit
+        from hf_lightning.threads import warn_if_oversubscribed
 
+        warn_if_oversubscribed(trainer)  # more torch threads than free cores: a warning with the number to set
         self._restorer = start_fit(self, trainer, pl_module)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
