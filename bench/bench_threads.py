@@ -82,8 +82,8 @@ def main() -> None:
             for threads in (("default", "1") if i % 2 == 0 else ("1", "default")):
                 run = run_once(workdir, threads, i)
                 runs.append(run)
-                print(f"{threads:>7} threads: wall {run['wall_s']:6.1f} s, train_runtime {run['train_runtime_s']:6.1f} s,"
-                      f" load {run['load']:.1f}, warned={run['warned']}, eval_loss {run['eval_loss']:.10f}",
+                print(f"{threads:>7} threads: wall {run['wall_s']:6.1f} s, "
+                      f"train_runtime {run['train_runtime_s']:6.1f} s, load {run['load']:.1f}, warned={run['warned']}, eval_loss {run['eval_loss']:.10f}",
                       flush=True)
     finally:
         stop.set()

@@ -77,8 +77,9 @@ data = Dataset.from_dict(make_sentiment_dataset(96, seed=0)).map(
 model = AutoModelForSequenceClassification.from_pretrained("{pretrained}")
 args = hf_lightning.TrainingArguments(output_dir="out", num_train_epochs=2, per_device_train_batch_size=16,
                                       eval_strategy="epoch", save_strategy="epoch", report_to="tensorboard")
+accuracy = lambda p: {{"accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean())}}
 trainer = hf_lightning.Trainer(model=model, args=args, train_dataset=data, eval_dataset=data, processing_class=tok,
-                               compute_metrics=lambda p: {{"accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean())}})
+                               compute_metrics=accuracy)
 trainer.train()
 print("evaluate:", trainer.evaluate())
 print("predict:", trainer.predict(data).predictions.shape)

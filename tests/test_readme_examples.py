@@ -154,7 +154,8 @@ def test_shell_line_rules():
     assert shell_line("python3 -m venv .venv && . .venv/bin/activate && pip install -e . && hf-lightning quickstart",
                       fast=True) == "hf-lightning quickstart --max_steps 2 --train_size 64"
     assert shell_line("pip install -e .", fast=True) is None
-    assert shell_line('python -m pytest -m "not slow" -q', fast=False) == 'python -m pytest -m "not slow" -q --collect-only'
+    assert shell_line('python -m pytest -m "not slow" -q', fast=False) == \
+        'python -m pytest -m "not slow" -q --collect-only'
     assert shell_line("hf-lightning fit --config a.yaml --print_config > my.yaml   # note", fast=True) == \
         "hf-lightning fit --config a.yaml --print_config --args.max_steps 2 --data.max_eval_samples 32 > my.yaml"
     assert shell_line("hf-lightning fit --config my.yaml --trainer.devices 8  # GPU", fast=False) == \
