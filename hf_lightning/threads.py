@@ -61,8 +61,9 @@ def oversubscription(threads: int, local_processes: int, cores: int, host_cpus: 
     return (
         f"torch uses {threads} threads{per_process} but only about {free} of the {cores} CPU cores are free "
         f"(1-minute load average {load:.1f}). With more threads than free cores every update waits for descheduled "
-        f"threads and training can run several times slower. Set OMP_NUM_THREADS={suggested} (or call torch.set_num_threads({suggested})) before starting; hf_lightning "
-        "does not change the thread count itself, since that changes the last bits of the results."
+        f"threads and training can run several times slower. Set OMP_NUM_THREADS={suggested} (or call "
+        f"torch.set_num_threads({suggested})) before starting; hf_lightning does not change the thread count "
+        "itself, since that changes the last bits of the results."
     )
 
 
