@@ -243,7 +243,8 @@ def test_check_flow_contracts_names_everything_missing():
     with pytest.raises(TypeError) as info:
         check_flow_contracts(_PlainModule(), None)
     message = str(info.value)
-    for name in ("model", "new_eval_accumulator", "request_epoch_stop", "start_eval_run", "no data module"):
+    for name in ("model", "new_eval_accumulator", "prediction_loss_only", "request_epoch_stop", "start_eval_run",
+                 "no data module"):
         assert name in message, name
     with pytest.raises(TypeError, match="lacks eval_datasets, num_train_microbatches, predict_dataset"):
         check_flow_contracts(TransformerModule(tiny_bert()), pl.LightningDataModule())
