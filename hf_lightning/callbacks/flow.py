@@ -77,7 +77,7 @@ class HFTrainerFlow(EvaluationHooks):
     Example::
 
         flow = HFTrainerFlow(TrainingArguments(eval_strategy="steps", eval_steps=50), [EarlyStoppingCallback(2)])
-        lightning.Trainer(callbacks=[flow]).fit(TransformerModule(model, args), datamodule=dm)
+        lightning.Trainer(callbacks=[flow], max_epochs=-1).fit(TransformerModule(model, args), datamodule=dm)
     """
 
     def __init__(
