@@ -5,15 +5,21 @@ switching off its own validation trigger, running the validation loop right wher
 at a resumed position. They live here and nowhere else, so a Lightning release that changes them fails in one test
 that names the function, not somewhere deep in a training run.
 
+The console (`console.py`, `callbacks/progress_bar.py`) needs three more: the loggers Lightning's `rank_zero_info`
+writes through (named after Lightning's modules), whether Lightning picks its rich progress bar, and the warnings
+Lightning's own code triggers in torch (its `_pytree` module).
+
 Why `lightning>=2.6,<2.7` (pyproject.toml): the names used below (`_TrainingEpochLoop._should_check_val_fx`,
 `_LoggerConnector._first_loop_iter`, `_TrainingEpochLoop._batches_that_stepped` / `_restarting`, the progress
-trackers' counters, `_AcceleratorConnector.use_distributed_sampler`, `LightningModule._trainer`, and torch's
-`Optimizer._step_supports_amp_scaling` that Lightning reads too) are private and may change in any minor release.
-Raise the upper bound only after tests/test_lightning_compat.py passes on the new series.
+trackers' counters, `_AcceleratorConnector.use_distributed_sampler`, `LightningModule._trainer`,
+`lightning.pytorch.utilities.imports._RICH_AVAILABLE`, the `rank_zero` logger names, the `_pytree` module, and
+torch's `Optimizer._step_supports_amp_scaling` that Lightning reads too) are private and may change in any minor
+release. Raise the upper bound only after tests/test_lightning_compat.py passes on the new series.
 """
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +28,7 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
 __all__ = [
     "attached_trainer",
@@ -29,10 +36,13 @@ __all__ = [
     "datamodule_of",
     "disable_validation_trigger",
     "grad_scaler",
+    "ignore_internal_deprecation_warnings",
     "ignore_mid_epoch_resume_warning",
     "optimizer_unscales_itself",
     "position_in_epoch",
+    "rank_zero_loggers",
     "restart_train_iterator",
+    "rich_progress_bar_available",
     "run_validation_now",
     "set_loop_position",
     "set_step_budget",
@@ -40,6 +50,11 @@ __all__ = [
 ]
 
 _MID_EPOCH_RESUME_WARNING = "You're resuming from a checkpoint that ended before the epoch"
+_RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+_INTERNAL_DEPRECATIONS = (
+    # torch >= 2.10 deprecates `isinstance(x, LeafSpec)`, which Lightning 2.6's `_tree_flatten` does at every step
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", r"lightning\.pytorch\.utilities\._pytree"),
+)
 
 
 def attached_trainer(module: pl.LightningModule) -> pl.Trainer | None:
@@ -163,3 +178,23 @@ def ignore_mid_epoch_resume_warning() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_MID_EPOCH_RESUME_WARNING)
         yield
+
+
+def rank_zero_loggers() -> list[logging.Logger]:
+    """The loggers that Lightning's `rank_zero_info` messages go through (the device banner, the fit's stop reason,
+    tips): `lightning.pytorch` and `lightning.fabric` each point `rank_zero_info` at a logger named after their
+    `rank_zero` module. A `logging.Filter` on these sees every such message (filters do not apply to records that
+    only propagate through a logger)."""
+    return [logging.getLogger(name) for name in _RANK_ZERO_LOGGERS]
+
+
+def rich_progress_bar_available() -> bool:
+    """Whether Lightning's default progress bar would be its `RichProgressBar` (rich is installed), else tqdm's."""
+    return bool(_RICH_AVAILABLE)
+
+
+def ignore_internal_deprecation_warnings() -> None:
+    """Hide the deprecation warnings that Lightning's own code triggers in torch, and only where Lightning's module
+    raises them (the same warning from the user's code still shows). Installs process-wide warning filters."""
+    for message, module in _INTERNAL_DEPRECATIONS:
+        warnings.filterwarnings("ignore", message=message, category=FutureWarning, module=module)

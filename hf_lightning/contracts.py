@@ -4,7 +4,8 @@
 written here, once, and checked once in the flow's `setup` (`check_flow_contracts`: one error naming everything
 missing). `TransformerModule` and `TransformerDataModule` implement them; a user class may too.
 
-- `FlowModule`: the LightningModule (its `model`, ending an epoch early, HF evaluation steps).
+- `FlowModule`: the LightningModule (its `model`, ending an epoch early, HF evaluation steps, whether evaluation
+  computes the loss only).
 - `FlowDataModule`: the data module (datasets, the epoch length, the resumed start position).
 - `ResumableTrainStream` (optional): a data module whose unsized train stream reports its position for checkpoints
   and starts from a saved one; without it such a stream is resumed by reading, as HF does.
@@ -46,6 +47,10 @@ class FlowModule(Protocol):
 
     def request_epoch_stop(self) -> None:
         """End the current epoch before the next batch (an HF `control.should_epoch_stop`)."""
+
+    def prediction_loss_only(self, is_prediction: bool) -> bool:
+        """Whether an evaluation (or, with `is_prediction`, a prediction) computes the loss only: the flow refuses a
+        `metric_for_best_model` that such evaluations cannot produce before training starts."""
 
     def start_eval_run(self, request: EvalRequest) -> None:
         """An evaluation or prediction run starts: its `validation_step` / `predict_step` follow `request`

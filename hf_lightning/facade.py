@@ -20,6 +20,7 @@ from transformers.utils import logging as hf_logging
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
+from hf_lightning.callbacks.best_model import unreachable_best_metric
 from hf_lightning.checkpointing.checks import output_dir_problem
 from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.data.datamodule import TransformerDataModule
@@ -137,11 +138,15 @@ class Trainer:
             train_dataset=train_dataset, eval_dataset=eval_dataset, args=self.args,
             data_collator=data_collator, processing_class=processing_class,
         )
+        self.module = self._build_module(model)
+        loss_only = self.module.prediction_loss_only(is_prediction=False)
+        problem = unreachable_best_metric(self.args, self.datamodule.eval_dataset_names, loss_only)
+        if problem:  # HF raises a KeyError at the first evaluation, after training time is spent
+            raise ValueError(problem)
         hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
         self.flow = build_flow(self.args, hf_callbacks, processing_class)
         self.lightning_kwargs = dict(lightning_kwargs or {})
         self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs)
-        self.module = self._build_module(model)
         self.lightning_trainer: pl.Trainer | None = None
         """The `lightning.Trainer` of the last `train()` / `evaluate()` / `predict()` call."""
         self.flow.hf_init_end(model)

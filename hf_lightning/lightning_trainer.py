@@ -10,10 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ProgressBar
 from transformers import TrainerCallback
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.callbacks.flow import HFTrainerFlow
+from hf_lightning.callbacks.progress_bar import progress_bar
+from hf_lightning.console import install_console_filters
 
 __all__ = ["is_hf_callback", "split_callbacks", "build_flow", "build_lightning_trainer"]
 
@@ -41,9 +44,15 @@ def build_lightning_trainer(
 ) -> pl.Trainer:
     """`lightning.Trainer` with the flow first, then the user's callbacks (also those in `trainer_kwargs`).
 
-    `trainer_kwargs` is the output of `args.to_lightning.lightning_trainer_kwargs`.
+    `trainer_kwargs` is the output of `args.to_lightning.lightning_trainer_kwargs`. Unless a progress bar is given
+    or disabled, hf_lightning's bar is added (`callbacks/progress_bar.py`); `console.install_console_filters` keeps
+    the output to the bar, the summary and real warnings.
     """
+    install_console_filters()
     kwargs = dict(trainer_kwargs)
     extra = kwargs.pop("callbacks", None) or []
     extra = extra if isinstance(extra, list) else [extra]
-    return pl.Trainer(callbacks=[flow, *lightning_callbacks, *extra], **kwargs)
+    callbacks = [flow, *lightning_callbacks, *extra]
+    if kwargs.get("enable_progress_bar", True) and not any(isinstance(cb, ProgressBar) for cb in callbacks):
+        callbacks.append(progress_bar())
+    return pl.Trainer(callbacks=callbacks, **kwargs)

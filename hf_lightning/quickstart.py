@@ -8,7 +8,7 @@ library, and users copy it:
 2. build a model from a config (or `AutoModelForSequenceClassification.from_pretrained`);
 3. train with `hf_lightning.Trainer` and the familiar `TrainingArguments`; Lightning options go in
    `lightning_kwargs` (e.g. `{"strategy": "ddp", "devices": 2}`);
-4. read the metrics, the `checkpoint-<step>/` folders and the TensorBoard logs.
+4. read the summary: metrics, the best `checkpoint-<step>/`, the saved model and the TensorBoard logs.
 """
 
 from __future__ import annotations
@@ -65,6 +65,9 @@ def build_tokenizer(corpus: list[str]) -> Any:
     )
 
 
+_SHOWN = ("eval_accuracy", "eval_loss")
+
+
 def _has_checkpoints(folder: str) -> bool:
     return os.path.isdir(folder) and any(name.startswith("checkpoint-") for name in os.listdir(folder))
 
@@ -94,9 +97,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                      "folder or delete them (leave --output_dir out to get a new quickstart_output/run-<n>).")
 
     from datasets import Dataset
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertConfig, BertForSequenceClassification, set_seed
 
     import hf_lightning
+    from hf_lightning.summary import fit_summary, logger_paths
 
     # 1. Data and tokenizer (real work: datasets.load_dataset(...) and AutoTokenizer.from_pretrained(...)).
     raw_train = Dataset.from_dict(make_sentiment_dataset(opts.train_size, seed=0))
@@ -110,6 +114,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     evaluation = raw_eval.map(tokenize, batched=True, remove_columns=["text"])
 
     # 2. Model (real work: AutoModelForSequenceClassification.from_pretrained("bert-base-uncased", num_labels=2)).
+    # Seed first: the new layers' initial weights come from the random generator (HF's example scripts do the same;
+    # the Trainer's own `set_seed(args.seed)` comes too late for a model built before it).
+    set_seed(42)
     config = BertConfig(
         vocab_size=tokenizer.vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=128, max_position_embeddings=64, pad_token_id=tokenizer.pad_token_id,
@@ -149,15 +156,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     result = trainer.train()
     metrics = trainer.evaluate()
+    trainer.save_model()
 
-    # 4. Where things are.
-    print(f"\ntrain_loss={result.training_loss:.4f}  steps={result.global_step}")
-    print(f"eval_accuracy={metrics['eval_accuracy']:.3f}  eval_loss={metrics['eval_loss']:.4f}")
-    print(f"best checkpoint: {trainer.state.best_model_checkpoint}")
-    output_dir = args.resolved_output_dir
-    checkpoints = sorted(d for d in os.listdir(output_dir) if d.startswith("checkpoint-"))
-    print(f"checkpoints in {os.path.abspath(output_dir)}: {checkpoints}")
-    print(f"TensorBoard logs: tensorboard --logdir {os.path.join(os.path.abspath(output_dir), 'runs')}")
+    # 4. How it went and where things are.
+    print(fit_summary(trainer.state, args, train_metrics=result.metrics, model_dir=args.resolved_output_dir,
+                      logs=logger_paths(trainer.lightning_trainer)))
+    print("Final model: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k in _SHOWN))
     return metrics
 
 

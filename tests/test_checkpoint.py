@@ -122,8 +122,15 @@ def test_checkpoint_of_a_different_model_names_the_parameter(checkpoint, tmp_pat
 
 
 def test_metric_for_best_model_not_among_metrics_lists_them(tmp_path):
-    trainer = make_trainer(tmp_path / "out", eval_strategy="steps", eval_steps=2, metric_for_best_model="accuracy")
-    with pytest.raises(KeyError, match=r"'eval_accuracy', which is not found.*\['eval_loss'"):
+    """A key `compute_metrics` does not return is only known at the first evaluation: HF's KeyError, listing the
+    keys. (Without `compute_metrics` it is known before training: tests/test_best_metric_check.py.)"""
+    args = hf_lightning.TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=4,
+                                          eval_strategy="steps", eval_steps=2, metric_for_best_model="accuracy",
+                                          report_to="none", disable_tqdm=True)
+    trainer = hf_lightning.Trainer(model=tiny_gpt2(), args=args, train_dataset=lm_dataset(n=16),
+                                   eval_dataset=lm_dataset(n=4, seed=1), compute_metrics=lambda pred: {"acc": 1.0},
+                                   lightning_kwargs=dict(LIGHTNING_KWARGS))
+    with pytest.raises(KeyError, match=r"'eval_accuracy', which is not found.*\['eval_loss', 'eval_acc'"):
         trainer.train()
 
 

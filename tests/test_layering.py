@@ -4,12 +4,15 @@ Layers (imports point downward only; a module may import its own layer or a lowe
 
 - L0 pure rules: the Python standard library only. Argument dataclasses and their validation (types included), the
   "when" rules (cadence), rotation, setup checks, checkpoint folder names / atomic deletion / integrity checks, the
-  run lock, the HF callback dispatch, the task and config specs, the config's data-against-model checks.
+  run lock, weight-file permissions, the HF callback dispatch, the task and config specs, the config's
+  data-against-model checks.
 - L1 torch / transformers helpers: + torch, numpy, transformers, datasets, safetensors, torchmetrics, pyarrow,
-  tokenizers. Loss, optimizer, collation, sampling, evaluation accumulation, metrics, checkpoint folder I/O, finding
-  a checkpoint, generation helpers, task presets, the classes a config may import.
+  tokenizers, torchdata. Loss, optimizer, collation, sampling, evaluation accumulation, metrics, checkpoint folder I/O, finding
+  a checkpoint, generation helpers, task presets, the classes a config may import, checking `from_pretrained`
+  names (huggingface_hub).
 - L2 Lightning objects: + lightning. The modules, data modules and callbacks, the Lightning side of checkpoints and
-  resume, the contracts between them, and every Lightning internal (`_lightning_compat.py`).
+  resume, the contracts between them, the console (filters, progress bar, end-of-fit summary, thread warning), and
+  every Lightning internal (`_lightning_compat.py`).
 - L3 assembly / facade / CLI: anything. The `Trainer` facades, building the `lightning.Trainer`, the CLI, the
   quickstart, and the lazy package roots that re-export the public names.
 
@@ -47,6 +50,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.checkpointing.checks": 0,
     "hf_lightning.checkpointing.folders": 0,
     "hf_lightning.checkpointing.integrity": 0,
+    "hf_lightning.checkpointing.permissions": 0,
     "hf_lightning.checkpointing.run_lock": 0,
     "hf_lightning.checkpointing.rotation": 0,
     "hf_lightning.data": 0,
@@ -78,6 +82,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.metrics": 1,
     "hf_lightning.optim": 1,
     "hf_lightning.prediction_writer": 1,
+    "hf_lightning.pretrained_source": 1,
     "hf_lightning.resume.find": 1,
     "hf_lightning.seq2seq.gen_kwargs": 1,
     "hf_lightning.seq2seq.prompts": 1,
@@ -96,14 +101,18 @@ LAYERS: dict[str, int] = {
     "hf_lightning.callbacks.early_stopping": 2,
     "hf_lightning.callbacks.evaluator": 2,
     "hf_lightning.callbacks.flow": 2,
+    "hf_lightning.callbacks.progress_bar": 2,
     "hf_lightning.checkpointing.lightning_state": 2,
+    "hf_lightning.console": 2,
     "hf_lightning.contracts": 2,
     "hf_lightning.data.datamodule": 2,
     "hf_lightning.module": 2,
     "hf_lightning.resume.load": 2,
     "hf_lightning.resume.position": 2,
     "hf_lightning.seq2seq.module": 2,
+    "hf_lightning.summary": 2,
     "hf_lightning.tasks.datamodule": 2,
+    "hf_lightning.threads": 2,
     # L3: assembly, facade, CLI
     "hf_lightning": 3,
     "hf_lightning.__main__": 3,
@@ -122,7 +131,7 @@ LAYERS: dict[str, int] = {
 THIRD_PARTY_LAYER = {
     "typing_extensions": 0,
     "torch": 1, "numpy": 1, "transformers": 1, "datasets": 1, "safetensors": 1, "torchmetrics": 1, "pyarrow": 1,
-    "tokenizers": 1, "torchdata": 1,
+    "tokenizers": 1, "torchdata": 1, "huggingface_hub": 1,
     "lightning": 2,
     "jsonargparse": 3, "yaml": 3,
 }

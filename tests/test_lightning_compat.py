@@ -5,11 +5,14 @@ They wrap Lightning internals; when a Lightning release changes one, the test na
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import warnings
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch.utils.data import DataLoader, TensorDataset
@@ -215,3 +218,56 @@ def test_optimizer_unscales_itself():
     assert compat.optimizer_unscales_itself(torch.optim.SGD(params, lr=0.1)) is False
     # torch's fused Adam unscales inside step(); Lightning reads the same flag
     assert compat.optimizer_unscales_itself(torch.optim.Adam(params, lr=0.1, fused=True)) is True
+
+
+class _Recorder(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.messages.append(record.getMessage())
+        return True
+
+
+def test_rank_zero_loggers_carry_lightnings_info_messages():
+    """A filter on these loggers sees `rank_zero_info` from both Lightning packages, and the device banner."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_info as fabric_info
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info as pytorch_info
+
+    recorder = _Recorder()
+    loggers = compat.rank_zero_loggers()
+    for logger in loggers:
+        logger.addFilter(recorder)
+    try:
+        pytorch_info("from lightning.pytorch")
+        fabric_info("from lightning.fabric")
+        _trainer()
+    finally:
+        for logger in loggers:
+            logger.removeFilter(recorder)
+    assert "from lightning.pytorch" in recorder.messages and "from lightning.fabric" in recorder.messages
+    assert any(m.startswith("GPU available:") for m in recorder.messages)
+
+
+def test_rich_progress_bar_available_is_lightnings_default_choice():
+    default_bar = pl.Trainer(accelerator="cpu", logger=False).progress_bar_callback
+    assert compat.rich_progress_bar_available() == isinstance(default_bar, RichProgressBar)
+    assert compat.rich_progress_bar_available() == (importlib.util.find_spec("rich") is not None)
+
+
+def test_ignore_internal_deprecation_warnings_only_where_lightning_raises_them():
+    """Lightning's `_tree_flatten` (run at every training step) triggers torch's LeafSpec deprecation; the filter
+    hides it there, and the same warning raised elsewhere still shows."""
+    from lightning.pytorch.utilities._pytree import _tree_flatten
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _tree_flatten(torch.ones(1))
+    assert any("LeafSpec" in str(w.message) for w in caught), "Lightning no longer triggers it: drop the filter"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compat.ignore_internal_deprecation_warnings()
+        _tree_flatten(torch.ones(1))
+        warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated (here)", FutureWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["`isinstance(treespec, LeafSpec)` is deprecated (here)"]

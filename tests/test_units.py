@@ -144,7 +144,7 @@ class _RestoreAtFitStart(pl.Callback):
         flow = next(cb for cb in trainer.callbacks if isinstance(cb, HFTrainerFlow))
         self.restorer.on_fit_start(trainer, pl_module, updates_per_epoch=5)
         self.restorer.restore_trainer_state(flow, trainer, max_steps=10, num_train_epochs=2)
-        self.restorer.on_train_epoch_start()
+        self.restorer.on_train_epoch_start(trainer)
         self.seen = {
             "weights": {k: v.clone() for k, v in pl_module.model.state_dict().items()},
             "optimizer_steps": {s["step"].item() for s in trainer.optimizers[0].state_dict()["state"].values()},
@@ -243,7 +243,8 @@ def test_check_flow_contracts_names_everything_missing():
     with pytest.raises(TypeError) as info:
         check_flow_contracts(_PlainModule(), None)
     message = str(info.value)
-    for name in ("model", "new_eval_accumulator", "request_epoch_stop", "start_eval_run", "no data module"):
+    for name in ("model", "new_eval_accumulator", "prediction_loss_only", "request_epoch_stop", "start_eval_run",
+                 "no data module"):
         assert name in message, name
     with pytest.raises(TypeError, match="lacks eval_datasets, num_train_microbatches, predict_dataset"):
         check_flow_contracts(TransformerModule(tiny_bert()), pl.LightningDataModule())

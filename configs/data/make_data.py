@@ -3,7 +3,8 @@
     python configs/data/make_data.py
 
 - sentiment_{train,validation}.csv: text,label (positive / negative) short reviews (hf_lightning.quickstart's generator)
-- pairs_{train,validation}.csv: sentence1,sentence2,label (same / different sentiment)
+- pairs_{train,validation}.csv: sentence1,sentence2,label (same / different sentiment; one clause each, so a tiny
+  model learns the pair task in a few hundred updates: with the multi-clause reviews it stays at chance)
 - tags_{train,validation}.jsonl: tokens (word list), tags (POS / NEG / NOT / O per word)
 - reverse_{train,validation}.jsonl: source, target (a toy seq2seq task: the target is the source's words reversed)
 - reverse_prompts_{train,validation}.jsonl: prompt, completion (the same task in the decoder-only format)
@@ -20,7 +21,7 @@ import os
 import random
 import sys
 
-from hf_lightning.quickstart import _NEGATIVE, _POSITIVE, make_sentiment_dataset
+from hf_lightning.quickstart import _FILLER, _NEGATIVE, _POSITIVE, _SUBJECTS, make_sentiment_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -52,6 +53,18 @@ def _write_reverse(split: str, n: int, seed: int) -> None:
             prompts.write(json.dumps({"prompt": source, "completion": target}) + "\n")
 
 
+def _write_pairs(split: str, n: int, seed: int) -> None:
+    """Sentence pairs, one clause each ("the plot was quite dull"); label: whether both have the same sentiment."""
+    rng = random.Random(seed + 30)
+    rows = []
+    for _ in range(n):
+        first, second = rng.random() < 0.5, rng.random() < 0.5
+        sentences = [f"{rng.choice(_SUBJECTS)} was {rng.choice(_FILLER)} {rng.choice(_POSITIVE if p else _NEGATIVE)}"
+                     for p in (first, second)]
+        rows.append([*sentences, "same" if first == second else "different"])
+    _write_csv(f"pairs_{split}.csv", ["sentence1", "sentence2", "label"], rows)
+
+
 def main() -> None:
     corpus = []
     for split, n, seed in (("train", 1024, 0), ("validation", 128, 1)):
@@ -59,12 +72,7 @@ def main() -> None:
         names = ["negative", "positive"]
         _write_csv(f"sentiment_{split}.csv", ["text", "label"],
                    [[t, names[y]] for t, y in zip(data["text"], data["label"])])
-        rng = random.Random(seed + 10)
-        pairs = []
-        for i, (text, label) in enumerate(zip(data["text"], data["label"])):
-            j = rng.randrange(n)
-            pairs.append([text, data["text"][j], "same" if label == data["label"][j] else "different"])
-        _write_csv(f"pairs_{split}.csv", ["sentence1", "sentence2", "label"], pairs)
+        _write_pairs(split, n, seed)
         with open(os.path.join(HERE, f"tags_{split}.jsonl"), "w") as f:
             for text in data["text"]:
                 words = text.split()

@@ -4,6 +4,8 @@
   listing available metrics; `best_global_step` only moves for save strategies that write checkpoints.
 - `step_plateau_scheduler` steps a `ReduceLROnPlateau` on the best-model metric after a training-time evaluation.
 - `load_best` loads the best checkpoint's weights at the end of training.
+- `unreachable_best_metric` refuses, before training, a `metric_for_best_model` that no evaluation can produce
+  (HF finds out with a `KeyError` at the first evaluation, after training time is spent).
 
 Where the best checkpoint's folder is recorded (`state.best_model_checkpoint`) at a save: `checkpoint_saver.py`.
 Rotation never deletes it: `checkpointing/rotation.py`.
@@ -22,12 +24,53 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.resume.find import WEIGHT_FILES
 from hf_lightning.resume.load import load_weights
 
-__all__ = ["BestModelTracker", "metric_key"]
+__all__ = ["BestModelTracker", "metric_key", "unreachable_best_metric"]
+
+LOSS_ONLY_KEYS = ("loss", "runtime", "samples_per_second", "steps_per_second")
+"""The metric names of an evaluation without `compute_metrics` (after the `eval_[<name>_]` prefix)."""
 
 
 def metric_key(metric: str) -> str:
     """HF's lookup key: `eval_` is prepended unless already there (T:3433-3445)."""
     return metric if metric.startswith("eval_") else f"eval_{metric}"
+
+
+def unreachable_best_metric(args: TrainingArguments, eval_names: list[str] | None, loss_only: bool) -> str | None:
+    """The error when evaluations during training cannot produce the `metric_for_best_model` key, else None.
+
+    HF looks the key up after every training-time evaluation (T:3424-3445) and raises a `KeyError` at the first one,
+    when training time is already spent. Two cases are certain before training starts:
+
+    - named eval datasets (`eval_dataset={"dev": ..., "test": ...}`): every key is `eval_<name>_<metric>`, so
+      `load_best_model_at_end` with the default metric `loss` (key `eval_loss`) can never be found;
+    - `loss_only` (no `compute_metrics`, or `prediction_loss_only=True`): only the loss and runtime keys exist.
+
+    Args:
+        args: the training arguments (`metric_for_best_model`, `eval_strategy`).
+        eval_names: the names of a dict of eval datasets; None (or `[""]`) for a single dataset.
+        loss_only: whether evaluations compute the loss only.
+    """
+    if args.metric_for_best_model is None or args.eval_strategy == "no":
+        return None
+    key = metric_key(args.metric_for_best_model)
+    names = [n for n in eval_names or [] if n]
+    what = f"`metric_for_best_model`={args.metric_for_best_model!r} (looked up as {key!r})"
+    prefix = "eval_"
+    if names:
+        prefixes = [f"eval_{name}_" for name in names]
+        found = next((p for p in prefixes if key.startswith(p)), None)
+        if found is None:
+            choices = ", ".join(repr(f"{p}{key[len('eval_'):]}") for p in prefixes)
+            return (f"{what} is never produced: with named eval datasets {names} every metric key carries the "
+                    f"dataset's name (eval_<name>_<metric>). Set `metric_for_best_model` to one of {choices}.")
+        prefix = found
+    metric = key[len(prefix):]
+    if loss_only and metric not in LOSS_ONLY_KEYS:
+        reason = "prediction_loss_only=True" if args.prediction_loss_only else "no compute_metrics is given"
+        loss_key = f"{prefix}loss"
+        return (f"{what} is never produced: {reason}, so evaluations compute only {loss_key!r} and runtime keys. "
+                f"Pass a compute_metrics that returns {metric!r}, or set `metric_for_best_model` to {loss_key!r}.")
+    return None
 
 
 class BestModelTracker:

@@ -41,7 +41,7 @@ from hf_lightning._lightning_compat import (
 )
 from hf_lightning.args import TrainingArguments
 from hf_lightning.cadence import TrainingPlan, epoch_end_flags, epoch_progress, plan_training, step_end_flags
-from hf_lightning.callbacks.best_model import BestModelTracker
+from hf_lightning.callbacks.best_model import BestModelTracker, unreachable_best_metric
 from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import EvaluationHooks, HFEvaluator
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
@@ -58,6 +58,7 @@ from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, f
 from hf_lightning.data.sampling import dataset_length
 from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
 from hf_lightning.resume.load import CheckpointRestorer, start_fit
+from hf_lightning.threads import warn_if_oversubscribed
 
 __all__ = ["HFTrainerFlow", "tensorboard_tag"]
 
@@ -77,7 +78,7 @@ class HFTrainerFlow(EvaluationHooks):
     Example::
 
         flow = HFTrainerFlow(TrainingArguments(eval_strategy="steps", eval_steps=50), [EarlyStoppingCallback(2)])
-        lightning.Trainer(callbacks=[flow]).fit(TransformerModule(model, args), datamodule=dm)
+        lightning.Trainer(callbacks=[flow], max_epochs=-1).fit(TransformerModule(model, args), datamodule=dm)
     """
 
     def __init__(
@@ -158,7 +159,9 @@ class HFTrainerFlow(EvaluationHooks):
         if stage != "fit":
             return
         self.plan = plan = plan_training(self.args, datamodule.num_train_microbatches())
-        problem = unreachable_best_checkpoint(self.args, plan.eval_steps, plan.save_steps, plan.max_steps)
+        loss_only = flow_module(pl_module).prediction_loss_only(is_prediction=False)
+        problem = unreachable_best_checkpoint(self.args, plan.eval_steps, plan.save_steps, plan.max_steps) \
+            or unreachable_best_metric(self.args, list(datamodule.eval_datasets or {}), loss_only)
         if problem:
             raise ValueError(problem)
         set_step_budget(trainer, plan.max_steps, plan.num_train_epochs if plan.sized else -1)
@@ -169,6 +172,7 @@ class HFTrainerFlow(EvaluationHooks):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Resume from `resume_from_checkpoint`, or refuse to overwrite another run's checkpoints (resume/load.py)."""
         self._summary = None
+        warn_if_oversubscribed(trainer)  # more torch threads than free cores: a warning with the number to set
         self._restorer = start_fit(self, trainer, pl_module)
         position = self._restorer.position if self._restorer is not None else None
         self._resumes_mid_epoch = position is not None and position.windows > 0

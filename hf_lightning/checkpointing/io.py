@@ -22,13 +22,15 @@ from __future__ import annotations
 import errno
 import random
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
+from transformers.utils import logging as hf_logging
 
 from hf_lightning.checkpointing.folders import (
     CHECKPOINT_PREFIX,
@@ -37,11 +39,12 @@ from hf_lightning.checkpointing.folders import (
     replace_checkpoint,
     tmp_folder,
 )
+from hf_lightning.checkpointing.permissions import apply_umask
 
 __all__ = [
     "CHECKPOINT_PREFIX", "TMP_PREFIX", "LIGHTNING_STATE_NAME", "SHARDED_OPTIMIZER_DIR", "TRAINER_STATE_NAME",
-    "CheckpointWriteError", "finalize_checkpoint", "prepare_tmp_folder", "rng_file_name", "rng_state", "torch_save",
-    "save_model_files", "write_file", "write_rng_state", "write_training_files",
+    "CheckpointWriteError", "finalize_checkpoint", "prepare_tmp_folder", "quiet_save_progress", "rng_file_name",
+    "rng_state", "torch_save", "save_model_files", "write_file", "write_rng_state", "write_training_files",
 ]
 
 TRAINER_STATE_NAME = "trainer_state.json"
@@ -119,10 +122,12 @@ def save_model_files(model: nn.Module, directory: str | Path, processing_class: 
     directory.mkdir(parents=True, exist_ok=True)
     save_pretrained = getattr(model, "save_pretrained", None)  # a PreTrainedModel's (or a PEFT model's)
     if callable(save_pretrained):
-        # save_pretrained empties a state_dict it is given (transformers 5.23): pass a copy.
+        # save_pretrained empties a state_dict it is given (transformers 5.23): pass a copy. Its "Writing model
+        # shards" bar would break into the training bar at every save.
         copy = dict(state_dict) if state_dict is not None else None
-        write_file(directory / "model.safetensors", lambda _: save_pretrained(directory, state_dict=copy),
-                   what=f"the model files (save_pretrained) of {directory}")
+        with quiet_save_progress():
+            write_file(directory / "model.safetensors", lambda _: save_pretrained(directory, state_dict=copy),
+                       what=f"the model files (save_pretrained) of {directory}")
     else:
         from safetensors.torch import save_file
 
@@ -133,6 +138,19 @@ def save_model_files(model: nn.Module, directory: str | Path, processing_class: 
     if processing_class is not None and hasattr(processing_class, "save_pretrained"):
         write_file(directory, lambda _: processing_class.save_pretrained(directory),
                    what=f"the tokenizer / processor files of {directory}")
+    apply_umask(directory)  # safetensors writes 0600 whatever the umask (checkpointing/permissions.py)
+
+
+@contextmanager
+def quiet_save_progress() -> Iterator[None]:
+    """Switch transformers' progress bars off while model files are written (restored afterwards; `console.py`)."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def rng_state(distributed: bool = False) -> dict[str, Any]:

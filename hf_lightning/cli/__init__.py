@@ -32,7 +32,7 @@ __all__ = ["main", "run_cli"]
 
 _USAGE = """usage: hf-lightning {quickstart,fit,validate,predict} [options]
 
-  quickstart   train a tiny BERT on a generated sentiment task (CPU, a couple of minutes, no downloads)
+  quickstart   train a tiny BERT on a generated sentiment task (CPU, well under a minute, no downloads)
   fit          train from a YAML config (LightningCLI; `hf-lightning fit --help` lists every option)
   validate     evaluate from a YAML config (prints the metrics, writes eval_results.json)
   predict      predict from a YAML config (writes predictions.npz in args.output_dir)

@@ -27,8 +27,10 @@ from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.checkpointing.run_lock import OutputDirLocked
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, split_callbacks
 from hf_lightning.prediction_writer import write_predictions
+from hf_lightning.pretrained_source import check_pretrained_source, looks_like_path, missing_local_folder
 from hf_lightning.resume.find import existing_checkpoint_conflict, resolve_resume
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
+from hf_lightning.summary import fit_summary, logger_paths
 from hf_lightning.tasks import checks
 from hf_lightning.tasks.datamodule import TaskDataModule, splits_for_stage
 from hf_lightning.tasks.generation import write_prediction_texts
@@ -64,6 +66,20 @@ def _check_output_dir(args: TrainingArguments, checkpoint: str | None) -> None:
     conflict = existing_checkpoint_conflict(args.resolved_output_dir, step, args.save_strategy != "no")
     if conflict:
         raise ValueError(conflict.replace("resume_from_checkpoint=True", "--args.resume_from_checkpoint true"))
+
+
+def _check_sources(model_spec: ModelSpec, data_spec: DataSpec) -> None:
+    """Names loaded with `from_pretrained` / `load_dataset`: a mistyped folder or a hub name without network is one
+    error line (`pretrained_source.py`), before any data is read.
+
+    Raises:
+        FileNotFoundError: naming the key, its value and the closest existing folder.
+    """
+    check_pretrained_source("model.model_name_or_path", model_spec.model_name_or_path)
+    check_pretrained_source("data.tokenizer_name_or_path", data_spec.tokenizer_name_or_path)
+    name = data_spec.dataset_name
+    if name is not None and looks_like_path(name) and not os.path.isdir(os.path.expanduser(name)):
+        raise FileNotFoundError(missing_local_folder("data.dataset_name", name))
 
 
 class _OneLineErrorParser(LightningArgumentParser):
@@ -182,6 +198,7 @@ class HFLightningCLI(LightningCLI):
                 and not os.path.isfile(self.ckpt_for_lightning):
             raise FileNotFoundError(f"ckpt_path={self.ckpt_for_lightning!r}: no such checkpoint folder or file.")
         model_spec, data_spec = ModelSpec(**model_values), DataSpec(**self._section("data"))
+        _check_sources(model_spec, data_spec)
         self.hf_args = args
         set_seed(args.seed)
         raw = {name: load_split(data_spec, name) for name in splits_for_stage(sub, args)}
@@ -225,7 +242,9 @@ class HFLightningCLI(LightningCLI):
 
     # ----- subcommands -----
     def fit(self, model: Any, datamodule: Any, **_: Any) -> None:
-        """Train, then save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`)."""
+        """Train, save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`) and the
+        train metrics to `<output_dir>/train_results.json` (HF scripts' `save_metrics("train", ...)`), then print
+        the summary (`summary.fit_summary`)."""
         # the flow restores an HF-layout checkpoint folder itself (resume/load.py), as in the facade
         try:
             output = self.flow.fit(self.trainer, model, datamodule,
@@ -238,8 +257,10 @@ class HFLightningCLI(LightningCLI):
         save_final_model(model.model, out, datamodule.processing_class, self.hf_args,
                          is_global_zero=self.trainer.is_global_zero)  # every process: the FSDP2 gather
         if self.trainer.is_global_zero:
-            print(json.dumps({"global_step": output.global_step, **output.metrics}, default=float))
-            print(f"model saved to {os.path.abspath(out)}")
+            with open(os.path.join(out, "train_results.json"), "w") as f:
+                json.dump(output.metrics, f, indent=2, default=float)
+            print(fit_summary(self.flow.state, self.hf_args, train_metrics=output.metrics, model_dir=out,
+                              logs=logger_paths(self.trainer)))
 
     def validate(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Evaluate and print the HF metric dict (also written to `<output_dir>/eval_results.json`)."""

@@ -15,6 +15,8 @@ from typing import Any
 
 from transformers import GenerationConfig
 
+from hf_lightning.pretrained_source import check_pretrained_source
+
 __all__ = ["resolve_gen_kwargs", "check_gen_kwargs", "generation_width", "load_generation_config", "DEFAULT_MAX_LENGTH"]
 
 DEFAULT_MAX_LENGTH = 20
@@ -79,6 +81,7 @@ def load_generation_config(value: Any) -> Any:
         if path.is_file():
             config = GenerationConfig.from_pretrained(path.parent, path.name)
         else:
+            check_pretrained_source("generation_config", str(value))  # one line for a typo or no network
             config = GenerationConfig.from_pretrained(str(value))
     else:
         raise ValueError(

@@ -54,7 +54,8 @@ def preprocess_classification(dataset: Any, tokenizer: Any, spec: Any, label2id:
 
     def encode(batch: dict[str, list]) -> Any:
         pairs = batch[spec.text_pair_column] if spec.text_pair_column else None
-        out = tokenizer(batch[spec.text_column], pairs, truncation=True, max_length=spec.max_length)
+        out = tokenizer(batch[spec.text_column], pairs, truncation=True, max_length=spec.max_length,
+                        return_token_type_ids=True if pairs is not None else None)
         if has_labels:
             out["labels"] = [_label_id(label2id, v, spec.label_column) for v in batch[spec.label_column]]
         return out

@@ -1,0 +1,121 @@
+"""What a real run prints: the progress bar, the summary and real warnings; none of the noise of issue 16.
+
+Real processes (the `hf-lightning` command and a facade script), their stdout and stderr captured together. The
+model starts from a `from_pretrained` folder (in eval mode, like a hub model), training evaluates and saves
+checkpoints, and the facade also evaluates and predicts: every source of the old noise is exercised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+NOISE = [
+    "💡 Tip", "litlogger",                       # Lightning's advertisement
+    "in eval mode at the start of training",      # false: the model is put in training mode first
+    "v_num",                                      # Lightning's logger version in the bar
+    "Writing model shards",                       # transformers' save bars inside the training bar
+    "LeafSpec",                                   # a deprecation Lightning 2.6 triggers under torch 2.13
+    "`Trainer.fit` stopped: `max_steps=",         # every fit stops there
+    "predict returned None",                      # predict_step returns None by design
+]
+
+
+def _pretrained_bert(folder: Path) -> None:
+    """A tiny BERT classifier for the bundled tokenizer, saved with `save_pretrained` (loads in eval mode)."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=130, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, num_labels=2, pad_token_id=0)
+    BertForSequenceClassification(config).save_pretrained(folder)
+
+
+def _run(args: list[str], cwd: Path) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    result = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout + result.stderr
+
+
+def _assert_quiet(output: str) -> None:
+    found = [noise for noise in NOISE if noise in output]
+    assert not found, f"noise {found} in:\n{output}"
+    assert output.count("GPU available:") <= 1 and output.count("TPU available:") <= 1, output
+
+
+def test_cli_fit_prints_bar_summary_and_nothing_else(tmp_path):
+    _pretrained_bert(tmp_path / "pretrained")
+    (tmp_path / "configs").symlink_to(REPO / "configs")
+    output = _run(["-m", "hf_lightning", "fit", "--config", "configs/text_classification.yaml",
+                   "--model.model_name_or_path", str(tmp_path / "pretrained"), "--args.output_dir", "out",
+                   "--args.num_train_epochs", "2", "--data.max_train_samples", "128"], cwd=tmp_path)
+    _assert_quiet(output)
+    assert "GPU available: False, used: False" in output  # the device line itself stays, once
+    assert "Training done: 8 updates (2 epochs)" in output and "Last evaluation (step 8): eval_accuracy" in output
+    assert f"Model and tokenizer: {tmp_path / 'out'}" in output
+    assert "eval_accuracy:" in output and "loss:" in output  # the bar shows the loss and the latest evaluation
+
+
+FACADE_SCRIPT = """
+import sys
+from datasets import Dataset
+from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerFast
+import hf_lightning
+from hf_lightning.quickstart import make_sentiment_dataset
+
+tok = PreTrainedTokenizerFast(tokenizer_file="{tokenizer}", pad_token="[PAD]", unk_token="[UNK]")
+data = Dataset.from_dict(make_sentiment_dataset(96, seed=0)).map(
+    lambda b: tok(b["text"], truncation=True, max_length=32), batched=True, remove_columns=["text"])
+model = AutoModelForSequenceClassification.from_pretrained("{pretrained}")
+args = hf_lightning.TrainingArguments(output_dir="out", num_train_epochs=2, per_device_train_batch_size=16,
+                                      eval_strategy="epoch", save_strategy="epoch", report_to="tensorboard")
+accuracy = lambda p: {{"accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean())}}
+trainer = hf_lightning.Trainer(model=model, args=args, train_dataset=data, eval_dataset=data, processing_class=tok,
+                               compute_metrics=accuracy)
+trainer.train()
+print("evaluate:", trainer.evaluate())
+print("predict:", trainer.predict(data).predictions.shape)
+"""
+
+
+def test_facade_train_evaluate_predict_is_quiet(tmp_path):
+    """HF-like: a bar, no summary, no noise; one device line although three `lightning.Trainer`s are built."""
+    _pretrained_bert(tmp_path / "pretrained")
+    script = tmp_path / "train.py"
+    script.write_text(FACADE_SCRIPT.format(tokenizer=REPO / "configs/data/tokenizer.json",
+                                           pretrained=tmp_path / "pretrained"))
+    output = _run([str(script)], cwd=tmp_path)
+    _assert_quiet(output)
+    assert output.count("GPU available: False, used: False") == 1
+    assert "evaluate: {'eval_loss'" in output and "predict: (96, 2)" in output
+    assert "Training done" not in output  # the facade prints what transformers.Trainer prints: no summary
+
+
+def test_filters_drop_only_what_they_name(caplog):
+    """Other Lightning messages and warnings pass the filters unchanged."""
+    import warnings
+
+    from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+    from hf_lightning.console import install_console_filters
+
+    install_console_filters()
+    with caplog.at_level(logging.INFO):
+        rank_zero_info("`Trainer.fit` stopped: No training batches.")
+        rank_zero_info("`Trainer.fit` stopped: `max_steps=5` reached.")
+        rank_zero_info("HPU available: False, using: 0 HPUs")
+        rank_zero_info("HPU available: False, using: 0 HPUs")
+    messages = [record.getMessage() for record in caplog.records]
+    assert "`Trainer.fit` stopped: No training batches." in messages
+    assert not any("max_steps=5" in m for m in messages)
+    assert messages.count("HPU available: False, using: 0 HPUs") <= 1
+    with pytest.warns(UserWarning, match="a real problem"):
+        warnings.warn("a real problem", UserWarning)
