@@ -238,7 +238,9 @@ def test_rank_zero_loggers_carry_lightnings_info_messages():
     recorder = _Recorder()
     loggers = compat.rank_zero_loggers()
     for logger in loggers:
-        logger.addFilter(recorder)
+        # first in line: an earlier fit in this process may have installed the console's filter, which shows the
+        # banner once per process and would drop it before a filter added after it
+        logger.filters.insert(0, recorder)
     try:
         pytorch_info("from lightning.pytorch")
         fabric_info("from lightning.fabric")
