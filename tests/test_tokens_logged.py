@@ -126,6 +126,19 @@ def test_the_window_leaves_evaluation_time_out(monkeypatch):
     assert meter.window_metrics(None, total_flos=350.0) == {"tokens_per_second": 200.0, "mfu": 0.3}
 
 
+def test_throughput_says_once_that_it_counts_every_token(caplog):
+    """Batches without `attention_mask` and no pad token: every token counts, and our option says so once per run
+    (HF's `include_num_input_tokens_seen` repeats its warning at every micro-batch; that one is kept as HF's)."""
+    meter = Throughput(peak_flops=None, world_size=1)
+    meter.start(torch.device("cpu"), total_flos=0.0)
+    with caplog.at_level("WARNING", logger="hf_lightning.callbacks.tokens"):
+        for _ in range(3):
+            meter.add_window([{"input_ids": torch.ones(2, 5)}, {"input_ids": torch.ones(2, 5)}], None, None)
+    assert [r.getMessage() for r in caplog.records if "counts every input token" in r.getMessage()] != []
+    assert len(caplog.records) == 1
+    assert meter.summary(None, total_flos=0.0, runtime=1.0)["train_tokens_per_second"] == 60.0
+
+
 def test_count_input_tokens_follows_hfs_rule():
     ids = torch.tensor([[5, 6, 0], [7, 0, 0]])
     assert count_input_tokens({"input_ids": ids}, "input_ids", "all", 0) == 6

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -29,9 +29,12 @@ __all__ = ["InputTokensSeen", "Throughput", "TokenLogs", "count_input_tokens", "
 log = logging.getLogger(__name__)
 
 
-def count_input_tokens(batch: Mapping[str, Any], main_input: str, mode: str, pad_token_id: int | None
-                       ) -> torch.Tensor | int | None:
-    """The input tokens of one micro-batch under `mode` (`all` / `non_padding`), None if `main_input` is absent."""
+def count_input_tokens(batch: Mapping[str, Any], main_input: str, mode: str, pad_token_id: int | None,
+                       on_fallback: Callable[[], None] | None = None) -> torch.Tensor | int | None:
+    """The input tokens of one micro-batch under `mode` (`all` / `non_padding`), None if `main_input` is absent.
+
+    When `non_padding` cannot tell padding apart, every token is counted and `on_fallback` is called (default: HF's
+    warning, which HF logs for every micro-batch)."""
     ids = batch.get(main_input)
     if ids is None or not hasattr(ids, "numel"):
         return None
@@ -41,14 +44,17 @@ def count_input_tokens(batch: Mapping[str, Any], main_input: str, mode: str, pad
             return mask.sum()
         if pad_token_id is not None:
             return (ids != pad_token_id).sum()
-        log.warning("Could not determine method to count non-padding tokens, falling back to counting all tokens.")
+        if on_fallback is None:
+            log.warning("Could not determine method to count non-padding tokens, falling back to counting all tokens.")
+        else:
+            on_fallback()
     return int(ids.numel())
 
 
 def _window_tokens(window: Sequence[Mapping[str, Any]], main_input: str, mode: str, pad_token_id: int | None,
-                   device: torch.device) -> torch.Tensor | None:
+                   device: torch.device, on_fallback: Callable[[], None] | None = None) -> torch.Tensor | None:
     """The window's token count on `device` (no host sync), None when no micro-batch has the main input."""
-    counts = [count_input_tokens(micro, main_input, mode, pad_token_id) for micro in window]
+    counts = [count_input_tokens(micro, main_input, mode, pad_token_id, on_fallback) for micro in window]
     present = [c for c in counts if c is not None]
     if not present:
         return None
@@ -114,6 +120,7 @@ class Throughput:
         self._total_tokens = 0
         self._window_start = self._excluded = 0.0
         self._flos_at_window = self._flos_at_start = 0.0
+        self._fallback_warned = False
 
     def start(self, device: torch.device, total_flos: float) -> None:
         """At `train()` start: nothing counted, the first window starts now."""
@@ -126,13 +133,20 @@ class Throughput:
         """Add one update's non-padding input tokens of this process (on device, no host sync)."""
         assert self._tokens is not None
         count = _window_tokens(window, getattr(model, "main_input_name", "input_ids"), "non_padding", pad_token_id,
-                               self._tokens.device)
+                               self._tokens.device, self._fallback_warning)
         if count is not None:
             self._tokens += count
 
     def exclude(self, seconds: float) -> None:
         """Leave `seconds` (an evaluation) out of the current window's time."""
         self._excluded += seconds
+
+    def _fallback_warning(self) -> None:
+        # ours, not HF's log: said once per run, not at every update as HF's `include_num_input_tokens_seen` does
+        if not self._fallback_warned:
+            self._fallback_warned = True
+            log.warning("include_throughput: the batches have no attention_mask and there is no pad token, so "
+                        "tokens_per_second counts every input token as a non-padding one.")
 
     def window_metrics(self, strategy: Any, total_flos: float) -> dict[str, float]:
         """`tokens_per_second` (and `mfu`) of the window that ends now; the next one starts.
