@@ -224,8 +224,10 @@ class HFTrainerFlow(EvaluationHooks):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """HF `on_step_begin`, before the first micro-batch of the update (T:1893)."""
+        """HF `on_step_begin`, after the update's micro-batches were fetched, before the first forward (T:1893)."""
         self._end_quiet_resume()
+        if self._restorer is not None:
+            self._restorer.on_train_batch_start()  # a mid-epoch resume's RNG states, once
         if self._epoch_stop_requested:
             return  # the module ends the epoch before this batch runs (HF broke out after the previous update)
         self.hf_event("on_step_begin")
