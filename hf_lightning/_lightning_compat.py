@@ -22,16 +22,19 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities import CombinedLoader
 
 __all__ = [
     "attached_trainer",
     "callbacks_of",
     "datamodule_of",
+    "defer_validation_data",
     "disable_validation_trigger",
     "grad_scaler",
     "ignore_mid_epoch_resume_warning",
     "optimizer_unscales_itself",
     "position_in_epoch",
+    "reload_validation_data",
     "run_validation_now",
     "set_loop_position",
     "set_step_budget",
@@ -102,6 +105,22 @@ def run_validation_now(trainer: pl.Trainer) -> None:
     finally:
         trainer.training = True
         connector._first_loop_iter = first_loop_iter
+
+
+def defer_validation_data(trainer: pl.Trainer) -> None:
+    """Keep Lightning from asking for the validation loaders when the fit starts (it does so for its progress bar):
+    HF builds them at each evaluation only (`reload_validation_data` before each run), so an overridden
+    `get_eval_dataloader` is called as often as HF calls it."""
+    trainer.fit_loop.epoch_loop.val_loop._combined_loader = CombinedLoader([], "sequential")
+
+
+def reload_validation_data(trainer: pl.Trainer) -> None:
+    """Make the next validation run inside `fit` ask the data module for its loaders again (`val_dataloader`).
+
+    Lightning keeps the loaders of its first validation for the whole fit; HF builds them at every evaluation
+    (`get_eval_dataloader`), and an evaluation may be on other datasets (`evaluate(eval_dataset=...)` in a subclass).
+    """
+    trainer.fit_loop.epoch_loop.val_loop._combined_loader = None
 
 
 def position_in_epoch(trainer: pl.Trainer) -> tuple[int, bool]:

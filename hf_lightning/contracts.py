@@ -69,6 +69,9 @@ class FlowDataModule(Protocol):
     def num_train_microbatches(self) -> int | None:
         """Micro-batches per epoch on one process (HF's `len(train_dataloader)`); None for an unsized dataset."""
 
+    def train_loader(self) -> Any:
+        """The micro-batch loader of the running fit (HF's `train_dataloader`, passed to HF callbacks)."""
+
 
 @runtime_checkable
 class TrainingStepListener(Protocol):

@@ -39,6 +39,12 @@ from hf_lightning.module_hooks import HFHooksModule, WindowContext
 
 __all__ = ["TransformerModule"]
 
+_LOSS_INPUT_HOOKS = frozenset({
+    "compute_loss", "training_step", "_get_num_items_in_batch", "_prepare_inputs", "_prepare_input",
+    "_prepare_context_parallel_inputs",
+})
+"""Overrides that may change a micro-batch's loss or its labels: the one-micro-batch shortcut is not taken then."""
+
 StepEvent = Literal["on_substep_end", "on_pre_optimizer_step", "on_optimizer_step"]
 
 
@@ -96,7 +102,10 @@ class TransformerModule(HFHooksModule):
         self._created_lr_scheduler = False
         self._hook_owner = None
         self._owner_overrides = frozenset()
+        self._overrides = None
         self._window = WindowContext()
+        self._micro_index = 0
+        self._step_skipped = False
         self.model_accepts_loss_kwargs = model_accepts_loss_kwargs(model)
         self.shift_labels = loss_shifts_labels(model)
         """Whether the model's loss predicts `labels[..., 1:]` (label tokens are counted accordingly)."""
@@ -166,6 +175,7 @@ class TransformerModule(HFHooksModule):
             micro_losses.clear()  # a closure is called once, but an optimizer may call it again (LBFGS)
             for i, micro in enumerate(window):
                 last = i == len(window) - 1
+                self._micro_index = i
                 # Gradients are all-reduced once per update: skip the sync on every micro-batch but the last.
                 with block_sync() if not last else nullcontext():
                     loss = hooks.training_step(self.model, dict(micro), num_items)
@@ -180,8 +190,12 @@ class TransformerModule(HFHooksModule):
         optimizer.step(closure=closure)
         self._step_event("on_optimizer_step")
         scheduler = self.lr_schedulers()
-        learning_rate = self._current_lr(optimizer, scheduler)
+        if "_get_learning_rate" in self.overrides():
+            learning_rate = float(hooks._get_learning_rate())  # HF reads it here, before the scheduler steps
+        else:
+            learning_rate = self._current_lr(optimizer, scheduler)
         skipped = scaler is not None and scaler.get_scale() < scale_before
+        self._step_skipped = skipped
         # a plateau scheduler is stepped after evaluations, on the eval metric (callbacks/best_model.py)
         if isinstance(scheduler, LRScheduler) and not skipped and not self._is_plateau(scheduler):
             scheduler.step()
@@ -193,6 +207,10 @@ class TransformerModule(HFHooksModule):
     @staticmethod
     def _is_plateau(scheduler: Any) -> bool:
         return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+    def current_learning_rate(self) -> float:
+        """HF's `_get_learning_rate`: the scheduler's last LR (a plateau scheduler: the optimizer's)."""
+        return self._current_lr(self.optimizer, self.lr_scheduler)
 
     def _current_lr(self, optimizer: Any, scheduler: Any) -> float:
         """The LR the update just used (HF reads it after `optimizer.step()`, before `scheduler.step()`)."""
@@ -227,7 +245,7 @@ class TransformerModule(HFHooksModule):
     def _plain_model_loss(self) -> bool:
         """Whether the loss is the built-in one taking the model's own loss (no override, smoother, loss function)."""
         return (
-            not self.overrides() & {"compute_loss", "training_step", "_get_num_items_in_batch"}
+            not self.overrides() & _LOSS_INPUT_HOOKS
             and self.compute_loss_func is None
             and self.label_smoother is None
         )

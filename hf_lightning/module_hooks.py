@@ -47,6 +47,9 @@ __all__ = ["HFHooksModule", "ModuleHooks", "WindowContext"]
 
 LOSS_HOOKS = frozenset({"compute_loss", "training_step"})
 """Overriding either puts HF's normalisation rule in force (see the module docstring)."""
+_MODULE_HOOKS = ("compute_loss", "prediction_step", "_get_num_items_in_batch", "create_optimizer_and_scheduler")
+"""Hooks whose override on a `TransformerModule` subclass changes what the module does (HF's `training_step` is
+`hf_training_step` there)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class HFHooksModule(pl.LightningModule):
     _window: WindowContext
     _hook_owner: Any
     _owner_overrides: frozenset[str]
+    _overrides: frozenset[str] | None
     _created_lr_scheduler: bool
 
     # ----- the owner -----
@@ -102,14 +106,17 @@ class HFHooksModule(pl.LightningModule):
         """
         self._hook_owner = owner
         self._owner_overrides = frozenset(overridden)
+        self._overrides = None
 
     def overrides(self) -> frozenset[str]:
-        """The hook names overridden by the owner's class or by a `TransformerModule` subclass."""
-        own = {name for name in LOSS_HOOKS | {"prediction_step"}
-               if getattr(type(self), name, None) is not getattr(HFHooksModule, name, None)}
-        if type(self).hf_training_step is not HFHooksModule.hf_training_step:
-            own.add("training_step")
-        return frozenset(own) | self._owner_overrides
+        """The hook names overridden by the owner's class or by a `TransformerModule` subclass (computed once)."""
+        if self._overrides is None:
+            own = {name for name in _MODULE_HOOKS
+                   if getattr(type(self), name, None) is not getattr(HFHooksModule, name, None)}
+            if type(self).hf_training_step is not HFHooksModule.hf_training_step:
+                own.add("training_step")
+            self._overrides = frozenset(own) | self._owner_overrides
+        return self._overrides
 
     @property
     def hf_loss_rule(self) -> bool:
@@ -248,7 +255,8 @@ class HFHooksModule(pl.LightningModule):
     def _prepare_input(self, data: Any) -> Any:
         """HF's `_prepare_input`: tensors (nested in mappings / sequences) moved to the module's device."""
         if isinstance(data, Mapping):
-            return type(data)({k: self.hooks._prepare_input(v) for k, v in data.items()})
+            mapping_type: Any = type(data)  # the batch's own mapping class (a dict, a `BatchEncoding`...)
+            return mapping_type({k: self.hooks._prepare_input(v) for k, v in data.items()})
         if isinstance(data, (tuple, list)):
             return type(data)(self.hooks._prepare_input(v) for v in data)
         if isinstance(data, torch.Tensor):

@@ -18,7 +18,8 @@ so gathered results are exact (Lightning's `DistributedSampler` pads with duplic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -84,6 +85,8 @@ class TransformerDataModule(pl.LightningDataModule):
         self.args = args if args is not None else TrainingArguments()
         self.train_dataset = train_dataset
         self.eval_datasets: dict[str, Any] | None = self._named(eval_dataset)
+        self.named_eval_datasets: dict[str, Any] = dict(self.eval_datasets or {})
+        """The eval datasets by name, as given (what a name passed to `get_eval_dataloader` refers to)."""
         self.predict_dataset = predict_dataset
         self.processing_class = processing_class
         self.data_collator = data_collator if data_collator is not None else default_collator(processing_class)
@@ -138,7 +141,7 @@ class TransformerDataModule(pl.LightningDataModule):
             self._allowed_columns = signature_columns(model, label_names)
 
     def _with_columns(self, dataset: Any, description: str) -> tuple[Any, Any]:
-        """`(dataset, collator)`: a `datasets.Dataset` loses its unused columns, other datasets are filtered per item."""
+        """`(dataset, collator)`: a `datasets.Dataset` loses its unused columns; other datasets are filtered by item."""
         if self._allowed_columns is None:
             self._resolve_columns()
         if self._allowed_columns is None:
@@ -206,14 +209,36 @@ class TransformerDataModule(pl.LightningDataModule):
     def _eval_dataset(self, eval_dataset: Any) -> Any:
         if eval_dataset is not None and not isinstance(eval_dataset, str):
             return eval_dataset
-        datasets = self.eval_datasets or {}
-        if not datasets:
-            raise ValueError("Trainer: evaluation requires an eval_dataset.")
-        name = "" if eval_dataset is None else eval_dataset
-        if name not in datasets:
-            raise ValueError(f"get_eval_dataloader({eval_dataset!r}): the eval datasets are named "
-                             f"{[n for n in datasets if n]}; pass one of these names or a dataset.")
-        return datasets[name]
+        if eval_dataset is None:
+            datasets = self.eval_datasets or {}
+            if "" not in datasets:
+                raise ValueError("Trainer: evaluation requires an eval_dataset." if not datasets else
+                                 f"get_eval_dataloader(None): the eval datasets are named {list(datasets)}; pass one "
+                                 "of these names or a dataset.")
+            return datasets[""]
+        return self.get_eval_dataset(eval_dataset)
+
+    def get_eval_dataset(self, name: str) -> Any:
+        """The eval dataset named `name` (HF's `eval_dataset[name]`).
+
+        Raises:
+            ValueError: no eval dataset has that name.
+        """
+        if name not in self.named_eval_datasets:
+            raise ValueError(f"No eval dataset is named {name!r}; the eval datasets are named "
+                             f"{[n for n in self.named_eval_datasets if n]}.")
+        return self.named_eval_datasets[name]
+
+    @contextmanager
+    def evaluating(self, dataset: Any, loader_arg: Any) -> Iterator[None]:
+        """Within the block, the validation loaders are `dataset`'s alone (`get_eval_dataloader(loader_arg)`): one
+        dataset of HF's `evaluate()` during a fit."""
+        saved = self.eval_datasets, self.eval_loader_args
+        self.eval_datasets, self.eval_loader_args = {"": dataset}, {"": loader_arg}
+        try:
+            yield
+        finally:
+            self.eval_datasets, self.eval_loader_args = saved
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         """HF's `get_test_dataloader` (T:975-991)."""
@@ -288,6 +313,10 @@ class TransformerDataModule(pl.LightningDataModule):
         return split_dataset_by_node(dataset, rank=rank, world_size=world)
 
     # ----- Lightning's loaders -----
+    def train_loader(self) -> Any:
+        """The micro-batch loader of the running fit (see `FlowDataModule`)."""
+        return self._fit_train_loader()
+
     def _fit_train_loader(self) -> Any:
         """`get_train_dataloader()` of the running fit, called once (HF calls it once per `train()`)."""
         if self._fit_loader is None:

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Sampler
 
 __all__ = [
     "EagerWindows", "EpochLoader", "LazyWindow", "MicroBatchStream", "SkipBatchSampler", "WindowStream", "is_sized",
-    "set_loader_epoch", "start_after", "window_sizes",
+    "num_examples", "set_loader_epoch", "start_after", "window_sizes",
 ]
 
 _END = object()
@@ -44,20 +44,34 @@ def is_sized(loader: Any) -> bool:
     return True
 
 
+def num_examples(loader: Any, batch_size: int) -> int:
+    """HF's `Trainer.num_examples` (T:993-1005): `len(loader.dataset)`, else `len(loader) * batch_size`."""
+    try:
+        return len(loader.dataset)
+    except (NameError, AttributeError, TypeError):
+        return len(loader) * batch_size
+
+
 def window_sizes(microbatches: int, accumulation: int) -> list[int]:
     """Micro-batches per update of an epoch: `accumulation` each, the last one shorter (T:1862-1872)."""
     full, rest = divmod(microbatches, accumulation)
     return [accumulation] * full + ([rest] if rest else [])
 
 
+def _set_epoch(obj: Any, epoch: int) -> bool:
+    """`obj.set_epoch(epoch)` if `obj` has one; whether it had."""
+    set_epoch = getattr(obj, "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
+        return True
+    return False
+
+
 def set_loader_epoch(loader: Any, epoch: int) -> None:
     """What HF's `_run_epoch` does to its train loader every epoch (T:1839-1847): `loader.set_epoch(epoch)` if it has
     one, and the `set_epoch` of the batch sampler wrapped by accelerate's `BatchSamplerShard`."""
-    if hasattr(loader, "set_epoch"):
-        loader.set_epoch(epoch)
-    underlying = getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None)
-    if hasattr(underlying, "set_epoch"):
-        underlying.set_epoch(epoch)
+    _set_epoch(loader, epoch)
+    _set_epoch(getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None), epoch)
 
 
 class EpochLoader(DataLoader):
@@ -67,13 +81,10 @@ class EpochLoader(DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         batch_sampler = self.batch_sampler
-        if hasattr(batch_sampler, "set_epoch"):
-            batch_sampler.set_epoch(epoch)
+        _set_epoch(batch_sampler, epoch)
         sampler = getattr(batch_sampler, "sampler", None)
-        if hasattr(sampler, "set_epoch") and sampler is not batch_sampler:
-            sampler.set_epoch(epoch)
-        elif hasattr(self.dataset, "set_epoch"):
-            self.dataset.set_epoch(epoch)
+        if sampler is batch_sampler or not _set_epoch(sampler, epoch):
+            _set_epoch(self.dataset, epoch)
 
 
 class MicroBatchStream:
@@ -243,7 +254,7 @@ def start_after(loader: Any, count: int) -> Any:
         TypeError: the loader is not a map-style `torch.utils.data.DataLoader` (it cannot skip without reading).
     """
     batch_sampler = getattr(loader, "batch_sampler", None)
-    if hasattr(batch_sampler, "skip_windows"):
+    if batch_sampler is not None and hasattr(batch_sampler, "skip_windows"):
         batch_sampler.skip_windows = count
         return loader
     if not isinstance(loader, DataLoader) or batch_sampler is None:

@@ -31,6 +31,7 @@ from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME, recover_interrupted_replacements
 from hf_lightning.checkpointing.lightning_state import restore_callback_states
 from hf_lightning.contracts import FlowDataModule, flow_model
+from hf_lightning.hf_messages import logger as hf_logger
 from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
@@ -144,6 +145,7 @@ class CheckpointRestorer:
         if conflict:
             raise ValueError(conflict)
         model = flow_model(pl_module)
+        hf_logger.info(f"Loading model from {self.path}.")  # HF's message (T:3659)
         load_weights(model, files.weights)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         optimizer = getattr(optimizer, "optimizer", optimizer)
