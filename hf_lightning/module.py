@@ -275,9 +275,13 @@ class TransformerModule(HFHooksModule):
         return None
 
     @override
-    def on_train_start(self) -> None:
-        """`from_pretrained` returns a model in eval mode; HF trains with dropout on, so do we."""
+    def on_fit_start(self) -> None:
+        """`from_pretrained` returns a model in eval mode; HF trains with dropout on, so do we. Here rather than in
+        `on_train_start`: Lightning warns about modules in eval mode between the two hooks."""
         self.model.train()
+
+    @override
+    def on_train_start(self) -> None:
         self._trainable = None  # parameters may have been frozen or replaced since the last fit
         self._step_listeners = [cb for cb in callbacks_of(self.trainer) if isinstance(cb, TrainingStepListener)]
 

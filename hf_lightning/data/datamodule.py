@@ -119,19 +119,9 @@ class TransformerDataModule(pl.LightningDataModule):
     # ----- column handling -----
     @override
     def setup(self, stage: str) -> None:
-        """Resolve the model's accepted columns and drop the others (HF `remove_unused_columns`)."""
+        """Resolve the columns the model accepts (HF `remove_unused_columns`); every loader drops the others, as HF's
+        `_get_dataloader` does, and the datasets themselves stay as given (HF's `trainer.train_dataset` is too)."""
         self._resolve_columns()
-        if self._allowed_columns is None:
-            return
-        if self.train_dataset is not None:
-            self.train_dataset = remove_unused_columns(self.train_dataset, self._allowed_columns, "training")
-        if self.eval_datasets:
-            self.eval_datasets = {
-                name: remove_unused_columns(ds, self._allowed_columns, f"evaluation {name!r}".replace(" ''", ""))
-                for name, ds in self.eval_datasets.items()
-            }
-        if self.predict_dataset is not None:
-            self.predict_dataset = remove_unused_columns(self.predict_dataset, self._allowed_columns, "prediction")
 
     def _resolve_columns(self) -> None:
         module = self.trainer.lightning_module if self.trainer is not None else None
