@@ -324,33 +324,20 @@ class Trainer(StepHooks, DataHooks, LoopHooks):
         if isinstance(dataset, str):
             dataset = self.datamodule.get_eval_dataset(dataset)
         request = EvalRequest(metric_key_prefix, ignore_keys)
-        if self.flow.is_running:  # during train(): Lightning's validation loop inside the running fit
-            with self.datamodule.evaluating(dataset, eval_dataset):
+        with self.datamodule.evaluating(dataset, eval_dataset):  # its loader comes from `get_eval_dataloader`
+            if self.flow.is_running:  # during train(): Lightning's validation loop inside the running fit
                 return self.flow.evaluate_now(request)
-        datamodule = self._datamodule_with(eval_dataset={"": dataset}, eval_loader_args={"": eval_dataset})
-        output = self.flow.evaluate(self._lightning_trainer(), self.module, datamodule, ignore_keys, metric_key_prefix)
-        return output.metrics
+            return self.flow.evaluate(self._lightning_trainer(), self.module, self.datamodule, ignore_keys,
+                                      metric_key_prefix).metrics
 
     def predict(
         self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
     ) -> PredictionOutput:
         """Predict on `test_dataset`; returns `PredictionOutput(predictions, label_ids, metrics)`, logs nothing."""
-        datamodule = self._datamodule_with(predict_dataset=test_dataset)
-        result = self.flow.predict(self._lightning_trainer(), self.module, datamodule, ignore_keys, metric_key_prefix)
+        with self.datamodule.predicting(test_dataset):  # its loader comes from `get_test_dataloader`
+            result = self.flow.predict(self._lightning_trainer(), self.module, self.datamodule, ignore_keys,
+                                       metric_key_prefix)
         return PredictionOutput(predictions=result.predictions, label_ids=result.label_ids, metrics=result.metrics)
-
-    def _datamodule_with(self, **datasets: Any) -> TransformerDataModule:
-        dm = self.datamodule
-        other = TransformerDataModule(
-            train_dataset=dm.train_dataset,
-            eval_dataset=datasets.get("eval_dataset", dm.eval_datasets),
-            predict_dataset=datasets.get("predict_dataset"),
-            args=self.args, data_collator=dm.data_collator, processing_class=dm.processing_class,
-        )
-        other.loader_owner = self
-        other.eval_loader_args = datasets.get("eval_loader_args")
-        other.signature_model = self.model
-        return other
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Write the model (and tokenizer, `training_args.bin`) to `output_dir` (default: `args.output_dir`); also

@@ -108,6 +108,12 @@ class HFHooksModule(pl.LightningModule):
         self._owner_overrides = frozenset(overridden)
         self._overrides = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickled or deep-copied module (e.g. by an EMA callback) is its own hook owner: the trainer stays out."""
+        state = super().__getstate__()
+        state["_hook_owner"] = None
+        return state
+
     def overrides(self) -> frozenset[str]:
         """The hook names overridden by the owner's class or by a `TransformerModule` subclass (computed once)."""
         if self._overrides is None:

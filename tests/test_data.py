@@ -151,8 +151,10 @@ def test_remove_unused_columns_drops_extra_columns_like_hf(tmp_path):
     trainer.train()  # `idx` would reach forward() and raise a TypeError if it were not removed
     assert trainer.state.global_step == 2
     hf_args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="none")
-    hf_columns = transformers.Trainer(model=model, args=hf_args)._remove_unused_columns(data).column_names
-    assert trainer.datamodule.train_dataset.column_names == hf_columns == ["input_ids", "attention_mask", "label"]
+    hf = transformers.Trainer(model=model, args=hf_args, train_dataset=data)
+    hf_columns = hf.get_train_dataloader().dataset.column_names
+    assert trainer.get_train_dataloader().dataset.column_names == hf_columns == ["input_ids", "attention_mask", "label"]
+    assert trainer.train_dataset is data and hf.train_dataset is data  # the dataset itself stays as given
 
 
 def test_remove_unused_columns_false_keeps_columns(tmp_path):

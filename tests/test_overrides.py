@@ -48,6 +48,15 @@ def test_every_routed_method_exists_on_our_trainer_with_hfs_parameters():
         assert our_params[: len(hf_params)] == hf_params, name  # pasted calls keep working (ours may add **kwargs)
 
 
+def test_readme_lists_every_honoured_method():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Subclassing the Trainer", 1)[1].split("\n## ", 1)[0]
+    missing = [name for name in ROUTED if f"`{name}`" not in section]
+    assert not missing, f"README 'Subclassing the Trainer' does not list {missing}"
+
+
 def _trainer(cls, tmp_path, **kwargs):
     args = hf_lightning.TrainingArguments(output_dir=str(tmp_path), report_to="none", save_strategy="no")
     return cls(model=tiny_bert(), args=args, train_dataset=classification_dataset(n=8), **kwargs)

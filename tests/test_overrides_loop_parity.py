@@ -9,10 +9,21 @@ import os
 from collections import Counter
 
 import pytest
+import torch
 import transformers
 from gen_helpers import seq2seq_dataset, tiny_t5, word_tokenizer
 from helpers import lm_dataset
-from test_overrides_parity import LIGHTNING_KWARGS, Counting, assert_same_run, losses, pair, stable, with_base
+from test_overrides_parity import (
+    COMMON,
+    LIGHTNING_KWARGS,
+    Counting,
+    assert_same_run,
+    gpt2,
+    losses,
+    pair,
+    stable,
+    with_base,
+)
 from transformers import DataCollatorForSeq2Seq
 
 import hf_lightning
@@ -170,3 +181,34 @@ def test_seq2seq_trainer_subclass(tmp_path, one_thread):
     assert ours.calls["compute_loss"] == 4 and ours.calls["prediction_step"] == 2 * 2
     assert len([e for e in stable(ours.state.log_history) if "eval_sacrebleu" in e]) == 2
     assert losses(ours)[0] > 2  # the doubled loss of an untrained model over a 43-token vocabulary
+
+
+# ----- resume with an overridden get_train_dataloader -----
+def test_resume_with_an_overridden_train_loader_is_exact(tmp_path, one_thread):
+    """A custom (sequential) train loader: resuming mid-epoch skips its already-trained batches without loading them
+    and continues exactly as the uninterrupted run."""
+    from torch.utils.data import DataLoader, SequentialSampler
+
+    from helpers import RecordingDataset
+
+    class Sequential(hf_lightning.Trainer):
+        def get_train_dataloader(self):
+            return DataLoader(self.train_dataset, batch_size=self._train_batch_size, collate_fn=self.data_collator,
+                              sampler=SequentialSampler(self.train_dataset))
+
+    def train(folder, resume=None):
+        data = RecordingDataset(lm_dataset(n=22))
+        args = hf_lightning.TrainingArguments(output_dir=str(folder), **{**COMMON, "save_strategy": "steps",
+                                                                         "save_steps": 1, "num_train_epochs": 2})
+        trainer = Sequential(model=gpt2(), args=args, train_dataset=data, eval_dataset=lm_dataset(n=10, seed=1),
+                             lightning_kwargs=dict(LIGHTNING_KWARGS))
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer, data.seen
+
+    full, _ = train(tmp_path / "full")
+    resumed, seen = train(tmp_path / "resumed", resume=str(tmp_path / "full" / "checkpoint-4"))
+    later = [e for e in stable(full.state.log_history) if e["step"] > 4 and "train_loss" not in e]
+    assert [e for e in stable(resumed.state.log_history) if e["step"] > 4 and "train_loss" not in e] == later
+    assert seen == list(range(16, 22)) + list(range(22))  # the first 8 micro-batches were never loaded
+    assert all(torch.equal(a, b) for a, b in zip(full.model.state_dict().values(),
+                                                 resumed.model.state_dict().values()))

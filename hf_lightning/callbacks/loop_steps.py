@@ -54,6 +54,12 @@ class HFLoopSteps(EvaluationHooks):
     _epoch_index: int = 0
     _running: tuple[pl.Trainer, pl.LightningModule] | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """A pickled or deep-copied flow runs the built-ins: the owner (the whole `Trainer`) stays out."""
+        state = dict(self.__dict__)
+        state["owner"], state["_running"] = None, None
+        return state
+
     def hf_event(self, name: str, **extra: Any) -> None:
         """Call the HF callbacks' `name` event with HF's arguments; their returned control replaces ours."""
         self.control = self.handler.call(name, self.args, self.state, self.control, **extra)

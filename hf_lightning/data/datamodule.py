@@ -137,7 +137,7 @@ class TransformerDataModule(pl.LightningDataModule):
         if self._allowed_columns is None:
             return dataset, self.data_collator
         if hasattr(dataset, "column_names"):
-            return remove_unused_columns(dataset, self._allowed_columns, description), self.data_collator
+            return remove_unused_columns(dataset, self._allowed_columns, description.lower()), self.data_collator
         return dataset, ColumnFilter(self.data_collator, self._allowed_columns)
 
     @override
@@ -222,13 +222,22 @@ class TransformerDataModule(pl.LightningDataModule):
     @contextmanager
     def evaluating(self, dataset: Any, loader_arg: Any) -> Iterator[None]:
         """Within the block, the validation loaders are `dataset`'s alone (`get_eval_dataloader(loader_arg)`): one
-        dataset of HF's `evaluate()` during a fit."""
+        dataset of HF's `evaluate()`."""
         saved = self.eval_datasets, self.eval_loader_args
         self.eval_datasets, self.eval_loader_args = {"": dataset}, {"": loader_arg}
         try:
             yield
         finally:
             self.eval_datasets, self.eval_loader_args = saved
+
+    @contextmanager
+    def predicting(self, dataset: Any) -> Iterator[None]:
+        """Within the block, the prediction loader is `dataset`'s (`get_test_dataloader(dataset)`): HF's `predict`."""
+        saved, self.predict_dataset = self.predict_dataset, dataset
+        try:
+            yield
+        finally:
+            self.predict_dataset = saved
 
     def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
         """HF's `get_test_dataloader` (T:975-991)."""
