@@ -9,8 +9,9 @@ missing). `TransformerModule` and `TransformerDataModule` implement them; a user
 - `TrainingStepListener`: a Lightning callback told about HF's events inside an update (`on_substep_end`,
   `on_pre_optimizer_step`, `on_optimizer_step`); the module calls every callback of the trainer that is one.
 - `HFEvaluationListener`: a Lightning callback told about each finished HF evaluation (e.g. `HFEarlyStopping`).
-- `HFStepHooks`: the owner of `compute_loss` / `prediction_step` with the HF signatures, which the module's steps call
-  through `TransformerModule.hooks` (the module itself; a `transformers.Trainer`-style subclass may own them).
+- `HFStepHooks`: the owner of the HF hooks with `transformers.Trainer`'s signatures (`training_step`, `compute_loss`,
+  `prediction_step`, `create_optimizer`, ...), which the module calls through `TransformerModule.hooks` (the module
+  itself, or an `hf_lightning.Trainer` whose subclass may override them).
 - `TrainingStepOutput`: what the module's `training_step` returns, read by the flow for logging.
 """
 
@@ -106,7 +107,15 @@ class HFEvaluationListener(Protocol):
 
 
 class HFStepHooks(Protocol):
-    """The two HF hooks the module's steps call, with the `transformers.Trainer` signatures."""
+    """The HF hooks `TransformerModule` calls, with the `transformers.Trainer` signatures (`module_hooks.py` gives
+    the order; `hf_lightning/trainer/step_hooks.py` is the `Trainer`'s side)."""
+
+    optimizer: Any
+    lr_scheduler: Any
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any],
+                      num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        """One micro-batch: loss, normalisation over the window, backward; the detached loss."""
 
     def compute_loss(
         self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
@@ -119,6 +128,39 @@ class HFStepHooks(Protocol):
         ignore_keys: list[str] | None = None,
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """`(loss, logits, labels)` of one eval / predict batch."""
+
+    def compute_loss_context_manager(self) -> Any:
+        """The context around `compute_loss`."""
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> Any:
+        """The autocast context `compute_loss_context_manager` enters (a no-op: Lightning autocasts)."""
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """A batch ready for the model."""
+
+    def _prepare_input(self, data: Any) -> Any:
+        """One (nested) value moved to the device."""
+
+    def _prepare_context_parallel_inputs(self, model: nn.Module, inputs: dict[str, Any]) -> tuple[Any, Any]:
+        """`(context, inputs)` for context parallelism."""
+
+    def _get_num_items_in_batch(self, batch_samples: list[Any], device: Any) -> torch.Tensor | None:
+        """The label tokens of a window of micro-batches."""
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """The parameters that get weight decay."""
+
+    def get_optimizer_cls_and_kwargs(self, args: Any, model: nn.Module | None = None) -> tuple[Any, dict[str, Any]]:
+        """The optimizer class and keyword arguments."""
+
+    def create_optimizer(self, model: nn.Module | None = None) -> Any:
+        """Set (if None) and return `optimizer`."""
+
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        """Set (if None) and return `lr_scheduler`."""
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        """Both of the above."""
 
 
 class TrainingStepOutput(TypedDict):

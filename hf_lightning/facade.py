@@ -224,6 +224,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks):
 
     @model.setter
     def model(self, model: nn.Module) -> None:
+        if "module" not in vars(self):  # before `__init__` built the module: the constructor's model is used
+            return
         if model is not self.module.model:
             self.module = self._build_module(model, (self.module.optimizer, self.module.lr_scheduler))
             self.flow.handler.model = model

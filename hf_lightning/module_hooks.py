@@ -259,12 +259,14 @@ class HFHooksModule(pl.LightningModule):
         return nullcontext()
 
     def _prepare_input(self, data: Any) -> Any:
-        """HF's `_prepare_input`: tensors (nested in mappings / sequences) moved to the module's device."""
+        """HF's `_prepare_input`: tensors (nested in mappings / sequences) moved to the module's device (Lightning
+        moved the batch already: a no-op, unless the owner overrides it)."""
+        recurse = self.hooks._prepare_input if "_prepare_input" in self.overrides() else self._prepare_input
         if isinstance(data, Mapping):
             mapping_type: Any = type(data)  # the batch's own mapping class (a dict, a `BatchEncoding`...)
-            return mapping_type({k: self.hooks._prepare_input(v) for k, v in data.items()})
+            return mapping_type({k: recurse(v) for k, v in data.items()})
         if isinstance(data, (tuple, list)):
-            return type(data)(self.hooks._prepare_input(v) for v in data)
+            return type(data)(recurse(v) for v in data)
         if isinstance(data, torch.Tensor):
             return data.to(device=self.device)
         return data
@@ -275,7 +277,8 @@ class HFHooksModule(pl.LightningModule):
         Raises:
             ValueError: the batch has no column left.
         """
-        inputs = self.hooks._prepare_input(inputs)
+        prepare = self.hooks._prepare_input if "_prepare_input" in self.overrides() else self._prepare_input
+        inputs = prepare(inputs)
         if len(inputs) == 0:
             raise ValueError(
                 "The batch received was empty, your model won't be able to train on it. Double-check that your "

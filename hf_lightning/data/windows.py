@@ -152,7 +152,31 @@ class _EpochSetter:
         self.owner.set_epoch(epoch)
 
 
-class WindowStream:
+class _Windows:
+    """What both window iterables share: the loader, the accumulation, the resume skip, and the epoch forwarding.
+
+    Args:
+        loader: the micro-batch loader (`get_train_dataloader`'s).
+        accumulation: `gradient_accumulation_steps`.
+
+    Attributes:
+        skip: windows of the next epoch iterated here that were already trained on (resume); used once.
+    """
+
+    def __init__(self, loader: Any, accumulation: int) -> None:
+        self.loader = loader
+        self.accumulation = accumulation
+        self.skip = 0
+
+    @property
+    def sampler(self) -> _EpochSetter:
+        return _EpochSetter(self)
+
+    def set_epoch(self, epoch: int) -> None:
+        set_loader_epoch(self.loader, epoch)
+
+
+class WindowStream(_Windows):
     """`LazyWindow`s over a sized micro-batch loader: `len(loader)` micro-batches per epoch, in windows of
     `accumulation` (the last one shorter).
 
@@ -168,16 +192,7 @@ class WindowStream:
     def __init__(self, loader: Any, accumulation: int) -> None:
         if not is_sized(loader):
             raise TypeError("WindowStream needs a loader with a length; use EagerWindows for an unsized one.")
-        self.loader = loader
-        self.accumulation = accumulation
-        self.skip = 0
-
-    @property
-    def sampler(self) -> _EpochSetter:
-        return _EpochSetter(self)
-
-    def set_epoch(self, epoch: int) -> None:
-        set_loader_epoch(self.loader, epoch)
+        super().__init__(loader, accumulation)
 
     def __len__(self) -> int:
         return len(window_sizes(len(self.loader), self.accumulation))
@@ -191,26 +206,14 @@ class WindowStream:
             yield LazyWindow(stream, size)
 
 
-class EagerWindows:
-    """Windows of `accumulation` micro-batches read from an unsized loader (the last one may be short).
+class EagerWindows(_Windows):
+    """Windows of `accumulation` micro-batches read from an unsized loader (the last one may be short); the resume
+    `skip` reads and drops them (an iterable dataset can only skip by reading, as in HF).
 
     Args:
         loader: the micro-batch loader.
         accumulation: `gradient_accumulation_steps`.
     """
-
-    def __init__(self, loader: Any, accumulation: int) -> None:
-        self.loader = loader
-        self.accumulation = accumulation
-        self.skip = 0
-        """Windows to read and drop at the next iteration (resume: an iterable dataset can only skip by reading)."""
-
-    @property
-    def sampler(self) -> _EpochSetter:
-        return _EpochSetter(self)
-
-    def set_epoch(self, epoch: int) -> None:
-        set_loader_epoch(self.loader, epoch)
 
     def __iter__(self) -> Iterator[list[Any]]:
         window: list[Any] = []

@@ -39,7 +39,8 @@ class DataHooks:
 
     @train_dataset.setter
     def train_dataset(self, dataset: Any) -> None:
-        self.datamodule.train_dataset = dataset
+        if "datamodule" in vars(self):  # before `Trainer.__init__`: its own value replaces it, as in HF
+            self.datamodule.train_dataset = dataset
 
     @property
     def eval_dataset(self) -> Any:
@@ -49,6 +50,8 @@ class DataHooks:
     @eval_dataset.setter
     def eval_dataset(self, dataset: Any) -> None:
         self._eval_dataset = dataset
+        if "datamodule" not in vars(self):
+            return
         self.datamodule.eval_datasets = TransformerDataModule._named(dataset)
         self.datamodule.named_eval_datasets = dict(self.datamodule.eval_datasets or {})
 
@@ -59,7 +62,8 @@ class DataHooks:
 
     @data_collator.setter
     def data_collator(self, collator: Any) -> None:
-        self.datamodule.data_collator = collator
+        if "datamodule" in vars(self):
+            self.datamodule.data_collator = collator
 
     @property
     def _train_batch_size(self) -> int:

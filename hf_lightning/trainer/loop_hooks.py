@@ -40,7 +40,8 @@ class LoopHooks:
 
     @state.setter
     def state(self, state: Any) -> None:
-        self.flow.state = state
+        if "flow" in vars(self):  # before `Trainer.__init__`: its own value replaces it, as in HF
+            self.flow.state = state
 
     @property
     def control(self) -> Any:
@@ -49,7 +50,8 @@ class LoopHooks:
 
     @control.setter
     def control(self, control: Any) -> None:
-        self.flow.control = control
+        if "flow" in vars(self):
+            self.flow.control = control
 
     @property
     def callback_handler(self) -> HFCallbackHandler:

@@ -30,7 +30,8 @@ def _module_attribute(name: str, doc: str) -> property:
         return getattr(self.module, name)
 
     def set_(self: Any, value: Any) -> None:
-        setattr(self.module, name, value)
+        if "module" in vars(self):  # set before `Trainer.__init__` ran: its own value replaces it, as in HF
+            setattr(self.module, name, value)
 
     return property(get, set_, doc=doc)
 
