@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from hf_lightning.checkpointing.lightning_state import capture_lightning_state, 
 from hf_lightning.checkpointing.rotation import final_cleanup, select_for_deletion
 from hf_lightning.checkpointing.run_lock import RunLock
 from hf_lightning.contracts import flow_model
+from hf_lightning.hf_messages import logger as log
 
 __all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
 
@@ -84,6 +85,9 @@ class CheckpointSaver:
         """This run's id (every rank): names its temporary folders; None outside `begin_run` / `end_run`."""
         self.durable = True
         """Flush files and folders before renaming a checkpoint into place (False only to measure the cost)."""
+        self.save_model: Callable[[str], None] | None = None
+        """Writes a checkpoint's model files into the folder it is given, on every process (an overridden
+        `Trainer.save_model`, called with `_internal_call=True`, as HF's `_save_checkpoint` does); None: built in."""
 
     @property
     def output_dir(self) -> str:
@@ -181,10 +185,16 @@ class CheckpointSaver:
         if zero:
             prepare_tmp_folder(self.output_dir, state.global_step, self._run_id())
         strategy.barrier("hf_lightning_save_begin")
-        full_state = dist_state.full_model_state_dict(model)  # collective under FSDP2, None otherwise
         if zero:
-            save_model_files(model, tmp, self.processing_class, state_dict=full_state)
-            torch_save(self.args, tmp / "training_args.bin")
+            step = state.global_step
+            log.info(f"Saving model checkpoint to {self.output_dir}/{CHECKPOINT_PREFIX}-{step}")  # HF's message
+        if self.save_model is not None:
+            self.save_model(str(tmp))  # every rank, as HF's `_save_checkpoint` calls `save_model`
+        else:
+            full_state = dist_state.full_model_state_dict(model)  # collective under FSDP2, None otherwise
+            if zero:
+                save_model_files(model, tmp, self.processing_class, state_dict=full_state)
+                torch_save(self.args, tmp / "training_args.bin")
         if not self.args.save_only_model:
             optimizer = trainer.optimizers[0] if trainer.optimizers else None
             optimizer = getattr(optimizer, "optimizer", optimizer)
@@ -211,5 +221,6 @@ class CheckpointSaver:
         best = state.best_model_checkpoint
         if trainer.is_global_zero and self.args.save_strategy != "no":
             for path in final_cleanup(list_checkpoints(self.output_dir), best, self.args.save_total_limit):
+                log.info(f"Deleting older checkpoint [{path}] due to args.save_total_limit")  # HF's message
                 remove_checkpoint(path, self._run_id())
         trainer.strategy.barrier("hf_lightning_finish")

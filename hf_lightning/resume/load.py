@@ -6,9 +6,10 @@
    scheduler, grad scaler, Lightning callback states, the loop position and the data sampler's start window.
 2. `on_train_start`: `trainer_state.json` replaces the fresh `TrainerState` (`max_steps` / `num_train_epochs` from
    this run), HF callback states if `restore_callback_states_from_checkpoint`.
-3. the first `on_train_epoch_start`: the RNG states. At that point the train loader iterator of the resumed epoch
-   exists mid-epoch (so its seed draw is behind us, as HF loads after the first fetch) and does not yet exist at an
-   epoch boundary (so its seed draw follows, as HF loads before `iter`): both match the uninterrupted run.
+3. the RNG states: at an epoch boundary in the first `on_train_epoch_start` (before the epoch's loader is iterated,
+   as HF loads before `iter`); mid-epoch in the first `on_train_batch_start`, after the first window was fetched
+   (the new loader iterator's seed draw is behind us, as HF loads after its first `get_batch_samples`). Both match
+   the uninterrupted run.
 
 `start_fit` is the entry point; without a checkpoint it only applies the output-directory rule.
 """
@@ -32,6 +33,7 @@ from hf_lightning.checkpointing.integrity import damaged_file_error
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME
 from hf_lightning.checkpointing.lightning_state import epoch_geometry, geometry_changes, restore_callback_states
 from hf_lightning.contracts import FlowDataModule, flow_model
+from hf_lightning.hf_messages import logger as hf_logger
 from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
@@ -176,6 +178,7 @@ class CheckpointRestorer:
         if conflict:
             raise ValueError(conflict)
         model = flow_model(pl_module)
+        hf_logger.info(f"Loading model from {self.path}.")  # HF's message (T:3659)
         load_weights(model, files.weights)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         optimizer = getattr(optimizer, "optimizer", optimizer)
@@ -254,7 +257,16 @@ class CheckpointRestorer:
                     flow.handler.add_callback(rebuilt)
 
     def on_train_epoch_start(self) -> None:
-        """Load this rank's RNG states once, at the start of the resumed epoch (see the module docstring)."""
+        """At an epoch boundary, load this rank's RNG states now (see the module docstring)."""
+        if self.position is None or self.position.windows == 0:
+            self._load_rng()
+
+    def on_train_batch_start(self) -> None:
+        """Mid-epoch, load this rank's RNG states after the first window was fetched (see the module docstring)."""
+        self._load_rng()
+
+    def _load_rng(self) -> None:
+        """Load this rank's RNG states, once."""
         if not self._rng_pending:
             return
         self._rng_pending = False
