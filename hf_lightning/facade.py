@@ -40,7 +40,7 @@ from hf_lightning.module import TransformerModule
 from hf_lightning.resume.find import resolve_resume
 from hf_lightning.trainer.data_hooks import DataHooks
 from hf_lightning.trainer.loop_hooks import LoopHooks
-from hf_lightning.trainer.overrides import check_overrides, deepspeed_refusals, overridden_methods
+from hf_lightning.trainer.overrides import METRIC_SOURCES, check_overrides, deepspeed_refusals, overridden_methods
 from hf_lightning.trainer.step_hooks import StepHooks
 
 __all__ = ["Trainer"]
@@ -209,7 +209,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks):
         self.lightning_trainer: pl.Trainer | None = None
         self.module = self._build_module(model, optimizers)
         loss_only = self.module.prediction_loss_only(is_prediction=False)
-        problem = unreachable_best_metric(self.args, self.datamodule.eval_dataset_names, loss_only)
+        problem = None if self._overridden & METRIC_SOURCES else \
+            unreachable_best_metric(self.args, self.datamodule.eval_dataset_names, loss_only)
         if problem:  # HF raises a KeyError at the first evaluation, after training time is spent
             raise ValueError(problem)
         self.flow.hf_init_end(model)

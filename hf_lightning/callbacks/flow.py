@@ -158,8 +158,11 @@ class HFTrainerFlow(HFLoopSteps):
             return
         self.plan = plan = plan_training(self.args, datamodule.num_train_microbatches())
         loss_only = flow_module(pl_module).prediction_loss_only(is_prediction=False)
+        # an owner (`hf_lightning.Trainer`) checked the metric at construction, knowing which of its methods are
+        # overridden to produce metrics of their own (trainer/overrides.py `METRIC_SOURCES`)
         problem = unreachable_best_checkpoint(self.args, plan.eval_steps, plan.save_steps, plan.max_steps) \
-            or unreachable_best_metric(self.args, list(datamodule.eval_datasets or {}), loss_only)
+            or (self.owner is None and unreachable_best_metric(self.args, list(datamodule.eval_datasets or {}),
+                                                               loss_only))
         if problem:
             raise ValueError(problem)
         set_step_budget(trainer, plan.max_steps, plan.num_train_epochs if plan.sized else -1)

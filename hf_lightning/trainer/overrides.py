@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 __all__ = [
-    "CALLED_BY_USER", "REFUSED", "ROUTED", "check_overrides", "deepspeed_refusals", "overridden_methods",
-    "refused_overrides",
+    "CALLED_BY_USER", "METRIC_SOURCES", "REFUSED", "ROUTED", "check_overrides", "deepspeed_refusals",
+    "overridden_methods", "refused_overrides",
 ]
 
 ROUTED: dict[str, str] = {
@@ -58,6 +58,11 @@ ROUTED: dict[str, str] = {
     "call_model_init": "by train() when a model_init is given",
 }
 """HF methods the Lightning pieces call through the trainer, and where."""
+
+METRIC_SOURCES = frozenset({"evaluate", "_evaluate", "_maybe_log_save_evaluate"})
+"""Overrides that may produce metrics of their own during training: with one of them, a `metric_for_best_model` the
+built-in evaluation cannot produce is not refused at construction (the override may add it; as in HF, a missing key
+then raises at the first evaluation)."""
 
 CALLED_BY_USER: dict[str, str] = {
     name: "called by your code only; HF's loop and ours never call it"
