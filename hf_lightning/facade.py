@@ -28,6 +28,7 @@ from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, 
 from hf_lightning.metrics import is_streaming_metric
 from hf_lightning.module import TransformerModule
 from hf_lightning.resume.find import resolve_resume
+from hf_lightning.script_api import ScriptApiMixin
 
 __all__ = ["Trainer"]
 
@@ -64,7 +65,7 @@ def _check_arguments(
         )
 
 
-class Trainer:
+class Trainer(ScriptApiMixin):
     """Drop-in for `transformers.Trainer` with Lightning underneath.
 
     Args:
@@ -141,6 +142,7 @@ class Trainer:
         self.module = self._build_module(model)
         self.lightning_trainer: pl.Trainer | None = None
         """The `lightning.Trainer` of the last `train()` / `evaluate()` / `predict()` call."""
+        self.init_script_api(args)  # the user's arguments object, `output_dir` created (script_api.py)
         self.flow.hf_init_end(model)
 
     @staticmethod
@@ -247,5 +249,5 @@ class Trainer:
         Under FSDP2 call it on every process (the full weights are gathered); the global-zero process writes.
         """
         trainer = self.lightning_trainer
-        save_final_model(self.model, output_dir or self.args.resolved_output_dir, self.processing_class, self.args,
-                         is_global_zero=trainer is None or trainer.is_global_zero)
+        save_final_model(self.model, output_dir or self.args.resolved_output_dir, self.processing_class,
+                         self.passed_args, is_global_zero=trainer is None or trainer.is_global_zero)

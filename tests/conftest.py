@@ -48,6 +48,7 @@ TIERS = {
     "test_optim.py": "parity",
     "test_resume_hf_interchange.py": "parity",
     "test_schedule_parity.py": "parity",
+    "test_script_api.py": "parity",
     "test_seq2seq_parity.py": "parity",
     "test_tensorboard.py": "parity",
     "test_train_parity.py": "parity",

@@ -63,7 +63,9 @@ LAYERS: dict[str, int] = {
     "hf_lightning.loss": 1,
     "hf_lightning.metrics": 1,
     "hf_lightning.optim": 1,
+    "hf_lightning.model_card": 1,
     "hf_lightning.prediction_writer": 1,
+    "hf_lightning.script_api": 1,
     "hf_lightning.resume.find": 1,
     "hf_lightning.seq2seq.gen_kwargs": 1,
     "hf_lightning.seq2seq.prompts": 1,
@@ -106,7 +108,7 @@ LAYERS: dict[str, int] = {
 THIRD_PARTY_LAYER = {
     "typing_extensions": 0,
     "torch": 1, "numpy": 1, "transformers": 1, "datasets": 1, "safetensors": 1, "torchmetrics": 1, "pyarrow": 1,
-    "tokenizers": 1,
+    "tokenizers": 1, "huggingface_hub": 1,
     "lightning": 2,
     "jsonargparse": 3, "yaml": 3,
 }

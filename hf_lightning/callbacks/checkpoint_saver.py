@@ -75,6 +75,9 @@ class CheckpointSaver:
     def __init__(self, args: TrainingArguments, processing_class: Any = None) -> None:
         self.args = args
         self.processing_class = processing_class
+        self.saved_args: Any = None
+        """What `training_args.bin` holds: the arguments object the user passed (a `transformers.TrainingArguments`
+        stays one); None: `args`."""
 
     @property
     def output_dir(self) -> str:
@@ -125,7 +128,7 @@ class CheckpointSaver:
         full_state = dist_state.full_model_state_dict(model)  # collective under FSDP2, None otherwise
         if zero:
             save_model_files(model, tmp, self.processing_class, state_dict=full_state)
-            torch.save(self.args, tmp / "training_args.bin")
+            torch.save(self.saved_args if self.saved_args is not None else self.args, tmp / "training_args.bin")
         if not self.args.save_only_model:
             optimizer = trainer.optimizers[0] if trainer.optimizers else None
             optimizer = getattr(optimizer, "optimizer", optimizer)
