@@ -24,6 +24,7 @@ from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.data.sampling import dataset_length
 from hf_lightning.evaluation import EVAL_LOSS_WEIGHTINGS
+from hf_lightning.hp_search import HyperparameterSearchMixin
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, is_hf_callback, split_callbacks
 from hf_lightning.metrics import is_streaming_metric
 from hf_lightning.module import TransformerModule
@@ -65,7 +66,7 @@ def _check_arguments(
         )
 
 
-class Trainer(ScriptApiMixin):
+class Trainer(ScriptApiMixin, HyperparameterSearchMixin):
     """Drop-in for `transformers.Trainer` with Lightning underneath.
 
     Args:
@@ -76,7 +77,8 @@ class Trainer(ScriptApiMixin):
         train_dataset: training data.
         eval_dataset: one dataset or a dict of named datasets.
         processing_class: tokenizer / processor.
-        model_init: a function returning a fresh model for every `train()` call.
+        model_init: a function returning a fresh model for every `train()` call (given the trial when it takes
+            one argument, during `hyperparameter_search`).
         compute_metrics: `fn(EvalPrediction) -> dict`, or a torchmetrics `Metric` / `MetricCollection` (streaming).
         callbacks: `transformers.TrainerCallback`s and/or Lightning callbacks.
         optimizers: a user `(optimizer, scheduler)` pair.
@@ -100,7 +102,7 @@ class Trainer(ScriptApiMixin):
         train_dataset: Any = None,
         eval_dataset: Any = None,
         processing_class: Any = None,
-        model_init: Callable[[], nn.Module] | None = None,
+        model_init: Callable[..., nn.Module] | None = None,
         compute_metrics: Callable[..., dict] | None = None,
         callbacks: list[Any] | None = None,
         optimizers: tuple[Any, Any] = (None, None),
@@ -114,7 +116,8 @@ class Trainer(ScriptApiMixin):
         if model is None:
             if model_init is None:
                 raise ValueError("`Trainer` requires either a `model` or `model_init` argument (both are None).")
-            model = model_init()
+            self.model_init = model_init
+            model = self.call_model_init()
         _check_arguments(self.args, train_dataset, eval_dataset, compute_metrics, eval_loss_weighting)
         self.eval_loss_weighting = eval_loss_weighting
         plain_function = compute_metrics is not None and not is_streaming_metric(compute_metrics)
@@ -207,7 +210,7 @@ class Trainer(ScriptApiMixin):
         """
         if self.model_init is not None:
             set_seed(self.args.seed)
-            self.model = self.model_init()
+            self.model = self.call_model_init(self._trial)  # the trial during `hyperparameter_search` (hp_search.py)
             self.module = self._build_module(self.model)
             self.flow.handler.model = self.model
         resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built

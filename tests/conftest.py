@@ -44,6 +44,7 @@ TIERS = {
     "test_eval_parity.py": "parity",
     "test_flow.py": "parity",
     "test_grad_accumulation.py": "parity",
+    "test_hp_search.py": "parity",
     "test_module.py": "parity",
     "test_optim.py": "parity",
     "test_resume_hf_interchange.py": "parity",

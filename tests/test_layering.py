@@ -63,6 +63,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.loss": 1,
     "hf_lightning.metrics": 1,
     "hf_lightning.optim": 1,
+    "hf_lightning.hp_search": 1,
     "hf_lightning.model_card": 1,
     "hf_lightning.prediction_writer": 1,
     "hf_lightning.script_api": 1,
@@ -108,7 +109,7 @@ LAYERS: dict[str, int] = {
 THIRD_PARTY_LAYER = {
     "typing_extensions": 0,
     "torch": 1, "numpy": 1, "transformers": 1, "datasets": 1, "safetensors": 1, "torchmetrics": 1, "pyarrow": 1,
-    "tokenizers": 1, "huggingface_hub": 1,
+    "tokenizers": 1, "huggingface_hub": 1, "optuna": 1,
     "lightning": 2,
     "jsonargparse": 3, "yaml": 3,
 }
@@ -132,6 +133,7 @@ LAZY = {
     "hf_lightning.args.hf_fields": "kept as written by the arguments code",
     "hf_lightning.data.datamodule": "`datasets` (pandas, pyarrow) only to shard an iterable dataset across processes",
     "hf_lightning.prediction_writer": "pyarrow only for the per-sample table",
+    "hf_lightning.hp_search": "optuna (an extra) only when a search runs",
     "hf_lightning.args.readme_map": "transformers only to print the map; `hf_lightning.args` stays torch-free",
     "hf_lightning.args.to_lightning": "Lightning loggers are built only when `report_to` asks for them",
     "hf_lightning.args.training_args": "json only for `to_json_string`",
