@@ -41,6 +41,7 @@ TIERS = {
     "test_checkpoint_rotation.py": "parity",
     "test_data.py": "parity",
     "test_early_stopping.py": "parity",
+    "test_examples.py": "parity",
     "test_eval_parity.py": "parity",
     "test_flow.py": "parity",
     "test_grad_accumulation.py": "parity",
