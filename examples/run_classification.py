@@ -63,6 +63,7 @@ class DataTrainingArguments:
 
 
 def main():
+    """Parse the arguments, prepare the data, then train / evaluate / predict as asked."""
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
         model_args, data_args, training_args = parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))

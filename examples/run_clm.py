@@ -21,7 +21,14 @@ from itertools import chain
 
 import numpy as np
 from datasets import load_dataset
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, HfArgumentParser, default_data_collator, set_seed
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    HfArgumentParser,
+    default_data_collator,
+    set_seed,
+)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import ModelArguments, detect_last_checkpoint, resume_point, setup_logging  # noqa: E402
@@ -48,6 +55,7 @@ class DataTrainingArguments:
 
 
 def main():
+    """Parse the arguments, prepare the data, then train / evaluate / predict as asked."""
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_args_into_dataclasses()
     setup_logging(training_args)

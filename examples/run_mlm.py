@@ -58,6 +58,7 @@ class DataTrainingArguments:
 
 
 def main():
+    """Parse the arguments, prepare the data, then train / evaluate / predict as asked."""
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_args_into_dataclasses()
     setup_logging(training_args)

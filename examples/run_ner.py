@@ -70,6 +70,7 @@ def entities(tags: list[str]) -> set[tuple[int, int, str]]:
 
 
 def main():
+    """Parse the arguments, prepare the data, then train / evaluate / predict as asked."""
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
     model_args, data_args, training_args = parser.parse_args_into_dataclasses()
     setup_logging(training_args)

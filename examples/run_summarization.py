@@ -21,7 +21,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from datasets import load_dataset
-from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, HfArgumentParser, set_seed
+from transformers import (
+    AutoConfig,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    HfArgumentParser,
+    set_seed,
+)
 
 from hf_lightning.text_metrics import build_text_metrics
 
@@ -60,6 +67,7 @@ class DataTrainingArguments:
 
 
 def main():
+    """Parse the arguments, prepare the data, then train / evaluate / predict as asked."""
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, Seq2SeqTrainingArguments))
     model_args, data_args, training_args = parser.parse_args_into_dataclasses()
     setup_logging(training_args)
