@@ -66,6 +66,7 @@ TIERS = {
     "test_readme.py": "e2e",
     "test_resume.py": "e2e",
     "test_resume_startup.py": "e2e",
+    "test_same_run.py": "parity",
     "test_seq2seq_behaviour.py": "e2e",
     "test_streaming_metrics.py": "e2e",
     "test_ddp.py": "distributed",

@@ -34,6 +34,7 @@ from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
     existing_checkpoint_conflict,
+    replaced_checkpoints_notice,
     resolve_resume,
 )
 from hf_lightning.resume.position import ResumePosition, apply_loop_position, resume_position
@@ -139,9 +140,10 @@ class CheckpointRestorer:
         self.files = files
         global_step = int(json.loads((files.path / TRAINER_STATE_NAME).read_text())["global_step"])
         conflict = existing_checkpoint_conflict(self.args.resolved_output_dir, global_step,
-                                                self.args.save_strategy != "no")
+                                                self.args.save_strategy != "no", self.args)
         if conflict:
             raise ValueError(conflict)
+        _say_replaced(trainer, self.args, global_step)
         model = flow_model(pl_module)
         load_weights(model, files.weights)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
@@ -236,6 +238,13 @@ class CheckpointRestorer:
                 torch.cuda.random.set_rng_state(cuda)
 
 
+def _say_replaced(trainer: pl.Trainer, args: Any, resume_step: int | None) -> None:
+    """Name, once (global rank zero), the checkpoints of the user's own earlier run that this run will replace."""
+    notice = replaced_checkpoints_notice(args.resolved_output_dir, resume_step, args.save_strategy != "no", args)
+    if notice and trainer.is_global_zero:
+        log.warning(notice)
+
+
 def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> CheckpointRestorer | None:
     """At `on_fit_start`: restore `flow.resume_from_checkpoint` (a path or True; when None,
     `args.resume_from_checkpoint`), or refuse to overwrite another
@@ -248,9 +257,10 @@ def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     # None: a Lightning-native run (e.g. from a config file) may set it in the arguments
     resume = resolve_resume(args, flow.resume_from_checkpoint) if flow.resume_from_checkpoint is not False else None
     if not resume:
-        conflict = existing_checkpoint_conflict(output_dir, None, args.save_strategy != "no")
+        conflict = existing_checkpoint_conflict(output_dir, None, args.save_strategy != "no", args)
         if conflict:
             raise ValueError(conflict)
+        _say_replaced(trainer, args, None)
         return None
     restorer = CheckpointRestorer(resume, args)
     plan = flow.plan
