@@ -150,15 +150,19 @@ def test_mlm_script_matches_transformers(models, tmp_path):
     assert_same_outputs(ours, hf)
 
 
-def test_resume_from_checkpoint_continues_the_run(models, tmp_path):
+@pytest.mark.parametrize("name", [
+    "classification",
+    *(pytest.param(name, marks=pytest.mark.slow) for name in ("clm", "mlm", "ner", "summarization")),
+])
+def test_resume_from_checkpoint_continues_the_run(name, models, tmp_path):
     """A run cut after checkpoint-2, resumed by `--resume_from_checkpoint`, ends as the uninterrupted run."""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    run("classification", models["classification"], whole)
-    run("classification", models["classification"], cut)
+    run(name, models[name], whole)
+    run(name, models[name], cut)
     shutil.rmtree(cut / "checkpoint-4")  # as if the process had died after its save at step 2
-    for name in ("all_results.json", "train_results.json", "eval_results.json", "trainer_state.json"):
-        (cut / name).unlink()
-    run("classification", models["classification"], cut, extra=["--resume_from_checkpoint", cut / "checkpoint-2"])
+    for result in cut.glob("*.json"):
+        result.unlink()
+    run(name, models[name], cut, extra=["--resume_from_checkpoint", cut / "checkpoint-2"])
     got, expected = (json.loads((d / "trainer_state.json").read_text()) for d in (cut, whole))
     losses = [(e["step"], e.get("loss"), e.get("eval_loss")) for e in got["log_history"] if "train_loss" not in e]
     assert losses == [(e["step"], e.get("loss"), e.get("eval_loss")) for e in expected["log_history"]
@@ -167,6 +171,8 @@ def test_resume_from_checkpoint_continues_the_run(models, tmp_path):
         json.loads((whole / "eval_results.json").read_text())["eval_loss"]
 
 
+@pytest.mark.xfail(strict=True, reason="a resume at the last step restores the checkpoint's state: issue 13's resume "
+                                       "work (resume/load.py), not merged into this branch yet")
 def test_rerunning_a_command_into_its_output_dir_resumes_as_hf(models, tmp_path):
     """HF's scripts find the last checkpoint with `get_last_checkpoint` and resume: at the end, nothing to train."""
     for oracle, folder in ((False, tmp_path / "ours" / "out"), (True, tmp_path / "hf" / "out")):
@@ -181,7 +187,7 @@ def test_rerunning_a_command_into_its_output_dir_resumes_as_hf(models, tmp_path)
 @pytest.mark.distributed
 def test_script_under_two_process_ddp_matches_transformers(models, tmp_path):
     """`torchrun --nproc_per_node 2 script.py` (HF's way to run a script on several processes) is one DDP run."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]  # a free port
     ours, hf = tmp_path / "ours" / "out", tmp_path / "hf" / "out"  # one name: the model card's title
     run("classification", models["classification"], ours, extra=["--use_cpu"], launcher=launcher)
     run("classification", models["classification"], hf, oracle=True, extra=["--use_cpu"], launcher=launcher)
