@@ -9,13 +9,16 @@ sides every repeat (ABAB...):
   model files, `training_args.bin`, `optimizer.pt`, `scheduler.pt`, `rng_state.pth`, `trainer_state.json`,
   rotation (no limit);
 - `ours`: `CheckpointSaver.save` as `HFTrainerFlow` calls it: the same files plus `lightning_state.pt`, written into
-  `tmp-checkpoint-<n>` and renamed, then rotation.
+  `tmp-checkpoint-<n>-<run>`, every file and folder flushed (`fsync`), renamed, the parent flushed, then rotation;
+- `ours-nofsync`: the same without the flushes (`saver.durable = False`), to measure what durability costs.
 
-Each timed save goes to a new step number (so no save replaces an existing folder); the folder is deleted after the
-timing, outside the timed region. Reported: the median time per save of each side and the ratio ours / hf
-(target: <= 1.0, "not slower"), plus the per-repeat paired ratios' median.
+The three alternate every repeat (rotating order). Each timed save goes to a new step number (so no save replaces
+an existing folder); the folder is deleted after the timing, outside the timed region. Reported: the median time
+per save of each side, the ratio ours / hf (target: <= 1.0, "not slower") and ours / ours-nofsync (the cost of
+`fsync`), plus the per-repeat paired ratios' medians. `--dir` chooses the file system (default: the temp dir):
+the cost of `fsync` depends on it (tmpfs: none; a local SSD: the time to write the checkpoint's bytes).
 
-Usage: python bench/bench_checkpoint_save.py [--repeats 25] [--threads 1] [--json out.json]
+Usage: python bench/bench_checkpoint_save.py [--repeats 25] [--threads 1] [--dir PATH] [--json out.json]
 """
 
 from __future__ import annotations
@@ -71,9 +74,10 @@ def save_hf(trainer, step: int, keep: bool = False) -> float:
     return elapsed
 
 
-def save_ours(trainer, step: int, keep: bool = False) -> float:
+def save_ours(trainer, step: int, keep: bool = False, durable: bool = True) -> float:
     flow = trainer.flow
     flow.state.global_step = step
+    flow.saver.durable = durable
     start = time.perf_counter()
     flow.saver.save(trainer.lightning_trainer, trainer.module, flow.state, [*flow.handler.callbacks, flow.control])
     elapsed = time.perf_counter() - start
@@ -82,41 +86,58 @@ def save_ours(trainer, step: int, keep: bool = False) -> float:
     return elapsed
 
 
+def save_ours_nofsync(trainer, step: int, keep: bool = False) -> float:
+    return save_ours(trainer, step, keep, durable=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dir", default=None, help="where the checkpoints are written (default: the temp dir)")
     parser.add_argument("--json", default=None)
     options = parser.parse_args()
     torch.set_num_threads(options.threads)
-    with tempfile.TemporaryDirectory() as root:
+    with tempfile.TemporaryDirectory(dir=options.dir) as root:
         hf_trainer, our_trainer = build_hf(root), build_ours(root)
-        for saver, trainer in ((save_hf, hf_trainer), (save_ours, our_trainer)):
+        our_trainer.flow.saver.begin_run(our_trainer.lightning_trainer)  # the lock and run id `train()` gave back
+        sides = {"hf": (save_hf, hf_trainer), "ours": (save_ours, our_trainer),
+                 "ours-nofsync": (save_ours_nofsync, our_trainer)}
+        for saver, trainer in sides.values():
             saver(trainer, 1000)  # warm-up (first-call imports, allocator)
         files = {}
-        for name, trainer in (("hf", hf_trainer), ("ours", our_trainer)):
-            (save_hf if name == "hf" else save_ours)(trainer, 1001, keep=True)
+        for name, (saver, trainer) in list(sides.items())[:2]:
+            saver(trainer, 1001, keep=True)
             folder = os.path.join(trainer.args.output_dir, "checkpoint-1001")
             files[name] = {f: os.path.getsize(os.path.join(folder, f)) for f in sorted(os.listdir(folder))}
-        times: dict[str, list[float]] = {"hf": [], "ours": []}
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        names = list(sides)
         for repeat in range(options.repeats):
-            order = [("hf", save_hf, hf_trainer), ("ours", save_ours, our_trainer)]
-            for name, saver, trainer in order if repeat % 2 == 0 else order[::-1]:
+            for name in names[repeat % 3:] + names[: repeat % 3]:  # rotate the order every repeat
+                saver, trainer = sides[name]
                 times[name].append(saver(trainer, 2000 + repeat))
-    hf_median, our_median = median(times["hf"]), median(times["ours"])
+        our_trainer.flow.saver.end_run()
+        filesystem = os.statvfs(root)
+    hf_median, our_median, plain_median = median(times["hf"]), median(times["ours"]), median(times["ours-nofsync"])
     paired = median([o / h for o, h in zip(times["ours"], times["hf"])])
+    fsync_paired = median([o / p for o, p in zip(times["ours"], times["ours-nofsync"])])
     for name, listing in files.items():
         print(f"  {name} files: " + ", ".join(f"{f} ({size / 1e6:.2f} MB)" for f, size in listing.items()))
     params = sum(p.numel() for p in our_trainer.model.parameters()) / 1e6
     print(f"checkpoint save, gpt2 case ({params:.1f}M params), {options.repeats} repeats, {options.threads} thread(s)")
+    print(f"  written to {options.dir or tempfile.gettempdir()} (block size {filesystem.f_bsize})")
     print(f"  hf   (transformers.Trainer._save_checkpoint): median {hf_median * 1000:7.1f} ms")
     print(f"  ours (hf_lightning CheckpointSaver.save):      median {our_median * 1000:7.1f} ms")
+    print(f"  ours without fsync (saver.durable=False):     median {plain_median * 1000:7.1f} ms")
     print(f"  ratio ours/hf of medians: {our_median / hf_median:.3f}   median of paired ratios: {paired:.3f}   "
           f"target <= 1.0: {'met' if our_median / hf_median <= 1.0 else 'NOT met'}")
+    print(f"  cost of fsync: ours/ours-nofsync of medians {our_median / plain_median:.3f}, paired "
+          f"{fsync_paired:.3f} ({(our_median - plain_median) * 1000:+.1f} ms per save)")
     if options.json:
         with open(options.json, "w") as f:
-            json.dump({"hf": times["hf"], "ours": times["ours"], "ratio_of_medians": our_median / hf_median,
-                       "median_paired_ratio": paired, "files": files}, f, indent=2)
+            json.dump({**times, "ratio_of_medians": our_median / hf_median, "median_paired_ratio": paired,
+                       "fsync_ratio_of_medians": our_median / plain_median, "fsync_median_paired_ratio": fsync_paired,
+                       "files": files}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -129,6 +129,9 @@ class TrainingStepOutput(TypedDict):
     """The gradient norm before clipping (None when no parameter had a gradient)."""
     learning_rate: NotRequired[float]
     """The learning rate this update used."""
+    label_tokens: NotRequired[torch.Tensor | None]
+    """The window's label-token count (`num_items_in_batch`), when the module counted it (None: not counted); an
+    update with none gets the flow's one warning."""
 
 
 def missing_members(obj: Any, protocol: type) -> list[str]:

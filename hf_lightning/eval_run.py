@@ -1,13 +1,14 @@
 """One evaluation or prediction run: per-batch accumulation on each process, gathering, metrics, per-dataset results.
 
 - `EvalAccumulator` collects one dataset of a run on one process: the batch mean loss repeated per sample (so
-  `eval_loss` is HF's sample-weighted mean of batch means; a token-weighted alternative is
-  `eval_loss_weighting="tokens"`), logits after `preprocess_logits_for_metrics`, labels and optional inputs, kept per
-  batch and concatenated once with -100 padding (HF's `EvalLoopContainer` result). A streaming `compute_metrics`
-  (torchmetrics, see `hf_lightning.metrics`) or `batch_eval_metrics` is fed per batch instead, and no predictions are
-  kept. `finish` gathers the per-rank results in rank order (each rank holds a contiguous, unpadded shard, so the
-  result is in dataset order with no duplicate) and builds HF's metric dict (key order and prefix rule of
-  `Trainer.evaluation_loop`), after `check_metrics` rejected non-numeric values and colliding keys.
+  `eval_loss` is HF's sample-weighted mean of batch means; HF's `Seq2SeqTrainer` repeats it `eval_batch_size` times,
+  `EvalSettings.eval_loss_repeats`; a token-weighted alternative is `eval_loss_weighting="tokens"`), logits after
+  `preprocess_logits_for_metrics`, labels and optional inputs, kept per batch and concatenated once with -100 padding
+  (HF's `EvalLoopContainer` result). A streaming `compute_metrics` (torchmetrics, see `hf_lightning.metrics`) or
+  `batch_eval_metrics` is fed per batch instead, and no predictions are kept. `finish` gathers the per-rank results in
+  rank order (each rank holds a contiguous, unpadded shard, so the result is in dataset order with no duplicate) and
+  builds HF's metric dict (key order and prefix rule of `Trainer.evaluation_loop`), after `check_metrics` rejected
+  non-numeric values and colliding keys.
 - `EvaluationRun` is one `evaluate()` / `predict()` over one or several named datasets: it makes an accumulator per
   dataset when its first batch arrives, finishes datasets one after another, and returns every result.
 """
@@ -106,8 +107,9 @@ class EvalAccumulator:
         self.num_samples += batch_size
         if loss is not None:
             # a Python float per batch, expanded at `finish`: a small array kept per batch would pin fragments of
-            # the heap between the large per-batch logits, and a long evaluation's memory would creep up
-            self.losses.append((float(loss.detach().float()), batch_size))
+            # the heap between the large per-batch logits, and a long evaluation's memory would creep up. HF repeats
+            # it per sample (`Trainer`), or per slot of the loader's batch (`Seq2SeqTrainer`: `eval_loss_repeats`)
+            self.losses.append((float(loss.detach().float()), self.settings.eval_loss_repeats or batch_size))
             if self.settings.eval_loss_weighting == "tokens":
                 self._add_tokens(batch, loss)
         self._check_labels(batch, labels)

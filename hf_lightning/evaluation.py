@@ -107,6 +107,9 @@ class EvalSettings:
         shift_labels: the model predicts token t + 1 at position t (a causal LM), for token counts.
         main_input_name: the model's main input column (for `include_for_metrics=["inputs"]`).
         eval_loss_weighting: "samples" (HF's `eval_loss`) or "tokens" (the mean over every label token).
+        eval_loss_repeats: how often each batch's mean loss counts in the "samples" `eval_loss`: None for the
+            batch's samples (HF's `Trainer`), or a fixed number (HF's `Seq2SeqTrainer` counts every batch
+            `per_device_eval_batch_size` times, see `Seq2SeqTransformerModule.eval_settings`).
     """
 
     args: Any
@@ -116,6 +119,7 @@ class EvalSettings:
     shift_labels: bool = False
     main_input_name: str = "input_ids"
     eval_loss_weighting: str = "samples"
+    eval_loss_repeats: int | None = None
 
 
 def hf_prediction_step(

@@ -20,6 +20,7 @@ from transformers.utils import logging as hf_logging
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
+from hf_lightning.checkpointing.checks import output_dir_problem
 from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.data.sampling import dataset_length
@@ -113,6 +114,8 @@ class Trainer(ScriptApiMixin, HyperparameterSearchMixin):
         self.args = self._resolve_args(args)
         hf_logging.set_verbosity(self.args.get_process_log_level())  # as HF's Trainer.__init__ does
         set_seed(self.args.seed)
+        if (problem := output_dir_problem(self.args.resolved_output_dir)) is not None:
+            raise ValueError(problem)  # here, not at the first save after `save_steps` updates
         if model is None:
             if model_init is None:
                 raise ValueError("`Trainer` requires either a `model` or `model_init` argument (both are None).")

@@ -227,7 +227,8 @@ class TransformerModule(pl.LightningModule):
         """One optimizer update over a window of micro-batches.
 
         Returns the update's loss, each micro-batch's loss (so the flow applies HF's `logging_nan_inf_filter` per
-        micro-batch), the gradient norm before clipping and the learning rate the update used.
+        micro-batch), the gradient norm before clipping, the learning rate the update used, and the window's
+        label-token count when it was computed (for the warning about updates without a label token).
         """
         window = [batch] if isinstance(batch, Mapping) else list(batch)
         num_items, scaled, world_factor = self._normalisation(window)
@@ -267,7 +268,7 @@ class TransformerModule(pl.LightningModule):
         optimizer.zero_grad()
         stacked = torch.stack(micro_losses)
         return {"loss": stacked.sum(), "micro_losses": stacked, "grad_norm": self._grad_norm,
-                "learning_rate": learning_rate}
+                "learning_rate": learning_rate, "label_tokens": num_items}
 
     @staticmethod
     def _is_plateau(scheduler: Any) -> bool:

@@ -29,6 +29,8 @@ import torch
 
 TIERS = {
     "test_args.py": "unit",
+    "test_args_hf_fields.py": "parity",
+    "test_args_types.py": "parity",
     "test_callback_contract.py": "unit",
     "test_citations.py": "unit",
     "test_layering.py": "unit",
@@ -47,24 +49,31 @@ TIERS = {
     "test_grad_accumulation.py": "parity",
     "test_hp_search.py": "parity",
     "test_module.py": "parity",
+    "test_numerics.py": "parity",
     "test_optim.py": "parity",
+    "test_process_layout.py": "parity",
     "test_resume_hf_interchange.py": "parity",
     "test_schedule_parity.py": "parity",
     "test_script_api.py": "parity",
     "test_seq2seq_parity.py": "parity",
+    "test_seq2seq_eval_loss.py": "parity",
     "test_tensorboard.py": "parity",
     "test_train_parity.py": "parity",
     "test_checkpoint.py": "e2e",
     "test_checkpoint_processes.py": "e2e",
     "test_cli.py": "e2e",
+    "test_cli_checks.py": "e2e",
     "test_evaluation.py": "e2e",
+    "test_faults.py": "e2e",
     "test_final_save.py": "e2e",
     "test_generation_decoder_only.py": "e2e",
     "test_notebook_generation.py": "e2e",
     "test_notebooks.py": "e2e",
     "test_quickstart.py": "e2e",
     "test_readme.py": "e2e",
+    "test_report_to.py": "e2e",
     "test_resume.py": "e2e",
+    "test_resume_edges.py": "e2e",
     "test_resume_startup.py": "e2e",
     "test_same_run.py": "parity",
     "test_seq2seq_behaviour.py": "e2e",
@@ -78,6 +87,7 @@ TIERS = {
 DISTRIBUTED = {
     "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
+    "test_faults.py::test_under_ddp_a_busy_output_dir_stops_every_rank",
     "test_cli.py::test_ddp_fit_from_the_command_line",
     "test_final_save.py::test_cli_fit_saves_the_gathered_model_under_fsdp2",
 }
@@ -86,6 +96,8 @@ DISTRIBUTED = {
 SLOW = {
     "test_notebooks.py", "test_notebook_generation.py", "test_quickstart.py",
     "test_checkpoint_processes.py::test_sigkill_mid_save_leaves_no_valid_looking_folder_and_loses_nothing",
+    "test_faults.py::test_sigkill_during_saves_and_rotations_many",
+    "test_faults.py::test_two_runs_started_together_never_mix",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 

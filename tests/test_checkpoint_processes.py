@@ -58,11 +58,14 @@ def test_sigkill_mid_save_leaves_no_valid_looking_folder_and_loses_nothing(tmp_p
     proc = _run("kill", str(out), point, cwd=tmp_path)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     names = sorted(os.listdir(out))
-    assert names == ["checkpoint-2", "tmp-checkpoint-4"], names  # the earlier checkpoint survives intact
+    # the earlier checkpoint survives intact; the killed run's lock and unfinished folder stay behind
+    assert names[:2] == [".hf_lightning.lock", "checkpoint-2"] and len(names) == 3, names
+    assert names[2].startswith("tmp-checkpoint-4-"), names
     # neither resume nor rotation takes the half-written folder for a checkpoint
     assert last_checkpoint(out) == str(out / "checkpoint-2")
     assert [Path(c.path).name for c in list_checkpoints(out)] == ["checkpoint-2"]
-    # resuming from what survived reproduces the uninterrupted run exactly (and replaces the leftover)
+    # resuming from what survived reproduces the uninterrupted run exactly (the stale lock is taken over, the
+    # leftover removed)
     reference_dir, reference_run = reference
     resumed = _script_module().make_trainer(str(out), {})
     resumed.train(resume_from_checkpoint=True)

@@ -171,8 +171,6 @@ def test_resume_from_checkpoint_continues_the_run(name, models, tmp_path):
         json.loads((whole / "eval_results.json").read_text())["eval_loss"]
 
 
-@pytest.mark.xfail(strict=True, reason="a resume at the last step restores the checkpoint's state: issue 13's resume "
-                                       "work (resume/load.py), not merged into this branch yet")
 def test_rerunning_a_command_into_its_output_dir_resumes_as_hf(models, tmp_path):
     """HF's scripts find the last checkpoint with `get_last_checkpoint` and resume: at the end, nothing to train."""
     for oracle, folder in ((False, tmp_path / "ours" / "out"), (True, tmp_path / "hf" / "out")):

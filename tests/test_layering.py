@@ -2,11 +2,12 @@
 
 Layers (imports point downward only; a module may import its own layer or a lower one):
 
-- L0 pure rules: the Python standard library only. Argument dataclasses and their validation, the "when" rules
-  (cadence), rotation, setup checks, the HF callback dispatch, the task and config specs.
+- L0 pure rules: the Python standard library only. Argument dataclasses and their validation (types included), the
+  "when" rules (cadence), rotation, setup checks, checkpoint folder names / atomic deletion / integrity checks, the
+  run lock, the HF callback dispatch, the task and config specs, the config's data-against-model checks.
 - L1 torch / transformers helpers: + torch, numpy, transformers, datasets, safetensors, torchmetrics, pyarrow,
   tokenizers. Loss, optimizer, collation, sampling, evaluation accumulation, metrics, checkpoint folder I/O, finding
-  a checkpoint, generation helpers, task presets.
+  a checkpoint, generation helpers, task presets, the classes a config may import.
 - L2 Lightning objects: + lightning. The modules, data modules and callbacks, the Lightning side of checkpoints and
   resume, the contracts between them, and every Lightning internal (`_lightning_compat.py`).
 - L3 assembly / facade / CLI: anything. The `Trainer` facades, building the `lightning.Trainer`, the CLI, the
@@ -37,17 +38,22 @@ LAYERS: dict[str, int] = {
     "hf_lightning.args.support": 0,
     "hf_lightning.args.hf_fields": 0,
     "hf_lightning.args.process": 0,
+    "hf_lightning.args.field_types": 0,
     "hf_lightning.args.report_to": 0,
     "hf_lightning.cadence": 0,
     "hf_lightning.callbacks": 0,
     "hf_lightning.callbacks.hf_bridge": 0,
     "hf_lightning.checkpointing": 0,
     "hf_lightning.checkpointing.checks": 0,
+    "hf_lightning.checkpointing.folders": 0,
+    "hf_lightning.checkpointing.integrity": 0,
+    "hf_lightning.checkpointing.run_lock": 0,
     "hf_lightning.checkpointing.rotation": 0,
     "hf_lightning.data": 0,
     "hf_lightning.resume": 0,
     "hf_lightning.seq2seq.args": 0,
     "hf_lightning.tasks": 0,
+    "hf_lightning.tasks.checks": 0,
     "hf_lightning.tasks.specs": 0,
     "hf_lightning.tasks.task": 0,
     # L1: torch / transformers helpers
@@ -74,6 +80,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.seq2seq.sync": 1,
     "hf_lightning.tasks.generation": 1,
     "hf_lightning.tasks.hf_callbacks": 1,
+    "hf_lightning.tasks.code_paths": 1,
     "hf_lightning.tasks.loading": 1,
     "hf_lightning.tasks.registry": 1,
     "hf_lightning.tasks.text": 1,
@@ -149,6 +156,9 @@ LAZY = {
     "hf_lightning.tasks.generation": "the CLI pre-check lists task names without importing transformers",
     "hf_lightning.tasks.hf_callbacks": "classes named in a config are imported when the config is built",
     "hf_lightning.tasks.loading": "the CLI pre-check imports it without loading transformers / datasets",
+    "hf_lightning.tasks.code_paths": "imported by `tasks.loading`, which the CLI pre-check imports without "
+                                     "transformers: the class checks import it when a config names a class",
+    "hf_lightning.checkpointing.run_lock": "`fcntl` exists only on POSIX (elsewhere the O_EXCL lock file alone)",
     "hf_lightning.tasks.text": "the CLI pre-check lists task names without importing transformers",
 }
 

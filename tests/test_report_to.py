@@ -80,9 +80,15 @@ def test_wandb_offline_run_holds_hfs_entries_at_hfs_steps(tmp_path, monkeypatch)
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_PROJECT", "hfl-test")
     trainer = _train(tmp_path, report_to="wandb", run_name="run-a")
+    # The run file is written by W&B's service process. `finish()` returns once that process has handled the run's
+    # exit record, but it closes (flushes) the file afterwards, on its own time: read right away, the file often
+    # held only its header. `teardown()` shuts the service process down and waits for it to exit, which closes every
+    # run file first; the file is then complete and ends with the exit record.
     wandb.finish()
+    wandb.teardown()
     (run_file,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     records = _wandb_records(run_file)
+    assert records and records[-1].WhichOneof("record_type") == "exit"  # the whole run, not a prefix of it
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert run.display_name == "run-a" and run.project == "hfl-test"
     rows = [{item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in r.history.item}

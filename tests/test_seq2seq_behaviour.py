@@ -31,31 +31,6 @@ def _trainer(tmp_path, model=None, **arg_kwargs):
     )
 
 
-def test_eval_loss_weights_samples_where_hf_seq2seq_overweights_a_partial_last_batch(tmp_path, one_thread) -> None:
-    """10 samples in batches of 4: HF's Seq2SeqTrainer repeats each batch loss 4 times (its `gather`, not
-    `gather_for_metrics`), so the last batch of 2 counts double. Ours is the sample-weighted mean (HF's `Trainer`)."""
-    tok, ours = _trainer(tmp_path, generation_max_length=5)
-    data = seq2seq_dataset(tok, 10, seed=1)
-    model = tiny_t5().eval()
-    collator = DataCollatorForSeq2Seq(tok, model=model)
-    with torch.no_grad():
-        losses = [(model(**collator([data[i] for i in range(s, min(s + 4, 10))])).loss.item(), min(4, 10 - s))
-                  for s in range(0, 10, 4)]
-    weighted = sum(loss * n for loss, n in losses) / 10
-    batch_mean = sum(loss for loss, _ in losses) / 3
-    assert ours.evaluate(data)["eval_loss"] == pytest.approx(weighted, rel=1e-6)
-    hf_model = tiny_t5()
-    hf = transformers.Seq2SeqTrainer(
-        model=hf_model, args=transformers.Seq2SeqTrainingArguments(
-            output_dir=str(tmp_path / "hf"), per_device_eval_batch_size=4, predict_with_generate=True,
-            generation_max_length=5, report_to="none", use_cpu=True, disable_tqdm=True),
-        data_collator=DataCollatorForSeq2Seq(tok, model=hf_model), processing_class=tok,
-        compute_metrics=build_text_metrics(tok),
-    )
-    assert hf.evaluate(data)["eval_loss"] == pytest.approx(batch_mean, rel=1e-6)
-    assert abs(weighted - batch_mean) > 1e-4
-
-
 def test_predictions_padded_to_generation_length_and_labels_only_minus_100(tmp_path, one_thread) -> None:
     tok, ours = _trainer(tmp_path, generation_max_length=6)
     out = ours.predict(seq2seq_dataset(tok, 6, seed=2))

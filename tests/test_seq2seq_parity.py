@@ -1,8 +1,8 @@
 """`hf_lightning.Seq2SeqTrainer` against the real `transformers.Seq2SeqTrainer` (tiny T5 and BART, same weights).
 
 Generated ids are identical (ours are padded to the generation length used, HF's to `generation_config.max_length`
-= 20: HF's extra columns are all pad ids), text metrics are identical, `eval_loss` is identical when the eval set
-divides into full batches (HF's Seq2SeqTrainer over-weights a last partial batch, see test_seq2seq_behaviour.py).
+= 20: HF's extra columns are all pad ids), text metrics and `eval_loss` are identical (a short last batch included:
+test_seq2seq_eval_loss.py).
 """
 
 from __future__ import annotations

@@ -1,15 +1,20 @@
 """Normalisation and validation of `TrainingArguments`, mirroring `transformers.TrainingArguments.__post_init__`.
 
 Every check appends to one list and the function raises once, so a user fixes all problems in one go. Messages quote
-HF's wording where HF has one (users search for those strings) and always name the argument and its value.
+HF's wording where HF has one (users search for those strings) and always name the argument and its value. The
+types of all fields are checked first (`field_types.py`, from the dataclass annotations): a mistyped field is
+reported with the others of its kind before any value check could trip over it.
 """
 
 from __future__ import annotations
 
+import ntpath
+import posixpath
 from typing import Any, get_args
 
 from hf_lightning.args import choices
 from hf_lightning.args.choices import OPTIMIZER_NAMES, SAMPLING_STRATEGIES, SCHEDULER_NAMES
+from hf_lightning.args.field_types import check_field_types
 from hf_lightning.args.hf_fields import normalise_hf_fields
 
 TrainingArguments = Any
@@ -86,8 +91,17 @@ def _check_best_model(args: TrainingArguments, issues: list[str]) -> None:
         issues.append(prefix.format("round ") + f"but found {save}, which is not a round multiple of {ev}.")
 
 
+def _escapes(name: str) -> bool:
+    """Whether a folder name used below output_dir could point outside it (absolute, `..`, a drive)."""
+    parts = name.replace("\\", "/").split("/")
+    return posixpath.isabs(name) or ntpath.isabs(name) or bool(ntpath.splitdrive(name)[0]) or ".." in parts
+
+
 def normalise_and_check(args: TrainingArguments) -> None:
     """Fill HF's derived defaults in place and raise one `ValueError` listing every invalid field."""
+    type_issues = check_field_types(args)  # first: everything below relies on the types
+    if type_issues:
+        raise ValueError("Invalid TrainingArguments (types):\n- " + "\n- ".join(type_issues))
     issues: list[str] = []
     normalise_hf_fields(args, issues)
     # HF accepts None (its default) or a JSON string for `lr_scheduler_kwargs` (TA:792); we keep a dict.
@@ -149,6 +163,9 @@ def normalise_and_check(args: TrainingArguments) -> None:
     if args.lr_scheduler_type == "reduce_lr_on_plateau" and args.eval_strategy == "no":
         issues.append("lr_scheduler_type reduce_lr_on_plateau requires an eval strategy")
     _check_best_model(args, issues)
+    if args.run_name is not None and _escapes(args.run_name):
+        issues.append(f"`run_name`={args.run_name!r} names the logs' folder inside output_dir (runs/<run_name>); it "
+                      "must be a relative name without '..', so nothing is written outside output_dir.")
     if issues:
         raise ValueError("Invalid TrainingArguments:\n- " + "\n- ".join(issues))
 

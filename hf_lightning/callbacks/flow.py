@@ -170,6 +170,17 @@ class HFTrainerFlow(EvaluationHooks):
         self._restorer = start_fit(self, trainer, pl_module)
         position = self._restorer.position if self._restorer is not None else None
         self._resumes_mid_epoch = position is not None and position.windows > 0
+        if self._restorer is not None and self._restorer.nothing_left:
+            # Resumed at or past the end: Lightning skips its fit loop with its train hooks, HF runs the train
+            # begin (state from the checkpoint) and end (summary, best model, on_train_end) around no epoch.
+            self.on_train_start(trainer, pl_module)
+            self.on_train_end(trainer, pl_module)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        """The output-directory lock taken in `on_fit_start` is given back when `fit` ends (checkpoint_saver.py)."""
+        if stage == "fit":
+            self.saver.end_run(trainer)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -248,7 +259,7 @@ class HFTrainerFlow(EvaluationHooks):
         assert self.plan is not None
         update = UpdateReport.from_outputs(outputs)
         window = [batch] if isinstance(batch, Mapping) else list(batch)
-        self.loss.add(update.micro_losses, self.state.global_step)
+        self.loss.add(update.micro_losses, self.state.global_step, update.label_tokens)
         self.flos.add_window(flow_model(pl_module), window)
         # every earlier window of the epoch is full, so this also holds after a mid-epoch resume
         micro_done = batch_idx * self.args.gradient_accumulation_steps + len(window)
@@ -373,6 +384,7 @@ class HFTrainerFlow(EvaluationHooks):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._end_quiet_resume()
+        self.saver.end_run(trainer)  # Lightning skips `teardown` after an exception
 
     @override
     def state_dict(self) -> dict[str, Any]:

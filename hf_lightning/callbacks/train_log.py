@@ -3,7 +3,10 @@
 - `TrainLossTracker` is the bookkeeping of `Trainer._tr_loss`, `_total_loss_scalar` and `_globalstep_last_logged`
   (T:1645-1650, 1911-1923, 2242-2262, 1997-1999): the per-update losses are summed on device, the NaN/Inf filter
   replaces a non-finite micro-batch loss by the running mean of the window, and at log time the sum is averaged over
-  processes and divided by the number of updates since the last log.
+  processes and divided by the number of updates since the last log. Two cases HF leaves silent get one
+  warning each (the first time, naming the step): a window whose every micro-batch loss was NaN/Inf (its logged
+  loss is the filter's 0.0), and updates without any label token (their loss is 0, they teach nothing). Without the
+  filter a NaN window logs NaN and the next window starts from zero (HF's stays NaN forever: README "Differences").
 - `FlopsCounter` is `Trainer.floating_point_ops` + `store_flos` (T:4205-4233): `6 * tokens * non-embedding
   parameters` per micro-batch, summed over processes when stored.
 - `train_summary` is the final `train_*` entry of `_finalize_training` (T:1993-2014), in HF's key order.
@@ -13,6 +16,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +35,7 @@ class UpdateReport:
     micro_losses: torch.Tensor
     grad_norm: float | None = None
     learning_rate: float | None = None
+    label_tokens: torch.Tensor | None = None
 
     @classmethod
     def from_outputs(cls, outputs: Any) -> UpdateReport:
@@ -45,6 +50,7 @@ class UpdateReport:
             micro_losses=torch.as_tensor(losses if losses is not None else outputs["loss"]),
             grad_norm=None if grad_norm is None else float(grad_norm),
             learning_rate=outputs.get("learning_rate"),
+            label_tokens=outputs.get("label_tokens"),
         )
 
 
@@ -56,11 +62,15 @@ def tensorboard_tag(key: str) -> str:
     return f"train/{key}"
 
 
-def _mean_over_processes(strategy: Any, value: torch.Tensor) -> float:
-    """`nested_gather(value).mean()`: every process's value, averaged (a no-op on one process)."""
-    if strategy is None:
-        return float(value.item())
-    return float(strategy.reduce(value, reduce_op="mean").item())
+log = logging.getLogger(__name__)
+
+
+def _mean_over_processes(strategy: Any, value: torch.Tensor) -> Any:
+    """`nested_gather(value).mean()`: every process's value, averaged (a no-op on one process); a float for a
+    scalar, a list for a vector."""
+    if strategy is not None:
+        value = strategy.reduce(value, reduce_op="mean")
+    return value.tolist()
 
 
 class TrainLossTracker:
@@ -77,37 +87,77 @@ class TrainLossTracker:
         self.last_logged_step = 0
         self.initial_step = 0
         self.latest_loss: float | None = None
+        # per window, on device: finite micro-batch losses, updates without label tokens
+        self.finite = torch.zeros(())
+        self.empty_updates = torch.zeros(())
+        self.window_micro_batches = 0
+        self.warned: set[str] = set()
 
     def start(self, device: torch.device, global_step: int) -> None:
         """Reset at the start of `train()` (T:1644-1649): nothing accumulated, `global_step` counts as logged."""
         self.window = torch.zeros((), device=device)
+        self._reset_counts()
         self.total = 0.0
         self.last_logged_step = self.initial_step = global_step
         self.latest_loss = None
 
-    def add(self, micro_losses: torch.Tensor, global_step_before: int) -> None:
+    def add(self, micro_losses: torch.Tensor, global_step_before: int, label_tokens: torch.Tensor | None = None
+            ) -> None:
         """Add the micro-batch losses of one update, as `training_step` returned them (already GA-normalised).
 
         `global_step_before` is the step counter during the update (not yet incremented), as HF's filter uses it.
-        Runs on device, without a host sync.
+        `label_tokens`: the update's label-token count when the module computed one. Runs on device, without a host
+        sync.
         """
         micro_losses = micro_losses.detach().reshape(-1).to(self.window.device, self.window.dtype)
         since = 1 + global_step_before - self.last_logged_step
-        for loss in micro_losses:
+        finite = torch.isfinite(micro_losses)
+        for loss, ok in zip(micro_losses, finite):
             if self.nan_inf_filter:
-                self.window = self.window + torch.where(torch.isfinite(loss), loss, self.window / since)
+                self.window = self.window + torch.where(ok, loss, self.window / since)
             else:
                 self.window = self.window + loss
+        self.finite = self.finite + finite.sum()
+        if label_tokens is not None:
+            self.empty_updates = self.empty_updates + (torch.as_tensor(label_tokens) == 0).to(self.window.device)
+        self.window_micro_batches += len(micro_losses)
 
     def pop_log_value(self, strategy: Any, global_step: int) -> float:
         """The `loss` of a log entry: the window sum averaged over processes, per update since the last log."""
-        window_sum = _mean_over_processes(strategy, self.window)
+        dtype = self.window.dtype
+        counts = torch.stack([self.window, self.finite.to(dtype), self.empty_updates.to(dtype)])
+        window_sum, finite, empty = _mean_over_processes(strategy, counts)
         self.window = torch.zeros_like(self.window)
         loss = window_sum / (global_step - self.last_logged_step)
+        self._warn_once(strategy, global_step, loss, no_finite=self.window_micro_batches > 0 and finite == 0,
+                        empty_updates=empty > 0)
+        self._reset_counts()
         self.total += window_sum
         self.last_logged_step = global_step
         self.latest_loss = loss
         return loss
+
+    def _reset_counts(self) -> None:
+        self.finite = torch.zeros((), device=self.window.device)
+        self.empty_updates = torch.zeros((), device=self.window.device)
+        self.window_micro_batches = 0
+
+    def _warn_once(self, strategy: Any, step: int, loss: float, no_finite: bool, empty_updates: bool) -> None:
+        """The two warnings, each the first time only, on the main process."""
+        if strategy is not None and not strategy.is_global_zero:
+            return
+        since = f"steps {self.last_logged_step + 1}-{step}"
+        if no_finite and self.nan_inf_filter and "nan" not in self.warned:
+            self.warned.add("nan")
+            log.warning("step %d: every training loss of the logging window (%s) was NaN or Inf; "
+                        "logging_nan_inf_filter replaced them, so the logged loss is %s (HF does the same). The "
+                        "model may have diverged (lower the learning rate, check fp16) or the batches had no label "
+                        "token. Warned once.", step, since, loss)
+        if empty_updates and "labels" not in self.warned:
+            self.warned.add("labels")
+            log.warning("step %d: an update in %s had no label token (every label -100): it adds 0 to the loss and "
+                        "no gradient. Check the labels (truncation, padding, prompt masking). Warned once.",
+                        step, since)
 
     def train_loss(self, strategy: Any, global_step: int) -> float:
         """`train_loss` of the summary: mean per-update loss over this call's updates (T:1997-1999).
@@ -117,6 +167,7 @@ class TrainLossTracker:
         """
         self.total += _mean_over_processes(strategy, self.window)
         self.window = torch.zeros_like(self.window)
+        self._reset_counts()
         return self.total / max(global_step - self.initial_step, 0.001)
 
 

@@ -5,7 +5,9 @@ to continue exactly where it stopped. Resuming does not go through `fit(ckpt_pat
 machinery re-runs `on_train_epoch_start` differently per restart stage and a plain DataLoader restarts its epoch
 (lightning 2.6 `loops/training_epoch_loop.py`, `_TrainingEpochLoop.reset` and `on_run_start`). Instead the loop
 counters are set before the fit loop starts from what this file records (`resume/position.py`).
-An HF checkpoint has no such file: its position follows HF's own rule there.
+An HF checkpoint has no such file: its position follows HF's own rule there. The file also records the epoch's
+geometry (batch size, accumulation, world size, training samples): a resumed run whose geometry differs cannot use
+the recorded window position and follows HF's rule too (`geometry_changes`).
 """
 
 from __future__ import annotations
@@ -16,19 +18,45 @@ from typing import Any
 import lightning.pytorch as pl
 
 from hf_lightning._lightning_compat import callbacks_of, datamodule_of, position_in_epoch
+from hf_lightning.contracts import FlowDataModule
 
-__all__ = ["capture_lightning_state", "restore_callback_states"]
+__all__ = ["capture_lightning_state", "epoch_geometry", "geometry_changes", "restore_callback_states"]
 
-FORMAT = 1
+FORMAT = 2  # 2 added "geometry"
 
 
-def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False, skip_callbacks: Sequence[Any] = ()
-                            ) -> dict[str, Any]:
+def epoch_geometry(trainer: pl.Trainer, args: Any) -> dict[str, Any]:
+    """What decides how many updates an epoch has: batch size, accumulation, processes, training samples."""
+    datamodule: FlowDataModule | None = datamodule_of(trainer)  # checked by the flow's setup
+    dataset = datamodule.train_dataset if datamodule is not None else None
+    try:
+        samples = len(dataset) if dataset is not None else None
+    except TypeError:  # an iterable dataset
+        samples = None
+    return {
+        "per_device_train_batch_size": args.per_device_train_batch_size,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "world_size": trainer.world_size,
+        "train_samples": samples,
+        "dataloader_drop_last": args.dataloader_drop_last,
+    }
+
+
+def geometry_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`"name: checkpoint value -> this run's value"` for each geometry entry that differs (pure)."""
+    names = {"train_samples": "training samples (len(train_dataset))", "world_size": "world size (processes)"}
+    return [f"{names.get(key, key)}: {saved[key]} in the checkpoint -> {current.get(key)} now"
+            for key in saved if key in current and saved[key] != current[key]]
+
+
+def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False, skip_callbacks: Sequence[Any] = (),
+                            geometry: dict[str, Any] | None = None) -> dict[str, Any]:
     """What `lightning_state.pt` holds, taken in `on_train_batch_end` of the update being saved.
 
     `epoch_ending`: the epoch ends after this update although batches remain (an HF `should_epoch_stop`), so a
     resumed run starts the next epoch, as the uninterrupted one does. `skip_callbacks`: callbacks whose state is
     stored elsewhere (`HFTrainerFlow`'s is `trainer_state.json`); every other one is stored by its `state_key`.
+    `geometry`: `epoch_geometry` of this run.
     """
     windows_done, is_last_batch = position_in_epoch(trainer)
     callbacks = {}
@@ -46,6 +74,7 @@ def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False, ski
         "windows_done": windows_done,
         "epoch_finished": is_last_batch or epoch_ending,
         "world_size": trainer.world_size,
+        "geometry": geometry or {"world_size": trainer.world_size},
         "callbacks": callbacks,
         "datamodule": datamodule.state_dict() if datamodule is not None else {},
     }

@@ -22,11 +22,14 @@ from typing_extensions import override
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
+from hf_lightning.checkpointing.checks import output_dir_problem
 from hf_lightning.checkpointing.final_model import save_final_model
+from hf_lightning.checkpointing.run_lock import OutputDirLocked
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, split_callbacks
 from hf_lightning.prediction_writer import write_predictions
 from hf_lightning.resume.find import existing_checkpoint_conflict, resolve_resume
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
+from hf_lightning.tasks import checks
 from hf_lightning.tasks.datamodule import TaskDataModule, splits_for_stage
 from hf_lightning.tasks.generation import write_prediction_texts
 from hf_lightning.tasks.hf_callbacks import build_hf_callbacks
@@ -59,20 +62,6 @@ def _check_output_dir(args: TrainingArguments, checkpoint: str | None) -> None:
     conflict = existing_checkpoint_conflict(args.resolved_output_dir, step, args.save_strategy != "no", args)
     if conflict:
         raise ValueError(conflict.replace("resume_from_checkpoint=True", "--args.resume_from_checkpoint true"))
-
-
-def _check_input_columns(data_spec: Any, raw: dict[str, Any]) -> None:
-    """Every loaded split has the input text column(s) the data spec names.
-
-    Raises:
-        ValueError: naming the `data.` key, the split, its value and the columns that exist.
-    """
-    for key in ("text_column", "text_pair_column"):
-        column = getattr(data_spec, key, None)
-        for split, dataset in raw.items():
-            names = getattr(dataset, "column_names", None)
-            if column and names is not None and column not in names:
-                raise ValueError(f"data.{key}={column!r} is not a column of the {split} data; its columns: {names}.")
 
 
 class _OneLineErrorParser(LightningArgumentParser):
@@ -121,6 +110,11 @@ class HFLightningCLI(LightningCLI):
                  "transformers.EarlyStoppingCallback); Lightning callbacks go in trainer.callbacks.",
         )
         parser.add_argument(
+            "--allow_code_from", type=list[str], default=[],
+            help="Module prefixes besides transformers from which model.config_class, model.auto_class and "
+                 "hf_callbacks may be imported (your own package); a config imports nothing else.",
+        )
+        parser.add_argument(
             "--eval_loss_weighting", type=Literal["samples", "tokens"], default="samples",
             help="eval_loss as HF computes it ('samples': sample-weighted mean of batch means) or the mean over "
                  "every label token ('tokens'); the facade's `eval_loss_weighting`.",
@@ -163,6 +157,8 @@ class HFLightningCLI(LightningCLI):
             args = args_class(**args_values)
         except ValueError as err:
             raise ValueError(f"in `args`: {err}") from None
+        if (problem := output_dir_problem(args.resolved_output_dir)) is not None:
+            raise ValueError(problem.replace("output_dir=", "args.output_dir="))
         model_values = self._section("model")
         self.ckpt_for_lightning: str | None = self.config_init[sub].get("ckpt_path")
         if sub == "fit":
@@ -179,7 +175,8 @@ class HFLightningCLI(LightningCLI):
         self.hf_args = args
         set_seed(args.seed)
         raw = {name: load_split(data_spec, name) for name in splits_for_stage(sub, args)}
-        _check_input_columns(data_spec, raw)  # here, not in prepare_data inside fit: a bad column is one error line
+        # data against model here, not inside fit: each mismatch is one error line (tasks/checks.py)
+        checks.check_columns(task, data_spec, raw)
         if sub == "fit" and raw.get("train") is None:
             raise ValueError("fit needs training data: set data.train_file or data.dataset_name.")
         if sub == "fit" and args.eval_strategy != "no" and raw.get("validation") is None:
@@ -189,8 +186,12 @@ class HFLightningCLI(LightningCLI):
             raise ValueError(f"{sub} needs data: set data.validation_file / data.test_file (or a dataset_name).")
         tokenizer = load_tokenizer(data_spec, model_spec)
         labels = label_list_for(task, data_spec, model_spec, list(raw.values()))
+        checks.check_explicit_num_labels(model_spec, labels)
+        checks.check_label_values(task, data_spec, raw, labels)
         label2id = {name: i for i, name in enumerate(labels)} if labels is not None else None
-        model = build_model(model_spec, task, tokenizer, labels)
+        allow_code_from = list(cfg.get("allow_code_from") or [])
+        model = build_model(model_spec, task, tokenizer, labels, allow_code_from)
+        checks.check_lengths(task, data_spec, model.config)
         self.datamodule = TaskDataModule(task, data_spec, args, tokenizer, label2id, sub, raw=raw)
 
         self.task = task
@@ -201,7 +202,7 @@ class HFLightningCLI(LightningCLI):
         user = self._user_trainer_kwargs(trainer_cfg)
         callbacks = user.pop("callbacks", None) or []
         hf_callbacks, lightning_callbacks = split_callbacks(callbacks if isinstance(callbacks, list) else [callbacks])
-        hf_callbacks += build_hf_callbacks(cfg.get("hf_callbacks"))
+        hf_callbacks += build_hf_callbacks(cfg.get("hf_callbacks"), allow_code_from)
         try:
             trainer_kwargs = lightning_trainer_kwargs(args, user)
         except ValueError as err:
@@ -216,7 +217,13 @@ class HFLightningCLI(LightningCLI):
     def fit(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Train, then save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`)."""
         # the flow restores an HF-layout checkpoint folder itself (resume/load.py), as in the facade
-        output = self.flow.fit(self.trainer, model, datamodule, resume_from_checkpoint=self.ckpt_for_lightning or False)
+        try:
+            output = self.flow.fit(self.trainer, model, datamodule,
+                                   resume_from_checkpoint=self.ckpt_for_lightning or False)
+        except OutputDirLocked as err:  # another run uses output_dir: one line (from one process), not a traceback
+            if self.trainer.is_global_zero:
+                self._error(err)
+            sys.exit(2)
         out = self.hf_args.resolved_output_dir
         save_final_model(model.model, out, datamodule.processing_class, self.hf_args,
                          is_global_zero=self.trainer.is_global_zero)  # every process: the FSDP2 gather

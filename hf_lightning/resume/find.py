@@ -10,21 +10,22 @@
   run of the same command (same training arguments, `same_run.py`) are not another run: as in HF, the new run
   replaces them as it saves, and `replaced_checkpoints_notice` says which, once.
 
-Temporary folders (`tmp-checkpoint-*`, a save that did not finish) never match `checkpoint-<n>`, so they are ignored.
+Only folders named exactly `checkpoint-<n>` count (`checkpointing/folders.py`): temporary folders of a save that did not
+finish, half-deleted folders and the user's own `checkpoint-final` are neither resumed from nor in the way.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hf_lightning.checkpointing.folders import checkpoint_folders, restorable_checkpoints
+from hf_lightning.checkpointing.integrity import damaged_file_error, folder_problems
 from hf_lightning.checkpointing.io import (
     LIGHTNING_STATE_NAME,
     SHARDED_OPTIMIZER_DIR,
     TRAINER_STATE_NAME,
-    recover_interrupted_replacements,
     rng_file_name,
 )
 from hf_lightning.resume.same_run import argument_differences
@@ -32,7 +33,6 @@ from hf_lightning.resume.same_run import argument_differences
 __all__ = ["CheckpointFiles", "check_checkpoint", "existing_checkpoint_conflict", "last_checkpoint",
            "list_checkpoint_steps", "replaced_checkpoints_notice", "resolve_checkpoint", "resolve_resume"]
 
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
 )
@@ -40,10 +40,7 @@ WEIGHT_FILES = (
 
 def list_checkpoint_steps(folder: str | Path) -> dict[int, Path]:
     """`{step: path}` of the `checkpoint-<n>` folders of `folder` (exact names only, as HF's resume lookup)."""
-    root = Path(folder)
-    if not root.is_dir():
-        return {}
-    return {int(m.group(1)): p for p in root.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))}
+    return checkpoint_folders(folder)
 
 
 def last_checkpoint(folder: str | Path) -> str | None:
@@ -71,7 +68,10 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
 
     Raises:
         FileNotFoundError: the folder does not exist; no weights file; no `trainer_state.json`; one of
-            `optimizer.pt` / `scheduler.pt` without the other (a half-copied checkpoint).
+            `optimizer.pt` / `scheduler.pt` without the other, or RNG / Lightning state without either (a
+            half-copied checkpoint).
+        DamagedCheckpointError: a truncated or corrupted file (each one named, the previous complete checkpoint
+            suggested).
     """
     folder = Path(path)
     where = f"resume_from_checkpoint={str(folder)!r}"
@@ -94,6 +94,15 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
         raise FileNotFoundError(f"{where}: incomplete checkpoint, scheduler.pt is missing (optimizer state exists).")
     if scheduler and not (optimizer or sharded):
         raise FileNotFoundError(f"{where}: incomplete checkpoint, optimizer.pt is missing (scheduler.pt exists).")
+    training_state = [p.name for p in sorted(folder.glob("rng_state*.pth"))] + (
+        [LIGHTNING_STATE_NAME] if (folder / LIGHTNING_STATE_NAME).exists() else [])
+    if training_state and not (optimizer or sharded or scheduler):
+        # a `save_only_model` folder has no RNG or loop state either: this one lost its optimizer files
+        raise FileNotFoundError(f"{where}: incomplete checkpoint, optimizer.pt and scheduler.pt are missing "
+                                f"({', '.join(training_state)} exist, so it was not saved with save_only_model).")
+    problems = folder_problems(folder)
+    if problems:
+        raise damaged_file_error(folder, problems)
     return CheckpointFiles(
         path=folder, weights=weights, optimizer=optimizer, sharded_optimizer=sharded, scheduler=scheduler,
         scaler=optional("scaler.pt"), rng=optional(rng_file_name(world_size, rank)),
@@ -110,10 +119,13 @@ def resolve_checkpoint(output_dir: str, resume_from_checkpoint: str | bool, worl
         FileNotFoundError: a path that does not exist, or an incomplete checkpoint (see `check_checkpoint`).
     """
     if resume_from_checkpoint is True:
-        found = last_checkpoint(output_dir)
-        if found is None:
+        steps = {**checkpoint_folders(output_dir), **restorable_checkpoints(output_dir)}
+        if not steps:
             raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
-        resume_from_checkpoint = found
+        latest = steps[max(steps)]
+        if not latest.exists():  # moved aside by a re-save cut short: put back when the run starts (folders.py)
+            return str(latest)
+        resume_from_checkpoint = str(latest)
     return str(check_checkpoint(str(resume_from_checkpoint), world_size, rank).path)
 
 
@@ -190,7 +202,4 @@ def resolve_resume(args: Any, resume_from_checkpoint: str | bool | None) -> str 
         resume_from_checkpoint = args.resume_from_checkpoint
     if not resume_from_checkpoint:
         return None
-    # a crash between the two renames of a re-save leaves the old folder under its backup name: put it back first
-    recover_interrupted_replacements(args.resolved_output_dir)
-
     return resolve_checkpoint(args.resolved_output_dir, resume_from_checkpoint)

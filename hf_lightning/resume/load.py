@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,9 @@ from torch import nn
 
 from hf_lightning._lightning_compat import datamodule_of, grad_scaler
 from hf_lightning.checkpointing import distributed as dist_state
-from hf_lightning.checkpointing.io import TRAINER_STATE_NAME, recover_interrupted_replacements
-from hf_lightning.checkpointing.lightning_state import restore_callback_states
+from hf_lightning.checkpointing.integrity import damaged_file_error
+from hf_lightning.checkpointing.io import TRAINER_STATE_NAME
+from hf_lightning.checkpointing.lightning_state import epoch_geometry, geometry_changes, restore_callback_states
 from hf_lightning.contracts import FlowDataModule, flow_model
 from hf_lightning.resume.find import (
     CheckpointFiles,
@@ -37,27 +39,51 @@ from hf_lightning.resume.find import (
     replaced_checkpoints_notice,
     resolve_resume,
 )
-from hf_lightning.resume.position import ResumePosition, apply_loop_position, resume_position
+from hf_lightning.resume.position import (
+    ResumePosition,
+    apply_loop_position,
+    nothing_left_to_train,
+    resume_position,
+)
 
-__all__ = ["CheckpointRestorer", "load_weights", "read_weights", "start_fit", "weight_mismatches"]
+__all__ = ["CheckpointRestorer", "load_weights", "read_file", "read_weights", "start_fit", "weight_mismatches"]
 
 log = logging.getLogger(__name__)
 
 
-def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """The tensors of a weights file: `model.safetensors`, a sharded `*.index.json`, or `pytorch_model.bin`."""
+def read_file(path: str | Path, loader: Callable[[Path], Any], what: str = "resume_from_checkpoint") -> Any:
+    """`loader(path)` for a file of a checkpoint folder; a failure names the file and the checkpoint to use instead.
+
+    Raises:
+        DamagedCheckpointError: the file cannot be read (truncated, corrupted).
+    """
+    path = Path(path)
+    try:
+        return loader(path)
+    except Exception as err:
+        detail = " ".join(f"{type(err).__name__}: {err}".split())  # one line, whatever the library printed
+        detail = detail if len(detail) <= 300 else detail[:297] + "..."
+        raise damaged_file_error(path.parent, {path.name: detail}, what) from err
+
+
+def read_weights(path: str | Path, what: str = "resume_from_checkpoint") -> dict[str, torch.Tensor]:
+    """The tensors of a weights file: `model.safetensors`, a sharded `*.index.json`, or `pytorch_model.bin`.
+
+    Raises:
+        DamagedCheckpointError: a weights file cannot be read (named, with the checkpoint to use instead).
+    """
     path = Path(path)
     if path.name.endswith(".index.json"):
-        shards = sorted(set(json.loads(path.read_text())["weight_map"].values()))
+        index = read_file(path, lambda p: json.loads(p.read_text())["weight_map"], what)
         merged: dict[str, torch.Tensor] = {}
-        for shard in shards:
-            merged.update(read_weights(path.parent / shard))
+        for shard in sorted(set(index.values())):
+            merged.update(read_weights(path.parent / shard, what))
         return merged
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
-        return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)
+        return read_file(path, lambda p: load_file(str(p)), what)
+    return read_file(path, lambda p: torch.load(p, map_location="cpu", weights_only=True), what)
 
 
 def weight_mismatches(model_shapes: dict[str, tuple[int, ...]], saved_shapes: dict[str, tuple[int, ...]]
@@ -85,7 +111,7 @@ def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_ch
     Raises:
         ValueError: the checkpoint belongs to a different model (names the parameters whose shapes differ).
     """
-    saved = read_weights(path)
+    saved = read_weights(path, what)
     model_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     problems = weight_mismatches(model_shapes, {k: tuple(v.shape) for k, v in saved.items()})
     if problems:
@@ -98,10 +124,14 @@ def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_ch
 
 
 def _torch_load(path: Path) -> Any:
+    """`torch.load(weights_only=True)` of a checkpoint file (a failure names it, see `read_file`)."""
     from transformers.trainer_pt_utils import safe_globals
 
-    with safe_globals():  # numpy's RNG state in HF's rng files needs these allow-listed for weights_only
-        return torch.load(path, map_location="cpu", weights_only=True)
+    def load(target: Path) -> Any:
+        with safe_globals():  # numpy's RNG state in HF's rng files needs these allow-listed for weights_only
+            return torch.load(target, map_location="cpu", weights_only=True)
+
+    return read_file(path, load)
 
 
 def _warn_on_changed_intervals(plan: Any, state: Any, batch_size: int) -> None:
@@ -132,13 +162,16 @@ class CheckpointRestorer:
         self.args = args
         self.files: CheckpointFiles | None = None
         self.position: ResumePosition | None = None
+        self.nothing_left = False
+        """The checkpoint is at or past this run's end: the flow runs HF's train begin and end without training."""
         self._rng_pending = False
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, updates_per_epoch: int | None) -> None:
         """Weights, optimizer, scheduler, scaler, Lightning callback states, loop position, sampler start."""
         files = check_checkpoint(self.path, trainer.world_size, trainer.global_rank)
         self.files = files
-        global_step = int(json.loads((files.path / TRAINER_STATE_NAME).read_text())["global_step"])
+        trainer_state = read_file(files.path / TRAINER_STATE_NAME, lambda p: json.loads(p.read_text()))
+        global_step = int(trainer_state["global_step"])
         conflict = existing_checkpoint_conflict(self.args.resolved_output_dir, global_step,
                                                 self.args.save_strategy != "no", self.args)
         if conflict:
@@ -149,19 +182,28 @@ class CheckpointRestorer:
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         optimizer = getattr(optimizer, "optimizer", optimizer)
         if optimizer is not None and files.sharded_optimizer is not None:
-            dist_state.load_sharded_optimizer(model, optimizer, files.sharded_optimizer)
+            read_file(files.sharded_optimizer, lambda p: dist_state.load_sharded_optimizer(model, optimizer, p))
         elif optimizer is not None and files.optimizer is not None:
-            optimizer.load_state_dict(torch.load(files.optimizer, map_location="cpu", weights_only=True))
+            optimizer.load_state_dict(_torch_load(files.optimizer))
         if files.scheduler is not None and trainer.lr_scheduler_configs:
             trainer.lr_scheduler_configs[0].scheduler.load_state_dict(_torch_load(files.scheduler))
         scaler = grad_scaler(trainer)
         if scaler is not None and files.scaler is not None:
-            scaler.load_state_dict(torch.load(files.scaler, map_location="cpu", weights_only=True))
+            scaler.load_state_dict(_torch_load(files.scaler))
         # weights_only, as Lightning loads its own checkpoints: a checkpoint folder is not trusted code
-        saved = torch.load(files.lightning_state, weights_only=True) if files.lightning_state else None
-        if saved is not None and saved.get("world_size", trainer.world_size) != trainer.world_size:
-            saved = None  # positions of another world size do not apply: fall back to HF's rule
+        saved = _torch_load(files.lightning_state) if files.lightning_state else None
         position = resume_position(global_step, updates_per_epoch, saved)
+        if saved is not None:
+            changes = geometry_changes(saved.get("geometry", {"world_size": saved.get("world_size")}),
+                                       epoch_geometry(trainer, self.args))
+            if changes:  # the recorded window position belongs to other epochs: HF's rule places the run
+                position = resume_position(global_step, updates_per_epoch)
+                if trainer.is_global_zero:
+                    log.warning(
+                        "resume_from_checkpoint=%r: the epoch is not the checkpoint's (%s). As transformers.Trainer "
+                        "does, the %d updates done count as %d full epoch(s) of %s updates plus %d update(s) of epoch "
+                        "%d, whose first %d window(s) are skipped.", self.path, "; ".join(changes), global_step,
+                        position.epoch, updates_per_epoch, position.windows, position.epoch, position.windows)
         if self.args.ignore_data_skip:  # HF replays the resumed epoch from its first batch (T:1706-1709)
             position = ResumePosition(position.epoch, 0, global_step)
         self.position = position
@@ -179,7 +221,7 @@ class CheckpointRestorer:
         from transformers import TrainerState
 
         assert self.files is not None
-        state = TrainerState.load_from_json(str(self.files.path / TRAINER_STATE_NAME))
+        state = read_file(self.files.path / TRAINER_STATE_NAME, lambda p: TrainerState.load_from_json(str(p)))
         if state.best_model_checkpoint is not None and not os.path.isdir(state.best_model_checkpoint):
             log.warning("The best checkpoint %s recorded in the resumed state does not exist anymore. Ignoring it for "
                         "this run.", state.best_model_checkpoint)
@@ -251,9 +293,7 @@ def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     run's checkpoints in `output_dir`. Returns the restorer whose later hooks the flow calls, or None."""
     args = flow.args
     output_dir = args.resolved_output_dir
-    if trainer.is_global_zero:
-        recover_interrupted_replacements(output_dir)
-    trainer.strategy.barrier("hf_lightning_recover")
+    flow.saver.begin_run(trainer)  # the output-directory lock, then leftovers of killed runs are cleaned up
     # None: a Lightning-native run (e.g. from a config file) may set it in the arguments
     resume = resolve_resume(args, flow.resume_from_checkpoint) if flow.resume_from_checkpoint is not False else None
     if not resume:
@@ -265,4 +305,13 @@ def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     restorer = CheckpointRestorer(resume, args)
     plan = flow.plan
     restorer.on_fit_start(trainer, pl_module, plan.updates_per_epoch if plan is not None and plan.sized else None)
+    position = restorer.position
+    if plan is not None and position is not None and nothing_left_to_train(
+            position, plan.max_steps, plan.num_train_epochs if plan.sized else None):
+        restorer.nothing_left = True
+        if trainer.is_global_zero:
+            log.warning("resume_from_checkpoint=%r is at step %d, epoch %d: at or past the end of this run "
+                        "(max_steps=%d, %d epoch(s)); nothing left to train. The state, best model and train "
+                        "metrics are the checkpoint's.", restorer.path, position.global_step, position.epoch,
+                        plan.max_steps, plan.num_train_epochs)
     return restorer

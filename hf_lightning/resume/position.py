@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 
 from hf_lightning._lightning_compat import set_loop_position
 
-__all__ = ["ResumePosition", "apply_loop_position", "resume_position"]
+__all__ = ["ResumePosition", "apply_loop_position", "nothing_left_to_train", "resume_position"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,13 @@ def resume_position(global_step: int, updates_per_epoch: int | None, saved: dict
         return ResumePosition(0, global_step, global_step)
     epoch, windows = divmod(global_step, updates_per_epoch)
     return ResumePosition(epoch, windows, global_step)
+
+
+def nothing_left_to_train(position: ResumePosition, max_steps: int, num_epochs: int | None) -> bool:
+    """Whether a run resumed at `position` is already at or past its end: `max_steps` updates done, or (for a
+    sized dataset, `num_epochs` not None) `num_epochs` epochs done. Lightning's fit loop then never starts, so its
+    `on_train_start` / `on_train_end` would not run (the flow runs HF's begin and end itself)."""
+    return position.global_step >= max_steps or (num_epochs is not None and position.epoch >= num_epochs)
 
 
 def apply_loop_position(trainer: pl.Trainer, position: ResumePosition) -> None:

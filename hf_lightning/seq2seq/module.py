@@ -9,10 +9,14 @@ generated_ids, labels)` returned. Differences (README "Generation-based evaluati
 - labels keep -100 as their only padding (HF appends pad ids after the collator's -100);
 - a decoder-only model (HF has no support) generates completions of left-padded prompts; the predictions are the
   completion tokens and the labels the reference completions (format in `prompts.py`).
+
+`eval_loss` is weighted as HF's `Seq2SeqTrainer` weights it (`EvalSettings.eval_loss_repeats`): every batch's mean
+loss counts `per_device_eval_batch_size` times, a short last batch as a full one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -23,7 +27,7 @@ from typing_extensions import override
 
 from hf_lightning._lightning_compat import attached_trainer
 from hf_lightning.checkpointing.distributed import is_sharded
-from hf_lightning.evaluation import EvalStep
+from hf_lightning.evaluation import EvalSettings, EvalStep
 from hf_lightning.module import TransformerModule
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 from hf_lightning.seq2seq.gen_kwargs import generation_width, load_generation_config, resolve_gen_kwargs
@@ -83,6 +87,14 @@ class Seq2SeqTransformerModule(TransformerModule):
         self._generate_inputs: list[dict[str, Any]] = []  # the `generate` calls of the current eval step
 
     # ----- evaluation steps that report their generate calls -----
+    @override
+    def eval_settings(self) -> EvalSettings:
+        """The base settings, with `eval_loss` weighted as HF's `Seq2SeqTrainer` weights it: its `evaluate/predict`
+        gather with `accelerator.gather` instead of `gather_for_metrics` (S2S:136, 199), so the loss repeated
+        `eval_batch_size` times is never cut to the short last batch: every batch weighs the same (the plain mean of
+        the batch means). The base `TransformerModule` counts each batch's samples, as HF's `Trainer`."""
+        return dataclasses.replace(super().eval_settings(), eval_loss_repeats=self.args.per_device_eval_batch_size)
+
     def new_eval_accumulator(self, is_prediction: bool, world_size: int, loader: Any) -> GenerationAccumulator:
         """An accumulator that evens out `generate` calls across processes before gathering (see `sync.py`)."""
         return GenerationAccumulator(

@@ -14,7 +14,10 @@ They are driven by `HFTrainerFlow` with HF's events and `TrainerControl`, as cal
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+from hf_lightning.tasks.code_paths import import_checked, is_callback_class
 
 __all__ = ["build_hf_callbacks"]
 
@@ -37,30 +40,22 @@ def _entry(index: int, entry: Any) -> tuple[str, dict[str, Any]]:
     raise ValueError(f"{key}={entry!r} must be a class path or a mapping with `class_path` (and `init_args`).")
 
 
-def build_hf_callbacks(entries: list[Any] | None) -> list[Any]:
-    """Instantiate the `hf_callbacks` entries (a bare name is looked up in `transformers`).
+def build_hf_callbacks(entries: list[Any] | None, allow_code_from: Sequence[str] = ()) -> list[Any]:
+    """Instantiate the `hf_callbacks` entries (a bare name is looked up in `transformers`; another module only when
+    `allow_code_from` lists it, see `code_paths.py`).
 
     Raises:
-        ValueError: a malformed entry, a class that cannot be imported, one that is not a `TrainerCallback`
-            subclass, or init arguments it rejects, naming `hf_callbacks[<index>]`.
+        ValueError: a malformed entry, a module not allowed, a class that cannot be imported, one that is not a
+            `TrainerCallback` subclass, or init arguments it rejects, naming `hf_callbacks[<index>]`.
     """
     if not entries:
         return []
-    import importlib
-
-    from transformers import TrainerCallback
-
     callbacks = []
     for index, entry in enumerate(entries):
         path, init_args = _entry(index, entry)
-        module, _, name = path.rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module or "transformers"), name)
-        except (ImportError, AttributeError):
-            raise ValueError(f"hf_callbacks[{index}].class_path={path!r} cannot be imported.") from None
-        if not (isinstance(cls, type) and issubclass(cls, TrainerCallback)):
-            raise ValueError(f"hf_callbacks[{index}].class_path={path!r} is not a transformers.TrainerCallback "
-                             "subclass (Lightning callbacks go in trainer.callbacks).")
+        cls = import_checked(path, f"hf_callbacks[{index}].class_path",
+                             "a transformers.TrainerCallback subclass (Lightning callbacks go in trainer.callbacks)",
+                             is_callback_class, allow_code_from)
         try:
             callbacks.append(cls(**init_args))
         except TypeError as err:

@@ -7,8 +7,10 @@ No model object ever goes into hyperparameters: the config keeps names and numbe
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
+from hf_lightning.tasks.code_paths import import_checked, is_auto_class, is_config_class
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 from hf_lightning.tasks.task import Task
 
@@ -132,25 +134,15 @@ def label_list_for(task: Task, data: DataSpec, model: ModelSpec, splits: list[An
     )
 
 
-def _import(name: str, key: str) -> Any:
-    import importlib
-
-    import transformers
-
-    module, _, attr = name.rpartition(".")
-    try:
-        return getattr(importlib.import_module(module), attr) if module else getattr(transformers, attr)
-    except (ImportError, AttributeError):
-        raise ValueError(f"{key}={name!r} cannot be imported (a `transformers` name or a dotted path).") from None
-
-
-def build_model(spec: ModelSpec, task: Task, tokenizer: Any, labels: list[str] | None) -> Any:
+def build_model(spec: ModelSpec, task: Task, tokenizer: Any, labels: list[str] | None,
+                allow_code_from: Sequence[str] = ()) -> Any:
     """The model for `task`: `from_pretrained(model_name_or_path)` or `from_config(config_class(...))`.
 
     The label list, when there is one, sets `num_labels`, `id2label` and `label2id` (saved with checkpoints, so a
     checkpoint folder predicts with the same classes).
     """
-    auto = _import(spec.auto_class or task.auto_class, "model.auto_class")
+    auto = import_checked(spec.auto_class or task.auto_class, "model.auto_class", "a transformers Auto model class",
+                          is_auto_class, allow_code_from)
     overrides = dict(spec.config_overrides)
     if labels is not None:
         overrides.update(num_labels=len(labels), id2label=dict(enumerate(labels)),
@@ -163,7 +155,8 @@ def build_model(spec: ModelSpec, task: Task, tokenizer: Any, labels: list[str] |
             setattr(config, name, value)
         return auto.from_pretrained(spec.model_name_or_path, config=config, **spec.from_pretrained_kwargs)
     assert spec.config_class is not None  # ModelSpec requires it without model_name_or_path
-    config_class = _import(spec.config_class, "model.config_class")
+    config_class = import_checked(spec.config_class, "model.config_class", "a transformers.PretrainedConfig subclass",
+                                  is_config_class, allow_code_from)
     kwargs = {"vocab_size": len(tokenizer)}
     if getattr(tokenizer, "pad_token_id", None) is not None:
         kwargs["pad_token_id"] = tokenizer.pad_token_id

@@ -31,6 +31,8 @@ class Task:
         model_defaults: `fn(tokenizer) -> dict` of config arguments for a random init (e.g. the EOS and decoder
             start ids of the tokenizer); `model.config_kwargs` override them.
         generates: whether `predict` can decode generated ids into texts (`predictions.jsonl`).
+        length_fields: the `data.` fields that bound a tokenised row (`max_length`; `block_size` for language
+            modelling), checked against the model's position embeddings before training (`checks.check_lengths`).
     """
 
     name: str
@@ -44,6 +46,7 @@ class Task:
     build_metrics: Callable[..., Any] | None = None
     model_defaults: Callable[..., dict[str, Any]] | None = None
     generates: bool = False
+    length_fields: tuple[str, ...] = ("max_length",)
 
 
 _TASKS: dict[str, Task] = {}

@@ -185,5 +185,7 @@ register_task(Task("text_classification", "AutoModelForSequenceClassification", 
                    _padding_collator, classification_labels, accuracy))
 register_task(Task("token_classification", "AutoModelForTokenClassification", preprocess_tokens, _token_collator,
                    token_labels, token_accuracy))
-register_task(Task("causal_lm", "AutoModelForCausalLM", preprocess_causal_lm, _default_collator))
-register_task(Task("masked_lm", "AutoModelForMaskedLM", preprocess_masked_lm, _mlm_collator))
+register_task(Task("causal_lm", "AutoModelForCausalLM", preprocess_causal_lm, _default_collator,
+                   length_fields=("block_size",)))
+register_task(Task("masked_lm", "AutoModelForMaskedLM", preprocess_masked_lm, _mlm_collator,
+                   length_fields=("block_size",)))

@@ -66,7 +66,7 @@ def kill(out_dir: str, point: str) -> None:
 
     def at_update_4(real):
         def wrapped(*args, **kwargs):
-            if any(str(a).endswith("-4") for a in args) or kwargs.get("step") == 4 or 4 in args:
+            if any("checkpoint-4-" in str(a) for a in args) or kwargs.get("step") == 4 or 4 in args:
                 die()
             return real(*args, **kwargs)
         return wrapped

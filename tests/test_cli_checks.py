@@ -1,0 +1,138 @@
+"""`hf-lightning fit`: every data/model mismatch visible before training, and every config entry that would run code
+or write outside `output_dir`, is one `error:` line (exit status 2) before anything trains.
+
+Before these checks: `data.max_length` above the model's positions crashed inside training with an index error, a
+wrong `data.label_column` with a label list trained without labels and crashed in the loss, label values outside
+the label list ended in a `ValueError` traceback from `datasets.map`, an explicit `num_labels` was silently replaced,
+`model.config_class: torch.hub.load` ran a local `hubconf.py`, and `run_name: ../../x` wrote logs outside
+`output_dir`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hf_lightning.cli import main
+
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
+
+REPO = Path(__file__).resolve().parents[1]
+BERT = "{hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 64"
+
+
+@pytest.fixture
+def in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+def _error(argv: list[str], capsys) -> str:
+    """The one `error:` line of a run that stopped with exit status 2 (an uncaught exception would not exit 2)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1, err[-2000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(("config", "extra", "expected"), [
+    ("text_classification.yaml", ["--model.config_kwargs", BERT + ", max_position_embeddings: 8}"],
+     "data.max_length=64 is longer than the model's position embeddings allow (8 tokens, from its config "
+     "BertConfig)"),
+    ("causal_lm.yaml", ["--data.block_size", "128"],
+     "data.block_size=128 is longer than the model's position embeddings allow (64 tokens"),
+    ("seq2seq.yaml", ["--data.max_target_length", "100"],
+     "data.max_target_length=100 is longer than the model's position embeddings allow (64 tokens"),
+    ("text_classification.yaml", ["--data.label_column", "sentiment", "--data.label_list", "[negative, positive]"],
+     "data.label_column='sentiment' is not a column of the train data; its columns: ['text', 'label']"),
+    ("text_classification.yaml", ["--data.label_list", "[positive, neutral]"],
+     "data.label_column='label': the train data has label(s) ['negative'] that are not in the label list "
+     "['positive', 'neutral'] (data.label_list: 2 classes)"),
+    ("text_classification.yaml", ["--model.config_kwargs", BERT + ", num_labels: 5}"],
+     "model.config_kwargs.num_labels=5 but the data has 2 classes (['negative', 'positive'])"),
+    ("token_classification.yaml", ["--data.label_list", "[O]"], "that are not in the label list ['O']"),
+], ids=["max_length", "block_size", "max_target_length", "label_column", "label_values", "num_labels",
+        "token_labels"])
+def test_data_model_mismatch_is_one_error_line_before_training(config, extra, expected, tmp_path, in_repo, capsys):
+    out = tmp_path / "out"
+    line = _error(["fit", "--config", f"configs/{config}", "--args.output_dir", str(out), *extra], capsys)
+    assert expected in line, line
+    assert not out.exists() or not list(out.iterdir())  # nothing trained, nothing written
+
+
+def test_a_config_class_outside_transformers_is_not_imported_nor_called(tmp_path, in_repo, capsys):
+    """`torch.hub.load` with a local `hubconf.py` used to run that file: now the module is refused before import,
+    and even when allowed, the object is checked to be a config class before it is called."""
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    marker = tmp_path / "ran"
+    (hub / "hubconf.py").write_text(f"open({str(marker)!r}, 'w').write('x')\ndef model(**kw):\n    return None\n")
+    base = ["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path / "out"),
+            "--model.config_class", "torch.hub.load",
+            "--model.config_kwargs", f"{{repo_or_dir: {hub}, model: model, source: local}}"]
+    line = _error(base, capsys)
+    assert "model.config_class='torch.hub.load': a config only imports classes from transformers" in line
+    assert "add it to allow_code_from" in line
+    line = _error([*base, "--allow_code_from", "[torch]"], capsys)
+    assert "model.config_class='torch.hub.load' is not a transformers.PretrainedConfig subclass" in line
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    (["--model.auto_class", "os.system"], "model.auto_class='os.system': a config only imports classes from "
+                                          "transformers"),
+    (["--model.auto_class", "BertConfig"], "model.auto_class='BertConfig' is not a transformers Auto model class"),
+    (["--model.config_class", "AutoModel"], "model.config_class='AutoModel' is not a transformers.PretrainedConfig"),
+    (["--hf_callbacks", "[os.getcwd]"], "hf_callbacks[0].class_path='os.getcwd': a config only imports classes"),
+    (["--args.run_name", "../../escape"], "`run_name`='../../escape' names the logs' folder inside output_dir"),
+], ids=["auto_class-module", "auto_class-kind", "config_class-kind", "hf_callback-module", "run_name"])
+def test_code_and_paths_in_a_config_are_checked(extra, expected, tmp_path, in_repo, capsys):
+    line = _error(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir",
+                   str(tmp_path / "out"), *extra], capsys)
+    assert expected in line, line
+
+
+def test_an_output_dir_that_is_a_file_is_one_error_line(tmp_path, in_repo, capsys):
+    target = tmp_path / "file"
+    target.write_text("not a folder")
+    line = _error(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(target)], capsys)
+    assert f"args.output_dir={str(target)!r} is a file, not a folder" in line
+
+
+def test_a_busy_output_dir_is_one_error_line(tmp_path, in_repo, capsys):
+    """Another live run holds the lock (here: this process, under another run id)."""
+    import json
+    import os
+    import socket
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".hf_lightning.lock").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getppid(),
+                                                        "run": "0123abcd", "created": 0}))
+    line = _error(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(out),
+                   "--args.max_steps", "2"], capsys)
+    assert f"output_dir={str(out)!r} is in use by another training run: pid {os.getppid()} on host " in line
+
+
+def test_a_task_derived_from_a_preset_checks_the_presets_length_fields():
+    """The lengths checked are the preset's (`Task.length_fields`), not chosen by task name: a task made from
+    `causal_lm` under another name (as tests/scripts/cli_fsdp2_fit.py registers one) checks `data.block_size`."""
+    import dataclasses
+
+    from transformers import GPT2Config
+
+    from hf_lightning.tasks.checks import check_lengths
+    from hf_lightning.tasks.registry import get_task
+    from hf_lightning.tasks.specs import DataSpec
+
+    derived = dataclasses.replace(get_task("causal_lm"), name="my_causal_lm")
+    config = GPT2Config(n_positions=64)
+    check_lengths(derived, DataSpec(block_size=64, max_length=128), config)  # max_length does not apply to LM
+    with pytest.raises(ValueError, match=r"data.block_size=65 is longer than the model's position embeddings allow "
+                                         r"\(64 tokens"):
+        check_lengths(derived, DataSpec(block_size=65), config)
+    with pytest.raises(ValueError, match=r"data.max_length=128 .*\(64 tokens"):
+        check_lengths(get_task("text_classification"), DataSpec(max_length=128), config)

@@ -1,0 +1,184 @@
+"""Resuming at the edges, against the real `transformers.Trainer` resumed from the same folder (the oracle).
+
+- At or past the end of the run (a finished run resumed with `resume_from_checkpoint=True`, a shorter
+  `num_train_epochs`, `max_steps` reached): nothing is trained, `trainer.state` is the checkpoint's, the best model
+  is loaded, `on_train_end` runs and `train()` returns HF's metrics; one line says there was nothing to train.
+- With another epoch geometry (batch size, accumulation, dataset length): a warning names each change and the run
+  follows HF's rule (`global_step // updates_per_epoch` epochs done), with HF's losses, epochs and steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+import hf_lightning
+from helpers import classification_dataset, lm_dataset, tiny_bert, tiny_gpt2
+
+LIGHTNING = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
+SPEED = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
+
+
+class EventRecorder(TrainerCallback):
+    """Records the names of the HF events it receives."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def __getattribute__(self, name: str):
+        if name.startswith("on_"):
+            events = object.__getattribute__(self, "events")
+            return lambda *args, **kwargs: events.append(name)
+        return object.__getattribute__(self, name)
+
+
+# ----- at or past the end -----
+END_ARGS = dict(per_device_train_batch_size=8, num_train_epochs=2, save_strategy="epoch", eval_strategy="epoch",
+                logging_steps=1, load_best_model_at_end=True, report_to="none", disable_tqdm=True, seed=3)
+
+
+def _ours_cls(output_dir, callbacks=(), seed=0, **overrides):
+    args = hf_lightning.TrainingArguments(output_dir=str(output_dir), **{**END_ARGS, **overrides})
+    return hf_lightning.Trainer(model=tiny_bert(seed=seed), args=args, train_dataset=classification_dataset(48),
+                                eval_dataset=classification_dataset(16, seed=1), callbacks=list(callbacks),
+                                lightning_kwargs=LIGHTNING)
+
+
+def _hf_cls(output_dir, callbacks=(), seed=0, **overrides):
+    args = transformers.TrainingArguments(output_dir=str(output_dir), use_cpu=True, **{**END_ARGS, **overrides})
+    return transformers.Trainer(model=tiny_bert(seed=seed), args=args, train_dataset=classification_dataset(48),
+                                eval_dataset=classification_dataset(16, seed=1), callbacks=list(callbacks))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """Our finished run: 2 epochs of 6 updates, a checkpoint per epoch, the best one loaded at the end."""
+    root = tmp_path_factory.mktemp("finished")
+    trainer = _ours_cls(root / "run")
+    trainer.train()
+    return root / "run", trainer
+
+
+@pytest.mark.parametrize("overrides", [{}, {"num_train_epochs": 1}], ids=["same-run-again", "fewer-epochs"])
+def test_resume_at_the_end_keeps_the_checkpoint_state_like_hf(finished_run, tmp_path, overrides, caplog,
+                                                                one_thread):
+    source, finished = finished_run
+    folders = {}
+    for name in ("ours", "hf"):
+        folders[name] = tmp_path / name
+        shutil.copytree(source, folders[name])
+    ours_events, hf_events = EventRecorder(), EventRecorder()
+    ours = _ours_cls(folders["ours"], [ours_events], seed=9, **overrides)
+    with caplog.at_level(logging.WARNING, logger="hf_lightning"):
+        ours_out = ours.train(resume_from_checkpoint=True)
+    hf = _hf_cls(folders["hf"], [hf_events], seed=9, **overrides)
+    hf_out = hf.train(resume_from_checkpoint=True)
+
+    # nothing trained: the checkpoint's step, epoch, history and best metric, then one summary entry
+    assert ours_out.global_step == hf_out.global_step == 12
+    assert ours.state.epoch == hf.state.epoch == 2.0
+    assert ours.state.best_metric == hf.state.best_metric == finished.state.best_metric
+    assert ours.state.best_model_checkpoint.endswith(hf.state.best_model_checkpoint.rpartition("/")[2])
+    history = [{k: v for k, v in e.items() if "runtime" not in k and "per_second" not in k}
+               for e in ours.state.log_history]
+    assert history[:-1] == [{k: v for k, v in e.items() if "runtime" not in k and "per_second" not in k}
+                            for e in finished.state.log_history[:-1]]
+    assert list(ours.state.log_history[-1]) == list(hf.state.log_history[-1])
+    assert ours.state.log_history[-1]["train_loss"] == hf.state.log_history[-1]["train_loss"] == 0.0
+    # HF's TrainOutput: same keys (HF's PrinterCallback pops total_flos from it with disable_tqdm), same values
+    assert ours_out.training_loss == hf_out.training_loss == 0.0
+    assert set(ours_out.metrics) - {"total_flos"} == set(hf_out.metrics)
+    for key in set(hf_out.metrics) - set(SPEED):
+        assert ours_out.metrics[key] == hf_out.metrics[key], key
+    assert ours_events.events == hf_events.events == ["on_init_end", "on_train_begin", "on_log", "on_train_end"]
+    # the best model is loaded (the seed-9 initial weights are gone), as HF does
+    best = load_file(f"{ours.state.best_model_checkpoint}/model.safetensors")
+    for name, tensor in ours.model.state_dict().items():
+        if name in best:
+            assert torch.equal(tensor, best[name]), name
+    lines = [r.getMessage() for r in caplog.records if "nothing left to train" in r.getMessage()]
+    assert len(lines) == 1 and "checkpoint-12" in lines[0] and "\n" not in lines[0]
+
+
+def test_resume_at_max_steps_trains_nothing_where_hf_trains_one_step_too_many(tmp_path, one_thread):
+    """HF resumed at `max_steps` inside an epoch skips the trained batches, then trains one more update before it
+    checks `max_steps` (global_step ends at max_steps + 1). Ours stops where the run ended (README "Differences")."""
+    def ours(output_dir, seed):
+        return _ours_cls(output_dir, seed=seed, max_steps=4, save_strategy="steps", save_steps=2,
+                         eval_strategy="steps", eval_steps=2)
+
+    ours(tmp_path / "run", 0).train()
+    shutil.copytree(tmp_path / "run", tmp_path / "hf")
+    resumed = ours(tmp_path / "run", 9)
+    output = resumed.train(resume_from_checkpoint=True)
+    assert output.global_step == resumed.state.global_step == 4 and output.training_loss == 0.0
+    assert resumed.state.log_history[-1]["step"] == 4 and "train_runtime" in resumed.state.log_history[-1]
+    hf = _hf_cls(tmp_path / "hf", seed=9, max_steps=4, save_strategy="steps", save_steps=2, eval_strategy="steps",
+                 eval_steps=2)
+    assert hf.train(resume_from_checkpoint=True).global_step == 5  # HF's extra update past max_steps
+
+
+# ----- another epoch geometry -----
+GEOMETRY_ARGS = dict(per_device_train_batch_size=2, num_train_epochs=2, learning_rate=1e-2, warmup_steps=2,
+                     logging_steps=1, save_strategy="steps", save_steps=1, seed=7, report_to="none",
+                     disable_tqdm=True, optim="adamw_torch")
+
+
+def _lm_model(seed: int):
+    gpt2 = tiny_gpt2(dropout=0.1, seed=seed)
+    gpt2.loss_type = "ForCausalLM"  # HF then counts shifted label tokens, as we do (see test_train_parity.py)
+    return gpt2
+
+
+@pytest.fixture(scope="module")
+def geometry_checkpoint(tmp_path_factory):
+    """Our checkpoint after 9 updates of batch 2 over 24 samples (12 updates per epoch): inside epoch 0."""
+    root = tmp_path_factory.mktemp("geometry")
+    args = hf_lightning.TrainingArguments(output_dir=str(root / "run"), max_steps=9, **{
+        k: v for k, v in GEOMETRY_ARGS.items() if k != "num_train_epochs"})
+    hf_lightning.Trainer(model=_lm_model(0), args=args, train_dataset=lm_dataset(n=24),
+                         lightning_kwargs=LIGHTNING).train()
+    return root / "run" / "checkpoint-9"
+
+
+@pytest.mark.parametrize(("change", "named"), [
+    ({"per_device_train_batch_size": 4}, "per_device_train_batch_size: 2 in the checkpoint -> 4 now"),
+    ({"gradient_accumulation_steps": 2}, "gradient_accumulation_steps: 1 in the checkpoint -> 2 now"),
+    ({"samples": 16}, "training samples (len(train_dataset)): 24 in the checkpoint -> 16 now"),
+], ids=["batch-size", "accumulation", "dataset-length"])
+def test_resume_with_another_epoch_geometry_follows_hf(geometry_checkpoint, tmp_path, change, named, caplog,
+                                                       one_thread):
+    change = dict(change)
+    samples = change.pop("samples", 24)
+    runs = {}
+    for name in ("ours", "hf"):
+        source = tmp_path / name / "checkpoint-9"
+        shutil.copytree(geometry_checkpoint, source)
+        settings = {**GEOMETRY_ARGS, **change}
+        if name == "ours":
+            trainer = hf_lightning.Trainer(
+                model=_lm_model(99), args=hf_lightning.TrainingArguments(output_dir=str(tmp_path / name), **settings),
+                train_dataset=lm_dataset(n=samples), lightning_kwargs=LIGHTNING)
+            with caplog.at_level(logging.WARNING, logger="hf_lightning"):
+                trainer.train(resume_from_checkpoint=str(source))
+        else:
+            trainer = transformers.Trainer(
+                model=_lm_model(99), args=transformers.TrainingArguments(output_dir=str(tmp_path / name),
+                                                                         use_cpu=True, **settings),
+                train_dataset=lm_dataset(n=samples))
+            trainer.train(resume_from_checkpoint=str(source))
+        runs[name] = trainer
+    ours, hf = runs["ours"], runs["hf"]
+    got = [(e["step"], e["epoch"], e["loss"], e["learning_rate"]) for e in ours.state.log_history if "loss" in e]
+    want = [(e["step"], e["epoch"], e["loss"], e["learning_rate"]) for e in hf.state.log_history if "loss" in e]
+    assert [g[:2] for g in got] == [w[:2] for w in want] and got[-1][1] == 2.0  # the run ends at epoch 2, as HF
+    assert [x for g in got for x in g[2:]] == pytest.approx([x for w in want for x in w[2:]], rel=1e-5)
+    assert ours.state.global_step == hf.state.global_step
+    warnings = [r.getMessage() for r in caplog.records if "the epoch is not the checkpoint's" in r.getMessage()]
+    assert len(warnings) == 1 and named in warnings[0]
