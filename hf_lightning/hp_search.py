@@ -202,8 +202,11 @@ class HyperparameterSearchMixin:
             raise
         finally:
             trainer.remove_callback(reporter)
+            run_dir = self.args.output_dir
             self.args.output_dir = base_output_dir
             self._trial = None
+            if os.path.isdir(run_dir) and not os.listdir(run_dir):
+                os.rmdir(run_dir)  # the run lock's folder of a trial that saved nothing: HF leaves no folder
         if self.objective is None:  # no evaluation during training
             self.objective = self.compute_objective(trainer.evaluate())
         return self.objective
