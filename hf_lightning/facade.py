@@ -34,10 +34,12 @@ from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.data.sampling import dataset_length
 from hf_lightning.evaluation import EVAL_LOSS_WEIGHTINGS, EvalRequest
 from hf_lightning.hf_messages import console_callback, logger
+from hf_lightning.hp_search import HyperparameterSearchMixin
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, is_hf_callback, split_callbacks
 from hf_lightning.metrics import is_streaming_metric
 from hf_lightning.module import TransformerModule
 from hf_lightning.resume.find import resolve_resume
+from hf_lightning.script_api import ScriptApiMixin
 from hf_lightning.trainer.data_hooks import DataHooks
 from hf_lightning.trainer.loop_hooks import LoopHooks
 from hf_lightning.trainer.overrides import METRIC_SOURCES, check_overrides, deepspeed_refusals, overridden_methods
@@ -111,7 +113,7 @@ def _check_arguments(
         )
 
 
-class Trainer(StepHooks, DataHooks, LoopHooks):
+class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSearchMixin):
     """Drop-in for `transformers.Trainer` with Lightning underneath.
 
     Subclass it and override HF's methods as for a `transformers.Trainer` (README "Subclassing the Trainer"): the
@@ -125,7 +127,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks):
         train_dataset: training data.
         eval_dataset: one dataset or a dict of named datasets.
         processing_class: tokenizer / processor.
-        model_init: a function returning a fresh model for every `train()` call.
+        model_init: a function returning a fresh model for every `train()` call (given the trial when it takes
+            one argument, during `hyperparameter_search`).
         compute_loss_func: `fn(outputs, labels, num_items_in_batch=...)` computing the loss from the model outputs.
         compute_metrics: `fn(EvalPrediction) -> dict`, or a torchmetrics `Metric` / `MetricCollection` (streaming).
         callbacks: `transformers.TrainerCallback`s and/or Lightning callbacks.
@@ -213,6 +216,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks):
             unreachable_best_metric(self.args, self.datamodule.eval_dataset_names, loss_only)
         if problem:  # HF raises a KeyError at the first evaluation, after training time is spent
             raise ValueError(problem)
+        self.init_script_api(args)  # the user's arguments object, `output_dir` created (script_api.py)
         self.flow.hf_init_end(model)
 
     @staticmethod
@@ -275,21 +279,6 @@ class Trainer(StepHooks, DataHooks, LoopHooks):
         self.pop_callback(callback)
 
     # ----- the HF methods -----
-    def call_model_init(self, trial: Any = None) -> nn.Module:
-        """HF's `call_model_init`: `model_init()` (or `model_init(trial)` for a one-argument function).
-
-        Raises:
-            RuntimeError: `model_init` takes more than one argument, or returned None (HF's errors).
-        """
-        assert self.model_init is not None
-        count = len(inspect.signature(self.model_init).parameters)
-        if count > 1:
-            raise RuntimeError("model_init should have 0 or 1 argument.")
-        model = self.model_init(trial) if count == 1 else self.model_init()
-        if model is None:
-            raise RuntimeError("model_init should not return None.")
-        return model
-
     def train(self, resume_from_checkpoint: str | bool | None = None, ignore_keys_for_eval: list[str] | None = None
               ) -> TrainOutput:
         """Train; returns `TrainOutput(global_step, training_loss, metrics)`.
@@ -308,7 +297,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks):
         try:
             if self.model_init is not None:
                 set_seed(self.args.seed)  # as HF, before building the model (T:1484-1492)
-                model = self.call_model_init()
+                model = self.call_model_init(self._trial)  # the trial during `hyperparameter_search` (hp_search.py)
                 self.module = self._build_module(model)  # a fresh optimizer and scheduler (T:1489)
                 self.flow.handler.model = model
             resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
@@ -370,4 +359,4 @@ class Trainer(StepHooks, DataHooks, LoopHooks):
         is_zero = trainer is None or trainer.is_global_zero
         if is_zero:
             logger.info(f"Saving model checkpoint to {folder}")
-        save_final_model(self.model, folder, self.processing_class, self.args, is_global_zero=is_zero)
+        save_final_model(self.model, folder, self.processing_class, self.passed_args, is_global_zero=is_zero)

@@ -80,6 +80,9 @@ class CheckpointSaver:
     def __init__(self, args: TrainingArguments, processing_class: Any = None) -> None:
         self.args = args
         self.processing_class = processing_class
+        self.saved_args: Any = None
+        """What `training_args.bin` holds: the arguments object the user passed (a `transformers.TrainingArguments`
+        stays one); None: `args`."""
         self.lock: RunLock | None = None
         self.run: str | None = None
         """This run's id (every rank): names its temporary folders; None outside `begin_run` / `end_run`."""
@@ -194,7 +197,7 @@ class CheckpointSaver:
             full_state = dist_state.full_model_state_dict(model)  # collective under FSDP2, None otherwise
             if zero:
                 save_model_files(model, tmp, self.processing_class, state_dict=full_state)
-                torch_save(self.args, tmp / "training_args.bin")
+                torch_save(self.saved_args if self.saved_args is not None else self.args, tmp / "training_args.bin")
         if not self.args.save_only_model:
             optimizer = trainer.optimizers[0] if trainer.optimizers else None
             optimizer = getattr(optimizer, "optimizer", optimizer)

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from torch.utils.data import DataLoader, Sampler
+from transformers.trainer_pt_utils import IterableDatasetShard
 
 __all__ = [
     "EagerWindows", "EpochLoader", "LazyWindow", "MicroBatchStream", "SkipBatchSampler", "WindowStream", "is_sized",
@@ -45,9 +46,13 @@ def is_sized(loader: Any) -> bool:
 
 
 def num_examples(loader: Any, batch_size: int) -> int:
-    """HF's `Trainer.num_examples` (T:993-1005): `len(loader.dataset)`, else `len(loader) * batch_size`."""
+    """HF's `Trainer.num_examples` (T:993-1005): `len(loader.dataset)` (an `IterableDatasetShard`'s inner dataset),
+    else `len(loader) * batch_size`."""
     try:
-        return len(loader.dataset)
+        dataset = loader.dataset
+        if isinstance(dataset, IterableDatasetShard):
+            return len(dataset.dataset)  # type: ignore[arg-type]  # an unsized one raises TypeError, caught below
+        return len(dataset)
     except (NameError, AttributeError, TypeError):
         return len(loader) * batch_size
 

@@ -38,6 +38,7 @@ from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
     existing_checkpoint_conflict,
+    replaced_checkpoints_notice,
     resolve_resume,
 )
 from hf_lightning.resume.position import (
@@ -174,9 +175,10 @@ class CheckpointRestorer:
         trainer_state = read_file(files.path / TRAINER_STATE_NAME, lambda p: json.loads(p.read_text()))
         global_step = int(trainer_state["global_step"])
         conflict = existing_checkpoint_conflict(self.args.resolved_output_dir, global_step,
-                                                self.args.save_strategy != "no")
+                                                self.args.save_strategy != "no", self.args)
         if conflict:
             raise ValueError(conflict)
+        _say_replaced(trainer, self.args, global_step)
         model = flow_model(pl_module)
         hf_logger.info(f"Loading model from {self.path}.")  # HF's message (T:3659)
         load_weights(model, files.weights)
@@ -290,6 +292,13 @@ class CheckpointRestorer:
                 torch.cuda.random.set_rng_state(cuda)
 
 
+def _say_replaced(trainer: pl.Trainer, args: Any, resume_step: int | None) -> None:
+    """Name, once (global rank zero), the checkpoints of the user's own earlier run that this run will replace."""
+    notice = replaced_checkpoints_notice(args.resolved_output_dir, resume_step, args.save_strategy != "no", args)
+    if notice and trainer.is_global_zero:
+        log.warning(notice)
+
+
 def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> CheckpointRestorer | None:
     """At `on_fit_start`: restore `flow.resume_from_checkpoint` (a path or True; when None,
     `args.resume_from_checkpoint`), or refuse to overwrite another
@@ -300,9 +309,10 @@ def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     # None: a Lightning-native run (e.g. from a config file) may set it in the arguments
     resume = resolve_resume(args, flow.resume_from_checkpoint) if flow.resume_from_checkpoint is not False else None
     if not resume:
-        conflict = existing_checkpoint_conflict(output_dir, None, args.save_strategy != "no")
+        conflict = existing_checkpoint_conflict(output_dir, None, args.save_strategy != "no", args)
         if conflict:
             raise ValueError(conflict)
+        _say_replaced(trainer, args, None)
         return None
     restorer = CheckpointRestorer(resume, args)
     plan = flow.plan
