@@ -241,7 +241,9 @@ def test_rank_zero_loggers_carry_lightnings_info_messages():
     recorder = _Recorder()
     loggers = compat.rank_zero_loggers()
     for logger in loggers:
-        logger.addFilter(recorder)
+        # first, before hf_lightning's console filter (installed by any earlier fit in this process), which shows the
+        # device banner once per process and would hide it from a recorder placed after it
+        logger.filters.insert(0, recorder)
     try:
         pytorch_info("from lightning.pytorch")
         fabric_info("from lightning.fabric")
