@@ -10,11 +10,11 @@ writes through (named after Lightning's modules), whether Lightning picks its ri
 Lightning's own code triggers in torch (its `_pytree` module).
 
 Why `lightning>=2.6,<2.7` (pyproject.toml): the names used below (`_TrainingEpochLoop._should_check_val_fx`,
-`_LoggerConnector._first_loop_iter`, `_TrainingEpochLoop._batches_that_stepped` / `_restarting`, the progress
-trackers' counters, `_AcceleratorConnector.use_distributed_sampler`, `LightningModule._trainer`,
-`lightning.pytorch.utilities.imports._RICH_AVAILABLE`, the `rank_zero` logger names, the `_pytree` module, and
-torch's `Optimizer._step_supports_amp_scaling` that Lightning reads too) are private and may change in any minor
-release. Raise the upper bound only after tests/test_lightning_compat.py passes on the new series.
+`_LoggerConnector._first_loop_iter`, `_EvaluationLoop._combined_loader`, `_TrainingEpochLoop._batches_that_stepped` /
+`_restarting`, the progress trackers' counters, `_AcceleratorConnector.use_distributed_sampler`,
+`LightningModule._trainer`, `lightning.pytorch.utilities.imports._RICH_AVAILABLE`, the `rank_zero` logger names, the
+`_pytree` module, and torch's `Optimizer._step_supports_amp_scaling` that Lightning reads too) are private and may
+change in any minor release. Raise the upper bound only after tests/test_lightning_compat.py passes on the new series.
 """
 
 from __future__ import annotations
@@ -28,12 +28,14 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities import CombinedLoader
 from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
 __all__ = [
     "attached_trainer",
     "callbacks_of",
     "datamodule_of",
+    "defer_validation_data",
     "disable_validation_trigger",
     "grad_scaler",
     "ignore_internal_deprecation_warnings",
@@ -43,6 +45,7 @@ __all__ = [
     "rank_zero_loggers",
     "restart_train_iterator",
     "rich_progress_bar_available",
+    "reload_validation_data",
     "run_validation_now",
     "set_loop_position",
     "set_step_budget",
@@ -129,6 +132,22 @@ def restart_train_iterator(trainer: pl.Trainer) -> None:
     fetcher = trainer.fit_loop._data_fetcher
     if fetcher is not None:  # set by `setup_data`, which runs before any epoch hook
         iter(fetcher)
+
+
+def defer_validation_data(trainer: pl.Trainer) -> None:
+    """Keep Lightning from asking for the validation loaders when the fit starts (it does so for its progress bar):
+    HF builds them at each evaluation only (`reload_validation_data` before each run), so an overridden
+    `get_eval_dataloader` is called as often as HF calls it."""
+    trainer.fit_loop.epoch_loop.val_loop._combined_loader = CombinedLoader([], "sequential")
+
+
+def reload_validation_data(trainer: pl.Trainer) -> None:
+    """Make the next validation run inside `fit` ask the data module for its loaders again (`val_dataloader`).
+
+    Lightning keeps the loaders of its first validation for the whole fit; HF builds them at every evaluation
+    (`get_eval_dataloader`), and an evaluation may be on other datasets (`evaluate(eval_dataset=...)` in a subclass).
+    """
+    trainer.fit_loop.epoch_loop.val_loop._combined_loader = None
 
 
 def position_in_epoch(trainer: pl.Trainer) -> tuple[int, bool]:

@@ -12,8 +12,15 @@ missing). `TransformerModule` and `TransformerDataModule` implement them; a user
 - `TrainingStepListener`: a Lightning callback told about HF's events inside an update (`on_substep_end`,
   `on_pre_optimizer_step`, `on_optimizer_step`); the module calls every callback of the trainer that is one.
 - `HFEvaluationListener`: a Lightning callback told about each finished HF evaluation (e.g. `HFEarlyStopping`).
-- `HFStepHooks`: the owner of `compute_loss` / `prediction_step` with the HF signatures, which the module's steps call
-  through `TransformerModule.hooks` (the module itself; a `transformers.Trainer`-style subclass may own them).
+- `HFStepHooks`: the owner of the HF hooks with `transformers.Trainer`'s signatures (`training_step`, `compute_loss`,
+  `prediction_step`, `create_optimizer`, ...), which the module calls through `TransformerModule.hooks` (the module
+  itself, or an `hf_lightning.Trainer` whose subclass may override them).
+- `HFDataHooks`: the owner of HF's dataloader methods (`get_train_dataloader`, `get_eval_dataloader`,
+  `get_test_dataloader`), which `TransformerDataModule` asks for its loaders (`loader_owner`: an `hf_lightning.Trainer`;
+  without one, the data module itself; `hf_lightning/trainer/data_hooks.py` is the `Trainer`'s side).
+- `HFLoopHooks`: the owner of HF's loop methods (`_maybe_log_save_evaluate`, `log`, `_evaluate`, `num_examples`,
+  `floating_point_ops`), which `HFTrainerFlow` calls where HF's loop does (`HFLoopSteps.owner`: an
+  `hf_lightning.Trainer`; without one, the flow's built-ins run; `hf_lightning/trainer/loop_hooks.py`).
 - `TrainingStepOutput`: what the module's `training_step` returns, read by the flow for logging.
 """
 
@@ -32,8 +39,8 @@ if TYPE_CHECKING:
     from hf_lightning.evaluation import EvalRequest
 
 __all__ = [
-    "FlowDataModule", "FlowModule", "HFEvaluationListener", "HFFlowView", "HFStepHooks", "ResumableTrainStream",
-    "TrainingStepListener",
+    "FlowDataModule", "FlowModule", "HFDataHooks", "HFEvaluationListener", "HFFlowView", "HFLoopHooks", "HFStepHooks",
+    "ResumableTrainStream", "TrainingStepListener",
     "TrainingStepOutput", "check_flow_contracts", "flow_model", "flow_module", "missing_members",
 ]
 
@@ -76,6 +83,9 @@ class FlowDataModule(Protocol):
 
     def num_train_microbatches(self) -> int | None:
         """Micro-batches per epoch on one process (HF's `len(train_dataloader)`); None for an unsized dataset."""
+
+    def train_loader(self) -> Any:
+        """The micro-batch loader of the running fit (HF's `train_dataloader`, passed to HF callbacks)."""
 
 
 @runtime_checkable
@@ -122,7 +132,15 @@ class HFEvaluationListener(Protocol):
 
 
 class HFStepHooks(Protocol):
-    """The two HF hooks the module's steps call, with the `transformers.Trainer` signatures."""
+    """The HF hooks `TransformerModule` calls, with the `transformers.Trainer` signatures (`module_hooks.py` gives
+    the order; `hf_lightning/trainer/step_hooks.py` is the `Trainer`'s side)."""
+
+    optimizer: Any
+    lr_scheduler: Any
+
+    def training_step(self, model: nn.Module, inputs: dict[str, Any],
+                      num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        """One micro-batch: loss, normalisation over the window, backward; the detached loss."""
 
     def compute_loss(
         self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
@@ -135,6 +153,89 @@ class HFStepHooks(Protocol):
         ignore_keys: list[str] | None = None,
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """`(loss, logits, labels)` of one eval / predict batch."""
+
+    def compute_loss_context_manager(self) -> Any:
+        """The context around `compute_loss`."""
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> Any:
+        """The autocast context `compute_loss_context_manager` enters (a no-op: Lightning autocasts)."""
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """A batch ready for the model."""
+
+    def _prepare_input(self, data: Any) -> Any:
+        """One (nested) value moved to the device."""
+
+    def _prepare_context_parallel_inputs(self, model: nn.Module, inputs: dict[str, Any]) -> tuple[Any, Any]:
+        """`(context, inputs)` for context parallelism."""
+
+    def _get_num_items_in_batch(self, batch_samples: list[Any], device: Any) -> torch.Tensor | None:
+        """The label tokens of a window of micro-batches."""
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """The parameters that get weight decay."""
+
+    def get_optimizer_cls_and_kwargs(self, args: Any, model: nn.Module | None = None) -> tuple[Any, dict[str, Any]]:
+        """The optimizer class and keyword arguments."""
+
+    def create_optimizer(self, model: nn.Module | None = None) -> Any:
+        """Set (if None) and return `optimizer`."""
+
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        """Set (if None) and return `lr_scheduler`."""
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        """Both of the above."""
+
+
+class HFDataHooks(Protocol):
+    """HF's dataloader methods `TransformerDataModule` asks for its loaders, with the `transformers.Trainer`
+    signatures (`hf_lightning/trainer/data_hooks.py` is the `Trainer`'s side; the data module has its own)."""
+
+    def get_train_dataloader(self) -> Any:
+        """The training loader of micro-batches, once per `train()`."""
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """One eval loader: `eval_dataset` is a dataset, the name of one of the eval datasets, or None."""
+
+    def get_test_dataloader(self, test_dataset: Any) -> Any:
+        """The loader of a `predict()` call."""
+
+    def _get_dataloader(
+        self, dataset: Any, description: str, batch_size: int, sampler_fn: Any = None, is_training: bool = False,
+        dataloader_key: str | None = None,
+    ) -> Any:
+        """A loader of `dataset` (columns the model cannot take removed) in `sampler_fn(dataset)`'s order."""
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        """The training order (a sampler), or None."""
+
+    def _get_eval_sampler(self, eval_dataset: Any) -> Any:
+        """The evaluation order (a sampler), or None."""
+
+
+class HFLoopHooks(Protocol):
+    """HF's loop methods `HFTrainerFlow` calls where HF's loop calls them, with the `transformers.Trainer`
+    signatures (`hf_lightning/trainer/loop_hooks.py` is the `Trainer`'s side)."""
+
+    def _maybe_log_save_evaluate(
+        self, tr_loss: Any, grad_norm: Any, model: nn.Module, trial: Any, epoch: float,
+        ignore_keys_for_eval: list[str] | None, start_time: float, learning_rate: float | None = None,
+    ) -> None:
+        """After every update: log, evaluate and save as the control flags say."""
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """One log entry: `log_history`, the callbacks' `on_log`, the loggers."""
+
+    def _evaluate(self, trial: Any, ignore_keys_for_eval: list[str] | None, skip_scheduler: bool = False
+                  ) -> dict[str, float]:
+        """An evaluation during `train()`: its metrics."""
+
+    def num_examples(self, dataloader: Any) -> int:
+        """The examples of a (sized) loader."""
+
+    def floating_point_ops(self, inputs: Any) -> int:
+        """The FLOPs of one micro-batch (a mapping: the collator's output, as HF passes it)."""
 
 
 class TrainingStepOutput(TypedDict):

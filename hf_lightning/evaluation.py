@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from transformers.utils import can_return_loss
 
 __all__ = [
     "EVAL_LOSS_WEIGHTINGS", "EvalRequest", "EvalResult", "EvalSettings", "EvalStep", "EvaluationOutput",
-    "check_batch_columns", "check_metrics", "concat_padded", "hf_prediction_step", "prefix_metrics",
+    "PredictionHooks", "check_batch_columns", "check_metrics", "concat_padded", "hf_prediction_step", "prefix_metrics",
 ]
 
 # Keys HF puts into every evaluation result; a compute_metrics key landing on one of them would overwrite it.
@@ -122,17 +122,34 @@ class EvalSettings:
     eval_loss_repeats: int | None = None
 
 
+class PredictionHooks(Protocol):
+    """The HF hooks `hf_prediction_step` calls, with the `transformers.Trainer` signatures (the module's `hooks`)."""
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]: ...
+
+    def _get_num_items_in_batch(self, batch_samples: list[Any], device: Any) -> Any: ...
+
+    def _prepare_context_parallel_inputs(self, model: torch.nn.Module, inputs: dict[str, Any]) -> tuple[Any, Any]: ...
+
+    def compute_loss_context_manager(self) -> Any: ...
+
+    def compute_loss(self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any: ...
+
+
 def hf_prediction_step(
-    compute_loss: Callable[..., Any],
+    hooks: PredictionHooks,
     label_names: list[str],
     model: torch.nn.Module,
     inputs: dict[str, Any],
     prediction_loss_only: bool,
     ignore_keys: list[str] | None,
+    device: Any = None,
 ) -> tuple[torch.Tensor | None, Any, Any]:
     """`Trainer.prediction_step`: loss (if labels), logits without `loss` and ignored keys, labels.
 
-    `compute_loss` is the `compute_loss(model, inputs, return_outputs=True)` to use (the module's hook).
+    The HF hooks it calls (`_prepare_inputs`, `_get_num_items_in_batch`, `compute_loss_context_manager`,
+    `compute_loss`) are `hooks`' (the module's owner), in HF's order (T:3185-3292).
     """
     check_batch_columns(model, inputs)
     has_labels = bool(label_names) and all(inputs.get(k) is not None for k in label_names)
@@ -140,6 +157,7 @@ def hf_prediction_step(
     if return_loss is None:
         return_loss = can_return_loss(type(model))
     loss_without_labels = not label_names and return_loss
+    inputs = hooks._prepare_inputs(inputs)
     if ignore_keys is None:
         config = getattr(model, "config", None)  # any nn.Module may be evaluated; only HF models have a config
         ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"])) if config else []
@@ -149,13 +167,18 @@ def hf_prediction_step(
         labels = labels[0] if len(labels) == 1 else labels
     with torch.no_grad():
         if has_labels or loss_without_labels:
-            loss, outputs = compute_loss(model, inputs, return_outputs=True)
+            num_items_in_batch = hooks._get_num_items_in_batch([inputs], device)
+            cp_context, inputs = hooks._prepare_context_parallel_inputs(model, inputs)
+            with hooks.compute_loss_context_manager(), cp_context():
+                loss, outputs = hooks.compute_loss(model, inputs, return_outputs=True,
+                                                   num_items_in_batch=num_items_in_batch)
             loss = loss.detach().mean()
             skip = [*ignore_keys, "loss"]
             logits = _without(outputs, skip) if isinstance(outputs, Mapping) else outputs[1:]
         else:
             loss = None
-            outputs = model(**inputs)
+            with hooks.compute_loss_context_manager():
+                outputs = model(**inputs)
             logits = _without(outputs, ignore_keys) if isinstance(outputs, Mapping) else outputs
     if prediction_loss_only:
         return loss, None, None

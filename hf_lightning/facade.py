@@ -3,15 +3,22 @@
 The facade only assembles: a `TransformerModule`, a `TransformerDataModule`, the `HFTrainerFlow` callback and a
 `lightning.Trainer` (with `lightning_kwargs` forwarded). Every behaviour lives in those pieces, so the CLI and a
 hand-built `lightning.Trainer` get the same results.
+
+The pieces call HF's overridable methods on the trainer (`trainer/step_hooks.py`, `trainer/data_hooks.py`,
+`trainer/loop_hooks.py`), so a subclass overrides them as it would a `transformers.Trainer`'s; an override that
+cannot be honoured is refused at construction (`trainer/overrides.py`).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import json
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ProgressBar
 from torch import nn
 from transformers import set_seed
 from transformers.trainer_utils import PredictionOutput, TrainOutput
@@ -25,24 +32,64 @@ from hf_lightning.checkpointing.checks import output_dir_problem
 from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.data.sampling import dataset_length
-from hf_lightning.evaluation import EVAL_LOSS_WEIGHTINGS
+from hf_lightning.evaluation import EVAL_LOSS_WEIGHTINGS, EvalRequest
+from hf_lightning.hf_messages import console_callback, logger
+from hf_lightning.hp_search import HyperparameterSearchMixin
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, is_hf_callback, split_callbacks
 from hf_lightning.metrics import is_streaming_metric
 from hf_lightning.module import TransformerModule
 from hf_lightning.resume.find import resolve_resume
+from hf_lightning.script_api import ScriptApiMixin
+from hf_lightning.trainer.data_hooks import DataHooks
+from hf_lightning.trainer.loop_hooks import LoopHooks
+from hf_lightning.trainer.overrides import METRIC_SOURCES, check_overrides, deepspeed_refusals, overridden_methods
+from hf_lightning.trainer.step_hooks import StepHooks
 
 __all__ = ["Trainer"]
 
 
+def _deepspeed_config(args: TrainingArguments, lightning_kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The DeepSpeed config of the run: `args.deepspeed` (a dict or a JSON file) or the strategy object's."""
+    strategy = lightning_kwargs.get("strategy")
+    if "DeepSpeed" in type(strategy).__name__:
+        return dict(getattr(strategy, "config", None) or {})
+    value = args.deepspeed
+    if isinstance(value, str) and os.path.isfile(value):
+        with open(value) as f:
+            value = json.load(f)
+    return dict(value) if isinstance(value, Mapping) else None
+
+
+def _as_list(trainer_kwargs: Mapping[str, Any]) -> list[Any]:
+    """The Lightning callbacks passed in `lightning_kwargs["callbacks"]`."""
+    callbacks = trainer_kwargs.get("callbacks") or []
+    return list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+
+
+def _asks_for_lightning_bar(lightning_kwargs: Mapping[str, Any], lightning_callbacks: list[Any]) -> bool:
+    """Whether the user asked for Lightning's progress bar: `enable_progress_bar=True` or a `ProgressBar` callback."""
+    return bool(lightning_kwargs.get("enable_progress_bar")) or any(
+        isinstance(cb, ProgressBar) for cb in lightning_callbacks)
+
+
 def _check_arguments(
-    args: TrainingArguments, train_dataset: Any, eval_dataset: Any, compute_metrics: Any, eval_loss_weighting: str
+    args: TrainingArguments, train_dataset: Any, eval_dataset: Any, compute_metrics: Any, eval_loss_weighting: str,
+    optimizers: tuple[Any, Any] = (None, None), optimizer_cls_and_kwargs: Any = None, model_init: Any = None,
 ) -> None:
     """The constructor's checks of the arguments against each other, with HF's words where HF makes them.
 
     Raises:
         ValueError: an unsized `train_dataset` without `max_steps`; an `eval_strategy` without `eval_dataset`; an
             unknown `eval_loss_weighting`; a `batch_eval_metrics` function without `compute_result`.
+        RuntimeError: `optimizers` with `optimizer_cls_and_kwargs` or with `model_init` (HF's errors, T:693-700).
     """
+    if optimizer_cls_and_kwargs is not None and optimizers[0] is not None:
+        raise RuntimeError("Passing both `optimizers` and `optimizer_cls_and_kwargs` arguments is incompatible.")
+    if model_init is not None and (optimizers[0] is not None or optimizers[1] is not None):
+        raise RuntimeError(
+            "Passing a `model_init` is incompatible with providing the `optimizers` argument. You should subclass "
+            "`Trainer` and override the `create_optimizer_and_scheduler` method."
+        )
     if train_dataset is not None and dataset_length(train_dataset) is None and args.max_steps <= 0:
         # HF raises this in `Trainer.__init__` (T:728-733), not at `train()`: same place, same words.
         raise ValueError(
@@ -66,8 +113,11 @@ def _check_arguments(
         )
 
 
-class Trainer:
+class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSearchMixin):
     """Drop-in for `transformers.Trainer` with Lightning underneath.
+
+    Subclass it and override HF's methods as for a `transformers.Trainer` (README "Subclassing the Trainer"): the
+    Lightning pieces call them where HF's loop does.
 
     Args:
         model: the model to train (or None with `model_init`).
@@ -77,18 +127,24 @@ class Trainer:
         train_dataset: training data.
         eval_dataset: one dataset or a dict of named datasets.
         processing_class: tokenizer / processor.
-        model_init: a function returning a fresh model for every `train()` call.
+        model_init: a function returning a fresh model for every `train()` call (given the trial when it takes
+            one argument, during `hyperparameter_search`).
+        compute_loss_func: `fn(outputs, labels, num_items_in_batch=...)` computing the loss from the model outputs.
         compute_metrics: `fn(EvalPrediction) -> dict`, or a torchmetrics `Metric` / `MetricCollection` (streaming).
         callbacks: `transformers.TrainerCallback`s and/or Lightning callbacks.
         optimizers: a user `(optimizer, scheduler)` pair.
+        optimizer_cls_and_kwargs: `(optimizer class, kwargs)` used instead of `args.optim` (with HF's groups).
         preprocess_logits_for_metrics: `fn(logits, labels) -> tensor`, per eval batch.
         lightning_kwargs: forwarded to `lightning.Trainer` (accelerator, devices, strategy, precision, logger...).
         eval_loss_weighting: "samples" (HF's `eval_loss`) or "tokens" (mean over every label token; README
             "Evaluation and prediction").
 
     Attributes:
-        module_class: the LightningModule class to build; set it to your `TransformerModule` subclass to use
-            overridden `compute_loss` / `prediction_step`.
+        module_class: the LightningModule class to build (`Seq2SeqTrainer`: `Seq2SeqTransformerModule`).
+        lightning_trainer: the `lightning.Trainer` of the last `train()` / `evaluate()` / `predict()` call.
+
+    Raises:
+        TypeError: the subclass overrides an HF method that cannot be honoured (`trainer/overrides.py`).
     """
 
     module_class: type[TransformerModule] = TransformerModule
@@ -101,54 +157,71 @@ class Trainer:
         train_dataset: Any = None,
         eval_dataset: Any = None,
         processing_class: Any = None,
-        model_init: Callable[[], nn.Module] | None = None,
+        model_init: Callable[..., nn.Module] | None = None,
+        compute_loss_func: Callable[..., Any] | None = None,
         compute_metrics: Callable[..., dict] | None = None,
         callbacks: list[Any] | None = None,
         optimizers: tuple[Any, Any] = (None, None),
+        optimizer_cls_and_kwargs: tuple[Any, dict[str, Any]] | None = None,
         preprocess_logits_for_metrics: Callable | None = None,
         lightning_kwargs: dict[str, Any] | None = None,
         eval_loss_weighting: str = "samples",
     ) -> None:
         self.args = self._resolve_args(args)
+        self.lightning_kwargs = dict(lightning_kwargs or {})
+        # every override checked before anything is built: one error naming all that cannot be honoured
+        check_overrides(type(self), deepspeed_refusals(_deepspeed_config(self.args, self.lightning_kwargs)))
+        self._overridden = frozenset(overridden_methods(type(self)))
+        if self.args.save_async and "save_model" in self._overridden:
+            # an override writes from the live model on the training thread; a background save writes CPU copies
+            raise ValueError("save_async=True cannot be combined with an overridden save_model: each checkpoint's "
+                             "model files are written by your save_model while training waits, so the save would not "
+                             "run in the background. Use save_async=False, or remove the save_model override.")
         hf_logging.set_verbosity(self.args.get_process_log_level())  # as HF's Trainer.__init__ does
         set_seed(self.args.seed)
         if (problem := output_dir_problem(self.args.resolved_output_dir)) is not None:
             raise ValueError(problem)  # here, not at the first save after `save_steps` updates
+        self.model_init = model_init
         if model is None:
             if model_init is None:
                 raise ValueError("`Trainer` requires either a `model` or `model_init` argument (both are None).")
-            model = model_init()
-        _check_arguments(self.args, train_dataset, eval_dataset, compute_metrics, eval_loss_weighting)
+            model = self.call_model_init()
+        _check_arguments(self.args, train_dataset, eval_dataset, compute_metrics, eval_loss_weighting, optimizers,
+                         optimizer_cls_and_kwargs, model_init)
         self.eval_loss_weighting = eval_loss_weighting
-        plain_function = compute_metrics is not None and not is_streaming_metric(compute_metrics)
-        if self.args.batch_eval_metrics and plain_function and compute_metrics is not None \
-                and "compute_result" not in inspect.signature(compute_metrics).parameters:
-            raise ValueError(
-                "When using `batch_eval_metrics`, your `compute_metrics` function must take a `compute_result`"
-                " boolean argument which will be triggered after the last batch of the eval set to signal that"
-                " the summary statistics should be returned by the function."
-            )
-        self.model = model
-        self.model_init = model_init
         self.processing_class = processing_class
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
-        self.optimizers = optimizers
+        self._module_kwargs: dict[str, Any] = {"compute_loss_func": compute_loss_func,
+                                               "optimizer_cls_and_kwargs": optimizer_cls_and_kwargs}
         self.datamodule = TransformerDataModule(
             train_dataset=train_dataset, eval_dataset=eval_dataset, args=self.args,
             data_collator=data_collator, processing_class=processing_class,
         )
-        self.module = self._build_module(model)
+        self.datamodule.loader_owner = self
+        self._eval_dataset = eval_dataset
+        hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
+        self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs)
+        # One progress bar: HF's console (its log dicts printed by its printer, or written above its progress bar),
+        # unless `lightning_kwargs` / `callbacks` ask for Lightning's bar (callbacks/progress_bar.py) instead
+        lightning_callbacks = [*self._lightning_callbacks, *_as_list(self._trainer_kwargs)]
+        if _asks_for_lightning_bar(self.lightning_kwargs, lightning_callbacks):
+            console = []
+        else:
+            console = [console_callback(self.args.disable_tqdm)]
+            self._trainer_kwargs["enable_progress_bar"] = False
+        self.flow = build_flow(self.args, [*hf_callbacks, *console], processing_class)
+        self.flow.owner = self
+        if "save_model" in self._overridden:
+            self.flow.saver.save_model = lambda folder: self.save_model(folder, _internal_call=True)
+        self.lightning_trainer: pl.Trainer | None = None
+        self.module = self._build_module(model, optimizers)
         loss_only = self.module.prediction_loss_only(is_prediction=False)
-        problem = unreachable_best_metric(self.args, self.datamodule.eval_dataset_names, loss_only)
+        problem = None if self._overridden & METRIC_SOURCES else \
+            unreachable_best_metric(self.args, self.datamodule.eval_dataset_names, loss_only)
         if problem:  # HF raises a KeyError at the first evaluation, after training time is spent
             raise ValueError(problem)
-        hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
-        self.flow = build_flow(self.args, hf_callbacks, processing_class)
-        self.lightning_kwargs = dict(lightning_kwargs or {})
-        self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs)
-        self.lightning_trainer: pl.Trainer | None = None
-        """The `lightning.Trainer` of the last `train()` / `evaluate()` / `predict()` call."""
+        self.init_script_api(args)  # the user's arguments object, `output_dir` created (script_api.py)
         self.flow.hf_init_end(model)
 
     @staticmethod
@@ -159,23 +232,35 @@ class Trainer:
             return args
         return from_hf_training_arguments(args)
 
-    def _build_module(self, model: nn.Module) -> TransformerModule:
+    def _build_module(self, model: nn.Module, optimizers: tuple[Any, Any] = (None, None)) -> TransformerModule:
+        """The LightningModule around `model`, calling its HF hooks on this trainer."""
         module = self.module_class(
-            model, self.args, optimizers=self.optimizers, compute_metrics=self.compute_metrics,
+            model, self.args, optimizers=optimizers, compute_metrics=self.compute_metrics,
             preprocess_logits_for_metrics=self.preprocess_logits_for_metrics, processing_class=self.processing_class,
+            **self._module_kwargs,
         )
         module.eval_loss_weighting = self.eval_loss_weighting
+        module.attach_hooks(self, self._overridden)
+        self.datamodule.signature_model = model
         return module
+
+    @property
+    def model(self) -> nn.Module:
+        """HF's `model`: the model being trained (replaced by `model_init`'s at every `train()`)."""
+        return self.module.model
+
+    @model.setter
+    def model(self, model: nn.Module) -> None:
+        if "module" not in vars(self):  # before `__init__` built the module: the constructor's model is used
+            return
+        if model is not self.module.model:
+            self.module = self._build_module(model, (self.module.optimizer, self.module.lr_scheduler))
+            self.flow.handler.model = model
 
     def _lightning_trainer(self) -> pl.Trainer:
         """A fresh `lightning.Trainer` for one run (a Lightning trainer runs one fit / validate / predict)."""
         self.lightning_trainer = build_lightning_trainer(self.flow, self._lightning_callbacks, self._trainer_kwargs)
         return self.lightning_trainer
-
-    @property
-    def state(self) -> Any:
-        """HF's `TrainerState`: `global_step`, `epoch`, `log_history`, `best_metric`, `best_model_checkpoint`..."""
-        return self.flow.state
 
     def add_callback(self, callback: Any) -> None:
         """Add an HF `TrainerCallback` or a Lightning callback."""
@@ -199,61 +284,84 @@ class Trainer:
         self.pop_callback(callback)
 
     # ----- the HF methods -----
-    def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
+    def train(self, resume_from_checkpoint: str | bool | None = None, ignore_keys_for_eval: list[str] | None = None
+              ) -> TrainOutput:
         """Train; returns `TrainOutput(global_step, training_loss, metrics)`.
 
         Args:
             resume_from_checkpoint: a checkpoint folder (ours or `transformers.Trainer`'s), or True for the latest
                 `checkpoint-<n>` in `output_dir`; None/False falls back to `args.resume_from_checkpoint`.
+            ignore_keys_for_eval: output keys the evaluations during training drop from the predictions.
 
         Raises:
             ValueError: `resume_from_checkpoint=True` with no checkpoint in `output_dir`; `output_dir` holds
                 checkpoints of another run (see README "Checkpoints and resume").
             FileNotFoundError: the checkpoint folder does not exist or is incomplete (names the missing file).
         """
-        if self.model_init is not None:
-            set_seed(self.args.seed)
-            self.model = self.model_init()
-            self.module = self._build_module(self.model)
-            self.flow.handler.model = self.model
-        resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
-        # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path
-        return self.flow.fit(self._lightning_trainer(), self.module, self.datamodule, resume_from_checkpoint=resume)
+        self.is_in_train = True
+        try:
+            if self.model_init is not None:
+                set_seed(self.args.seed)  # as HF, before building the model (T:1484-1492)
+                model = self.call_model_init(self._trial)  # the trial during `hyperparameter_search` (hp_search.py)
+                self.module = self._build_module(model)  # a fresh optimizer and scheduler (T:1489)
+                self.flow.handler.model = model
+            resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
+            self.flow.ignore_keys_for_eval = ignore_keys_for_eval
+            # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path
+            return self.flow.fit(self._lightning_trainer(), self.module, self.datamodule,
+                                 resume_from_checkpoint=resume)
+        finally:
+            self.is_in_train = False
+            self.flow.ignore_keys_for_eval = None
 
     def evaluate(
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
     ) -> dict[str, float]:
-        """Evaluate on `eval_dataset` (or the trainer's) and return HF's metric dict (with `epoch`)."""
-        datamodule = self.datamodule
-        if eval_dataset is not None:
-            datamodule = self._datamodule_with(eval_dataset=eval_dataset)
-        if not datamodule.eval_datasets:
-            raise ValueError("Trainer: evaluation requires an eval_dataset (pass one to `evaluate` or `Trainer`).")
-        output = self.flow.evaluate(self._lightning_trainer(), self.module, datamodule, ignore_keys, metric_key_prefix)
-        return output.metrics
+        """HF's `evaluate`: the metrics of `eval_dataset` (or the trainer's), with `epoch`; also what `train()`
+        calls at every evaluation (through `_evaluate`).
+
+        A dict of datasets is evaluated one dataset after another, each through `self.evaluate(name_or_dataset,
+        metric_key_prefix=f"{metric_key_prefix}_{name}")`, as HF does (T:2842-2853).
+
+        Raises:
+            ValueError: there is no eval dataset.
+        """
+        override = eval_dataset is not None
+        dataset = eval_dataset if override else self.eval_dataset
+        if isinstance(dataset, Mapping):
+            metrics: dict[str, float] = {}
+            for name, named in dataset.items():
+                metrics.update(self.evaluate(named if override else name, ignore_keys, f"{metric_key_prefix}_{name}"))
+            return metrics
+        if dataset is None:
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        if isinstance(dataset, str):
+            dataset = self.datamodule.get_eval_dataset(dataset)
+        request = EvalRequest(metric_key_prefix, ignore_keys)
+        with self.datamodule.evaluating(dataset, eval_dataset):  # its loader comes from `get_eval_dataloader`
+            if self.flow.is_running:  # during train(): Lightning's validation loop inside the running fit
+                return self.flow.evaluate_now(request)
+            return self.flow.evaluate(self._lightning_trainer(), self.module, self.datamodule, ignore_keys,
+                                      metric_key_prefix).metrics
 
     def predict(
         self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
     ) -> PredictionOutput:
         """Predict on `test_dataset`; returns `PredictionOutput(predictions, label_ids, metrics)`, logs nothing."""
-        datamodule = self._datamodule_with(predict_dataset=test_dataset)
-        result = self.flow.predict(self._lightning_trainer(), self.module, datamodule, ignore_keys, metric_key_prefix)
+        with self.datamodule.predicting(test_dataset):  # its loader comes from `get_test_dataloader`
+            result = self.flow.predict(self._lightning_trainer(), self.module, self.datamodule, ignore_keys,
+                                       metric_key_prefix)
         return PredictionOutput(predictions=result.predictions, label_ids=result.label_ids, metrics=result.metrics)
 
-    def _datamodule_with(self, **datasets: Any) -> TransformerDataModule:
-        dm = self.datamodule
-        return TransformerDataModule(
-            train_dataset=dm.train_dataset,
-            eval_dataset=datasets.get("eval_dataset", dm.eval_datasets),
-            predict_dataset=datasets.get("predict_dataset"),
-            args=self.args, data_collator=dm.data_collator, processing_class=dm.processing_class,
-        )
-
-    def save_model(self, output_dir: str | None = None) -> None:
-        """Write the model (and tokenizer, `training_args.bin`) to `output_dir` (default: `args.output_dir`).
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Write the model (and tokenizer, `training_args.bin`) to `output_dir` (default: `args.output_dir`); also
+        called for each checkpoint's model files (`_internal_call=True`) when a subclass overrides it.
 
         Under FSDP2 call it on every process (the full weights are gathered); the global-zero process writes.
         """
         trainer = self.lightning_trainer
-        save_final_model(self.model, output_dir or self.args.resolved_output_dir, self.processing_class, self.args,
-                         is_global_zero=trainer is None or trainer.is_global_zero)
+        folder = output_dir or self.args.resolved_output_dir
+        is_zero = trainer is None or trainer.is_global_zero
+        if is_zero:
+            logger.info(f"Saving model checkpoint to {folder}")
+        save_final_model(self.model, folder, self.processing_class, self.passed_args, is_global_zero=is_zero)

@@ -1,14 +1,14 @@
 """`TransformerModule`: a LightningModule that trains any `PreTrainedModel` with the HF Trainer's semantics.
 
 One Lightning training batch is one optimizer update (a window of micro-batches from `TransformerDataModule`), so the
-module runs the update itself (manual optimisation): per micro-batch `compute_loss` + backward (gradient sync only
-on the last one), then clipping, `optimizer.step()`, `scheduler.step()`, `zero_grad()` - HF's order (T:1887-1949).
-Lightning keeps precision (autocast, grad scaler), strategies and device placement.
+module runs the update itself (manual optimisation): per micro-batch HF's `training_step` (loss + backward, gradient
+sync only on the last one), then clipping, `optimizer.step()`, `scheduler.step()`, `zero_grad()` - HF's order
+(T:1887-1949). Lightning keeps precision (autocast, grad scaler), strategies and device placement.
 
-Gradient accumulation is token-correct for every model: the built-in `compute_loss` returns
-`mean_loss * tokens_in_micro_batch / tokens_in_window` (the window's `num_items_in_batch`), which equals HF's
-`sum / num_items_in_batch` for models that honour it and fixes those that ignore it (BERT classifiers in
-transformers 5 get GA-times too large losses under HF; see README "Differences").
+The HF hooks the update, the evaluation steps and `configure_optimizers` call (`training_step`, `compute_loss`,
+`prediction_step`, `create_optimizer`, ...) are called through `hooks`, their one owner: this module's built-ins
+(`module_hooks.py`, which also explains the token-correct loss normalisation) or an attached `hf_lightning.Trainer`
+whose subclass overrides them.
 
 The module implements `hf_lightning.contracts.FlowModule`: `HFTrainerFlow` ends epochs through
 `request_epoch_stop`, and evaluation steps return an `EvalStep` that the flow's evaluator accumulates.
@@ -21,7 +21,6 @@ from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from typing import Any, Literal
 
-import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import ParallelStrategy
 from torch import nn
@@ -31,35 +30,37 @@ from typing_extensions import override
 
 from hf_lightning._lightning_compat import attached_trainer, callbacks_of, grad_scaler, optimizer_unscales_itself
 from hf_lightning.args import TrainingArguments
-from hf_lightning.contracts import HFStepHooks, TrainingStepListener, TrainingStepOutput
+from hf_lightning.contracts import TrainingStepListener, TrainingStepOutput
 from hf_lightning.data.collate import find_label_names
 from hf_lightning.eval_run import EvalAccumulator
-from hf_lightning.evaluation import EvalRequest, EvalSettings, EvalStep, hf_prediction_step
-from hf_lightning.loss import (
-    count_label_tokens,
-    is_causal_lm,
-    loss_from_outputs,
-    loss_shifts_labels,
-    model_accepts_loss_kwargs,
-)
-from hf_lightning.optim import build_optimizer, build_scheduler
+from hf_lightning.evaluation import EvalRequest, EvalSettings, EvalStep
+from hf_lightning.loss import loss_shifts_labels, model_accepts_loss_kwargs
+from hf_lightning.module_hooks import HFHooksModule, WindowContext
 
 __all__ = ["TransformerModule"]
+
+_LOSS_INPUT_HOOKS = frozenset({
+    "compute_loss", "training_step", "_get_num_items_in_batch", "_prepare_inputs", "_prepare_input",
+    "_prepare_context_parallel_inputs",
+})
+"""Overrides that may change a micro-batch's loss or its labels: the one-micro-batch shortcut is not taken then."""
 
 StepEvent = Literal["on_substep_end", "on_pre_optimizer_step", "on_optimizer_step"]
 
 
-class TransformerModule(pl.LightningModule):
+class TransformerModule(HFHooksModule):
     """Wraps a `transformers.PreTrainedModel` (or an `nn.Module` returning a loss) for Lightning, HF-style.
 
-    Override `compute_loss` and `prediction_step` exactly as in a `transformers.Trainer` subclass; `self.model`,
-    `self.args`, `self.label_smoother`, `self.label_names`, `self.compute_loss_func` and
-    `self.model_accepts_loss_kwargs` exist as they do there.
+    Override `compute_loss`, `prediction_step` (and the other HF hooks of `module_hooks.HFHooksModule`; HF's
+    `training_step` is `hf_training_step` here) exactly as in a `transformers.Trainer` subclass; `self.model`,
+    `self.args`, `self.label_smoother`, `self.label_names`, `self.compute_loss_func`, `self.optimizer`,
+    `self.lr_scheduler` and `self.model_accepts_loss_kwargs` exist as they do there.
 
     Args:
         model: the model to train.
         args: training arguments (optimizer, schedule, accumulation, clipping, label smoothing).
         optimizers: a user `(optimizer, scheduler)` pair; a None scheduler gets HF's for the optimizer.
+        optimizer_cls_and_kwargs: HF's `(optimizer class, kwargs)` replacing `args.optim` (HF's parameter groups).
         compute_loss_func: `fn(outputs, labels, num_items_in_batch=...)` replacing the model's loss.
         compute_metrics: `fn(EvalPrediction) -> dict` called at the end of each evaluation, or a torchmetrics
             `Metric` / `MetricCollection` updated per batch (see `hf_lightning.metrics`).
@@ -67,7 +68,7 @@ class TransformerModule(pl.LightningModule):
         processing_class: the tokenizer / processor (saved with checkpoints).
 
     Attributes:
-        loss_is_scaled_for_ga: as HF's class attribute; None lets the module decide (see `_loss_is_scaled`).
+        loss_is_scaled_for_ga: as HF's class attribute; None lets the module decide (see `loss_is_scaled`).
         eval_loss_weighting: "samples" (HF's `eval_loss`: sample-weighted mean of batch means) or "tokens" (the
             mean over every label token of the eval set, independent of batching; see README).
     """
@@ -84,6 +85,7 @@ class TransformerModule(pl.LightningModule):
         compute_metrics: Callable[..., dict] | None = None,
         preprocess_logits_for_metrics: Callable[..., torch.Tensor] | None = None,
         processing_class: Any = None,
+        optimizer_cls_and_kwargs: tuple[Any, dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(model, nn.Module):
@@ -95,7 +97,15 @@ class TransformerModule(pl.LightningModule):
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.processing_class = processing_class
-        self._user_optimizers = optimizers
+        self.optimizer, self.lr_scheduler = optimizers
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        self._created_lr_scheduler = False
+        self._hook_owner = None
+        self._owner_overrides = frozenset()
+        self._overrides = None
+        self._window = WindowContext()
+        self._micro_index = 0
+        self._step_skipped = False
         self.model_accepts_loss_kwargs = model_accepts_loss_kwargs(model)
         self.shift_labels = loss_shifts_labels(model)
         """Whether the model's loss predicts `labels[..., 1:]` (label tokens are counted accordingly)."""
@@ -133,105 +143,26 @@ class TransformerModule(pl.LightningModule):
         """Calls the wrapped model."""
         return self.model(**inputs)
 
-    @property
-    def hooks(self) -> HFStepHooks:
-        """The owner of the `compute_loss` / `prediction_step` the steps call: this module.
-
-        Every step calls the two hooks through this one object, so an owner with the same signatures (a
-        `transformers.Trainer`-style subclass) can take them over in one place.
-        """
-        return self
-
-    # ----- the two HF hooks -----
-    def compute_loss(
-        self,
-        model: nn.Module,
-        inputs: dict[str, Any],
-        return_outputs: bool = False,
-        num_items_in_batch: torch.Tensor | int | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
-        """HF's `Trainer.compute_loss`, normalised by `num_items_in_batch` for every model.
-
-        With `num_items_in_batch` (the label tokens of the whole accumulation window) the returned loss is this
-        micro-batch's share of the window's token-weighted mean; without it, the model's own loss.
-        """
-        labels = None
-        if (self.label_smoother is not None or self.compute_loss_func is not None) and "labels" in inputs:
-            labels = inputs.pop("labels")
-        outputs = model(**inputs)
-        if self.compute_loss_func is not None:
-            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-        elif labels is not None and self.label_smoother is not None:
-            loss = self.label_smoother(
-                outputs, labels, shift_labels=is_causal_lm(model), num_items_in_batch=num_items_in_batch
-            )
-        else:
-            loss = loss_from_outputs(outputs, inputs)
-            if num_items_in_batch is not None:
-                tokens = count_label_tokens(inputs, self.shift_labels)
-                if tokens is not None:
-                    share = tokens.to(loss.dtype) / torch.as_tensor(num_items_in_batch, device=loss.device)
-                    # A micro-batch without label tokens has a NaN mean loss (0/0) in most models; its share of the
-                    # window is 0 (HF's sum/N gives 0). `where` keeps the NaN out of the value and the gradients.
-                    loss = torch.where(tokens > 0, loss * share, torch.zeros_like(loss))
-        return (loss, outputs) if return_outputs else loss
-
-    def prediction_step(
-        self,
-        model: nn.Module,
-        inputs: dict[str, Any],
-        prediction_loss_only: bool,
-        ignore_keys: list[str] | None = None,
-    ) -> tuple[torch.Tensor | None, Any, Any]:
-        """HF's `Trainer.prediction_step` (T:3185-3292): returns `(loss, logits, labels)`."""
-        return hf_prediction_step(self.hooks.compute_loss, self.label_names, model, inputs, prediction_loss_only,
-                                  ignore_keys)
-
-    # ----- training -----
-    def _loss_is_scaled(self, num_items: torch.Tensor | None) -> bool:
-        """Whether a micro-batch loss is already normalised over the window (else it is divided by its length).
-
-        The built-in `compute_loss` always is when it gets a token count. A user override follows HF's rule
-        (T:2102-2111), so a loss ported from a `transformers.Trainer` subclass gives the same numbers as there.
-        """
-        if self.loss_is_scaled_for_ga is not None:
-            return self.loss_is_scaled_for_ga
-        if num_items is None:
-            return self.compute_loss_func is not None
-        if type(self).compute_loss is TransformerModule.compute_loss:
-            return True
-        return self.model_accepts_loss_kwargs or self.compute_loss_func is not None
-
-    def _window_num_items(self, window: list[Mapping[str, Any]]) -> tuple[torch.Tensor | None, bool]:
-        """HF's `num_items_in_batch` over the whole window, summed over processes when averaging across devices."""
-        counts = [count_label_tokens(micro, self.shift_labels) for micro in window]
-        if any(c is None for c in counts):
-            return None, False
-        total = torch.stack([c for c in counts if c is not None]).sum()
-        if self.args.average_tokens_across_devices and self.trainer.world_size > 1:
-            return self.trainer.strategy.reduce(total, reduce_op="sum"), True
-        return total, False
-
-    def _normalisation(self, window: list[Mapping[str, Any]]) -> tuple[torch.Tensor | None, bool, int]:
-        """`(num_items_in_batch, loss already scaled over the window, factor for a process-global count)`."""
+    def _normalisation(self, window: list[Mapping[str, Any]]) -> tuple[torch.Tensor | None, WindowContext]:
+        """`(num_items_in_batch, the update's WindowContext)`: the window's label tokens and whether the loss is
+        already normalised over the window."""
         if len(window) == 1 and self._plain_model_loss and self.trainer.world_size == 1:
             # One micro-batch on one process: the token-weighted window mean is the model's own mean loss, so
             # skip the count and the rescale (they cost a few kernels per update on small models).
-            return None, True, 1
-        num_items, is_global = self._window_num_items(window)
-        scaled = self._loss_is_scaled(num_items)
-        return num_items, scaled, self.trainer.world_size if (scaled and is_global) else 1
+            return None, WindowContext(1, True)
+        num_items = self.hooks._get_num_items_in_batch(window, self.device)
+        return num_items, WindowContext(len(window), self.loss_is_scaled(num_items))
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> TrainingStepOutput:
-        """One optimizer update over a window of micro-batches.
+        """One optimizer update over a window of micro-batches: HF's `training_step` per micro-batch, then the step.
 
         Returns the update's loss, each micro-batch's loss (so the flow applies HF's `logging_nan_inf_filter` per
         micro-batch), the gradient norm before clipping, the learning rate the update used, and the window's
         label-token count when it was computed (for the warning about updates without a label token).
         """
         window = [batch] if isinstance(batch, Mapping) else list(batch)
-        num_items, scaled, world_factor = self._normalisation(window)
+        num_items, self._window = self._normalisation(window)
         optimizer = self.optimizers()
         if isinstance(optimizer, list):
             raise TypeError(f"TransformerModule steps one optimizer; configure_optimizers returned {len(optimizer)}.")
@@ -239,19 +170,19 @@ class TransformerModule(pl.LightningModule):
         strategy = self.trainer.strategy
         block_sync = strategy.block_backward_sync if isinstance(strategy, ParallelStrategy) else nullcontext
         self._grad_norm = None
+        hooks = self.hooks
 
         def closure() -> None:
             micro_losses.clear()  # a closure is called once, but an optimizer may call it again (LBFGS)
             for i, micro in enumerate(window):
                 last = i == len(window) - 1
+                self._micro_index = i
                 # Gradients are all-reduced once per update: skip the sync on every micro-batch but the last.
                 with block_sync() if not last else nullcontext():
-                    loss = self.hooks.compute_loss(self.model, dict(micro), num_items_in_batch=num_items)
-                    if not scaled and len(window) > 1:
-                        loss = loss / len(window)
-                    self.manual_backward(loss * world_factor)
-                # HF logs the per-process share times the world size, averaged over processes: the global mean.
-                micro_losses.append(loss.detach() * world_factor)
+                    loss = hooks.training_step(self.model, dict(micro), num_items)
+                # HF logs what `training_step` returns (with a process-global count: the share times the world
+                # size, averaged over processes at log time, which is the global mean)
+                micro_losses.append(torch.as_tensor(loss).detach().reshape(()))
                 if not last:
                     self._step_event("on_substep_end")
 
@@ -260,8 +191,12 @@ class TransformerModule(pl.LightningModule):
         optimizer.step(closure=closure)
         self._step_event("on_optimizer_step")
         scheduler = self.lr_schedulers()
-        learning_rate = self._current_lr(optimizer, scheduler)
+        if "_get_learning_rate" in self.overrides():
+            learning_rate = float(hooks._get_learning_rate())  # HF reads it here, before the scheduler steps
+        else:
+            learning_rate = self._current_lr(optimizer, scheduler)
         skipped = scaler is not None and scaler.get_scale() < scale_before
+        self._step_skipped = skipped
         # a plateau scheduler is stepped after evaluations, on the eval metric (callbacks/best_model.py)
         if isinstance(scheduler, LRScheduler) and not skipped and not self._is_plateau(scheduler):
             scheduler.step()
@@ -273,6 +208,10 @@ class TransformerModule(pl.LightningModule):
     @staticmethod
     def _is_plateau(scheduler: Any) -> bool:
         return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+    def current_learning_rate(self) -> float:
+        """HF's `_get_learning_rate`: the scheduler's last LR (a plateau scheduler: the optimizer's)."""
+        return self._current_lr(self.optimizer, self.lr_scheduler)
 
     def _current_lr(self, optimizer: Any, scheduler: Any) -> float:
         """The LR the update just used (HF reads it after `optimizer.step()`, before `scheduler.step()`)."""
@@ -305,9 +244,9 @@ class TransformerModule(pl.LightningModule):
 
     @property
     def _plain_model_loss(self) -> bool:
-        """Whether the loss is the built-in `compute_loss` taking the model's own loss (no override, smoother...)."""
+        """Whether the loss is the built-in one taking the model's own loss (no override, smoother, loss function)."""
         return (
-            type(self).compute_loss is TransformerModule.compute_loss
+            not self.overrides() & _LOSS_INPUT_HOOKS
             and self.compute_loss_func is None
             and self.label_smoother is None
         )
@@ -350,19 +289,38 @@ class TransformerModule(pl.LightningModule):
 
     @override
     def configure_optimizers(self) -> Any:
-        """HF's optimizer and scheduler, or the user's pair; the scheduler steps once per update."""
+        """HF's `create_optimizer()` then `create_scheduler(num_training_steps=max_steps)` (T:1715-1770) through
+        `hooks`; the scheduler steps once per update.
+
+        A scheduler this module created for an earlier fit is replaced (HF's `_created_lr_scheduler`); an overridden
+        `create_optimizer_and_scheduler` is called instead of the two (HF 5's `train()` never calls it; see README).
+
+        Raises:
+            ValueError: no step budget, or no optimizer after `create_optimizer`.
+        """
         max_steps = self.trainer.max_steps
         if max_steps is None or max_steps <= 0:
             raise ValueError(
                 "TransformerModule needs the total number of updates: use `hf_lightning.Trainer`, add the "
                 f"`HFTrainerFlow` callback, or set `max_steps` (got trainer.max_steps={max_steps})."
             )
-        optimizer, scheduler = self._user_optimizers
-        if optimizer is None:
-            optimizer = build_optimizer(self.model, self.args)
-        if scheduler is None:
-            scheduler = build_scheduler(optimizer, self.args, max_steps)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        if self._created_lr_scheduler:
+            self.lr_scheduler, self._created_lr_scheduler = None, False
+        hooks = self.hooks
+        if "create_optimizer_and_scheduler" in self.overrides():
+            hooks.create_optimizer_and_scheduler(max_steps)
+        else:
+            created = hooks.create_optimizer()
+            if self.optimizer is None:  # an override that returned its optimizer without setting `self.optimizer`
+                self.optimizer = created
+            hooks.create_scheduler(num_training_steps=max_steps)
+        if self.optimizer is None:
+            raise ValueError("`create_optimizer` left `optimizer` None: set `self.optimizer` (and return it), as "
+                             "transformers.Trainer.create_optimizer does.")
+        if self.lr_scheduler is None:
+            raise ValueError("`create_scheduler` left `lr_scheduler` None: set `self.lr_scheduler` (and return it), "
+                             "as transformers.Trainer.create_scheduler does.")
+        return {"optimizer": self.optimizer, "lr_scheduler": {"scheduler": self.lr_scheduler, "interval": "step"}}
 
     # ----- evaluation and prediction (driven by HFTrainerFlow's evaluator) -----
     def eval_settings(self) -> EvalSettings:
@@ -388,6 +346,7 @@ class TransformerModule(pl.LightningModule):
                                world_size, self.device)
 
     def _eval_step(self, batch: Mapping[str, Any], is_prediction: bool) -> EvalStep:
+        self._window = WindowContext()
         loss_only = self.prediction_loss_only(is_prediction)
         return EvalStep(*self.hooks.prediction_step(self.model, dict(batch), loss_only, self._eval_request.ignore_keys))
 

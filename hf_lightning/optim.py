@@ -21,7 +21,9 @@ from transformers.trainer_pt_utils import get_parameter_names
 
 from hf_lightning.args import OPTIMIZER_NAMES, TrainingArguments
 
-__all__ = ["build_optimizer", "build_scheduler", "decay_parameter_names", "parameter_groups"]
+__all__ = [
+    "build_optimizer", "build_scheduler", "decay_parameter_names", "optimizer_cls_and_kwargs", "parameter_groups",
+]
 
 _NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
 
@@ -31,13 +33,20 @@ def decay_parameter_names(model: nn.Module) -> list[str]:
     return get_parameter_names(model, [nn.LayerNorm], _NO_DECAY_PATTERNS)
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """HF's two groups, in `named_parameters()` order, trainable parameters only."""
-    decay = set(decay_parameter_names(model))
+def parameter_groups(model: nn.Module, weight_decay: float, decay: list[str] | None = None) -> list[dict[str, Any]]:
+    """HF's two groups, in `named_parameters()` order, trainable parameters only.
+
+    Args:
+        model: the model whose parameters are grouped.
+        weight_decay: group 0's weight decay.
+        decay: the names that get weight decay (default: `decay_parameter_names(model)`; a `Trainer` subclass's
+            `get_decay_parameter_names` gives its own).
+    """
+    decay_names = set(decay_parameter_names(model) if decay is None else decay)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     return [
-        {"params": [p for n, p in params if n in decay], "weight_decay": weight_decay},
-        {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0},
+        {"params": [p for n, p in params if n in decay_names], "weight_decay": weight_decay},
+        {"params": [p for n, p in params if n not in decay_names], "weight_decay": 0.0},
     ]
 
 
@@ -63,29 +72,38 @@ def _parse_optim_args(optim_args: str | None) -> dict[str, Any]:
     return parsed
 
 
-def build_optimizer(model: nn.Module, args: TrainingArguments) -> torch.optim.Optimizer:
-    """The optimizer `transformers.Trainer.create_optimizer` builds for `args.optim`.
+def optimizer_cls_and_kwargs(args: TrainingArguments) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The optimizer class and keyword arguments for `args.optim` (HF's `Trainer.get_optimizer_cls_and_kwargs`).
 
     Raises:
         ValueError: an `optim` name we do not build (the message lists the supported ones).
     """
-    groups = parameter_groups(model, args.weight_decay)
     extra = _parse_optim_args(args.optim_args)
     lr = args.learning_rate
     adam = {"lr": lr, "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
     if args.optim == "adamw_torch":
-        return torch.optim.AdamW(groups, **{**adam, **extra})
+        return torch.optim.AdamW, {**adam, **extra}
     if args.optim == "adamw_torch_fused":
-        return torch.optim.AdamW(groups, **{**adam, "fused": True, **extra})
+        return torch.optim.AdamW, {**adam, "fused": True, **extra}
     if args.optim == "sgd":
-        return torch.optim.SGD(groups, lr=lr, **extra)
+        return torch.optim.SGD, {"lr": lr, **extra}
     if args.optim == "adagrad":
-        return torch.optim.Adagrad(groups, lr=lr, **extra)
+        return torch.optim.Adagrad, {"lr": lr, **extra}
     if args.optim == "rmsprop":
-        return torch.optim.RMSprop(groups, lr=lr, **extra)
+        return torch.optim.RMSprop, {"lr": lr, **extra}
     if args.optim == "adafactor":
-        return Adafactor(groups, **{"lr": lr, "scale_parameter": False, "relative_step": False, **extra})
+        return Adafactor, {"lr": lr, "scale_parameter": False, "relative_step": False, **extra}
     raise ValueError(f"`optim`={args.optim!r} is not supported; allowed: {', '.join(OPTIMIZER_NAMES)}.")
+
+
+def build_optimizer(model: nn.Module, args: TrainingArguments) -> torch.optim.Optimizer:
+    """The optimizer `transformers.Trainer.create_optimizer` builds for `args.optim` (HF's groups, HF's class).
+
+    Raises:
+        ValueError: an `optim` name we do not build (the message lists the supported ones).
+    """
+    cls, kwargs = optimizer_cls_and_kwargs(args)
+    return cls(parameter_groups(model, args.weight_decay), **kwargs)
 
 
 def build_scheduler(

@@ -119,20 +119,22 @@ def test_skipping_windows_yields_the_tail_without_reading_skipped_items():
     args = TrainingArguments(per_device_train_batch_size=2, gradient_accumulation_steps=3, seed=5)
     data = RecordingDataset(classification_dataset(n=40))  # 20 micro-batches of 2 -> 7 windows of 3,3,3,3,3,3,2 micro-batches
     dm = TransformerDataModule(train_dataset=data, args=args)
-    loader = dm.train_dataloader()
-    assert len(loader) == 7
-    dm.train_sampler.set_epoch(2)
-    full = list(dm.train_sampler)
+    windows = dm.train_dataloader()
+    assert len(windows) == 7
+    windows.set_epoch(2)
+    sampler = dm.get_train_dataloader().batch_sampler
+    sampler.set_epoch(2)
+    full = list(sampler)  # the epoch's micro-batches
     data.seen.clear()
-    dm.train_sampler.skip_windows = 5
-    windows = list(loader)
+    windows.skip = 5
+    materialised = [window.materialize() for window in windows]
     # only the samples of windows 5 and 6 were read, in order: nothing of the skipped windows was touched
-    assert data.seen == [i for window in full[5:] for i in window]
-    assert [len(w) for w in windows] == [3, 2]  # micro-batches per window (the last window of the epoch is short)
-    assert all(micro["input_ids"].shape[0] == 2 for w in windows for micro in w)
+    assert data.seen == [i for micro in full[15:] for i in micro]
+    assert [len(w) for w in materialised] == [3, 2]  # micro-batches per window (the last window of the epoch is short)
+    assert all(micro["input_ids"].shape[0] == 2 for w in materialised for micro in w)
     # the skip applies to one iteration only
     data.seen.clear()
-    assert len(list(loader)) == 7 and len(data.seen) == 40
+    assert len([w.materialize() for w in windows]) == 7 and len(data.seen) == 40
 
 
 def test_skipping_is_constant_time_in_the_skipped_windows():
@@ -149,8 +151,10 @@ def test_remove_unused_columns_drops_extra_columns_like_hf(tmp_path):
     trainer.train()  # `idx` would reach forward() and raise a TypeError if it were not removed
     assert trainer.state.global_step == 2
     hf_args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="none")
-    hf_columns = transformers.Trainer(model=model, args=hf_args)._remove_unused_columns(data).column_names
-    assert trainer.datamodule.train_dataset.column_names == hf_columns == ["input_ids", "attention_mask", "label"]
+    hf = transformers.Trainer(model=model, args=hf_args, train_dataset=data)
+    hf_columns = hf.get_train_dataloader().dataset.column_names
+    assert trainer.get_train_dataloader().dataset.column_names == hf_columns == ["input_ids", "attention_mask", "label"]
+    assert trainer.train_dataset is data and hf.train_dataset is data  # the dataset itself stays as given
 
 
 def test_remove_unused_columns_false_keeps_columns(tmp_path):

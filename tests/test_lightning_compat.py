@@ -111,6 +111,40 @@ def test_disable_validation_trigger():
     assert module.val_batches == 0
 
 
+class _CountingDataModule(_DataModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.val_requests = 0
+
+    def val_dataloader(self):
+        self.val_requests += 1
+        return super().val_dataloader()
+
+
+def test_defer_and_reload_validation_data():
+    """Lightning asks for the val loaders when a fit starts, and keeps them; deferred, it asks only when a validation
+    runs, and again after each `reload_validation_data`."""
+    def switch_off(trainer, pl_module, stage):
+        compat.disable_validation_trigger(trainer)
+        compat.defer_validation_data(trainer)
+
+    def validate(trainer, module, outputs, batch, batch_idx):
+        if batch_idx in (1, 2):
+            compat.reload_validation_data(trainer)
+            compat.run_validation_now(trainer)
+
+    data = _CountingDataModule()
+    _trainer([_Hook("setup", lambda trainer, pl_module, stage: compat.disable_validation_trigger(trainer))]).fit(
+        Tiny(), datamodule=data)
+    assert data.val_requests == 1  # at fit start, never used
+    data, module = _CountingDataModule(), Tiny()
+    _trainer([_Hook("setup", switch_off)]).fit(module, datamodule=data)
+    assert data.val_requests == 0 and module.val_batches == 0
+    data, module = _CountingDataModule(), Tiny()
+    _trainer([_Hook("setup", switch_off), _Hook("on_train_batch_end", validate)]).fit(module, datamodule=data)
+    assert data.val_requests == 2 and module.val_batches == 2 + 2
+
+
 def test_set_step_budget():
     def budget(trainer, pl_module, stage):
         compat.set_step_budget(trainer, max_steps=3, max_epochs=-1)

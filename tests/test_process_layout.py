@@ -160,3 +160,17 @@ def test_a_strategy_needing_another_backend_is_refused():
     finally:
         process._initialised_backend = None
         dist.destroy_process_group()
+
+
+def test_launcher_processes_join_one_ddp_run_unless_lightning_kwargs_say_otherwise():
+    from hf_lightning.args.process import launcher_trainer_kwargs
+
+    torchrun = {"TORCHELASTIC_RUN_ID": "x", "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    assert launcher_trainer_kwargs(torchrun, {}) == {"devices": 2, "num_nodes": 2, "strategy": "ddp"}
+    assert launcher_trainer_kwargs(torchrun, {"strategy": "fsdp", "devices": 2}) == {"num_nodes": 2}
+    slurm = {"SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_JOB_NAME": "train",
+             "SLURM_NTASKS_PER_NODE": "2"}
+    assert launcher_trainer_kwargs(slurm, {}) == {"devices": 2, "num_nodes": 1, "strategy": "ddp"}
+    assert launcher_trainer_kwargs({}, {}) == {}  # one process
+    lightning_child = {"LOCAL_RANK": "1", "NODE_RANK": "0", "WORLD_SIZE": "2"}  # started by Lightning's launcher
+    assert launcher_trainer_kwargs(lightning_child, {}) == {}

@@ -94,7 +94,6 @@ def test_training_time_evaluation_uses_args_and_matches_hf(tmp_path, one_thread)
         trainer.args.eval_steps = 2
         trainer.args.logging_steps = 2
         trainer.eval_dataset = data
-    ours.datamodule = ours._datamodule_with(eval_dataset=data)
     ours.evaluate(data, max_length=3)  # stored kwargs are replaced by the args' at the first training evaluation
     hf.evaluate(data, max_length=3)
     hf.train()

@@ -144,7 +144,9 @@ class _RestoreAtFitStart(pl.Callback):
         flow = next(cb for cb in trainer.callbacks if isinstance(cb, HFTrainerFlow))
         self.restorer.on_fit_start(trainer, pl_module, updates_per_epoch=5)
         self.restorer.restore_trainer_state(flow, trainer, max_steps=10, num_train_epochs=2)
-        self.restorer.on_train_epoch_start(trainer)
+        self.restorer.on_train_epoch_start(trainer)  # mid-epoch: nothing yet (HF loads after the first window's fetch)
+        before = (random.random(), float(np.random.rand()), float(torch.rand(())))
+        self.restorer.on_train_batch_start()
         self.seen = {
             "weights": {k: v.clone() for k, v in pl_module.model.state_dict().items()},
             "optimizer_steps": {s["step"].item() for s in trainer.optimizers[0].state_dict()["state"].values()},
@@ -152,6 +154,7 @@ class _RestoreAtFitStart(pl.Callback):
             "global_step": trainer.global_step, "epoch": trainer.current_epoch,
             "resume_position": trainer.datamodule.resume_position, "position": self.restorer.position,
             "state": flow.state, "rng": (random.random(), float(np.random.rand()), float(torch.rand(()))),
+            "rng_before": before,
         }
         raise _Stop
 
@@ -188,7 +191,7 @@ def test_checkpoint_restorer_restores_each_part(tmp_path, one_thread):
         on_disk = json.load(f)
     assert seen["state"].global_step == 3 and seen["state"].log_history == on_disk["log_history"]
     assert seen["state"].max_steps == 10  # this run's budget, not the checkpoint's
-    assert seen["rng"] == expected_rng
+    assert seen["rng"] == expected_rng and seen["rng_before"] != expected_rng
 
 
 # ----- EvaluationRun -----

@@ -30,7 +30,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ProcessLayout", "layout_from_env", "current_layout", "ProcessLayoutMixin", "check_process_group"]
+__all__ = ["ProcessLayout", "layout_from_env", "current_layout", "ProcessLayoutMixin", "check_process_group",
+           "launcher_trainer_kwargs"]
 
 _TIMEOUT_S = 1800  # HF's `ddp_timeout` default, also Lightning's default process-group timeout
 
@@ -107,6 +108,22 @@ def _init_process_group(layout: ProcessLayout, use_cpu: bool) -> None:
     dist.init_process_group(backend, rank=layout.rank, world_size=layout.world_size,
                             timeout=datetime.timedelta(seconds=_TIMEOUT_S))
     _initialised_backend = backend
+
+
+def launcher_trainer_kwargs(env: Mapping[str, str], user: Mapping[str, Any]) -> dict[str, Any]:
+    """`lightning.Trainer` options for processes a launcher started (`torchrun`, SLURM's `srun`), as HF's scripts are
+    run: every process joins one DDP run, as under HF's `TrainingArguments`.
+
+    Without them Lightning would use one device per process, and each `torchrun` process would train alone on the
+    whole data and write into the same `output_dir`. Options the user set in `lightning_kwargs` are kept; nothing is
+    added for a single process or for Lightning's own launcher.
+    """
+    layout = layout_from_env(env)
+    if layout.world_size <= 1 or layout.source not in ("torchrun", "slurm"):
+        return {}
+    per_node = int(env.get("LOCAL_WORLD_SIZE") or env.get("SLURM_NTASKS_PER_NODE") or layout.world_size)
+    defaults = {"devices": per_node, "num_nodes": max(layout.world_size // per_node, 1), "strategy": "ddp"}
+    return {key: value for key, value in defaults.items() if key not in user}
 
 
 def check_process_group(lightning_kwargs: Mapping[str, Any]) -> None:

@@ -7,10 +7,11 @@ fight ours are rejected with the HF argument to use instead.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
-from hf_lightning.args.process import check_process_group
+from hf_lightning.args.process import check_process_group, launcher_trainer_kwargs
 from hf_lightning.args.report_to import build_loggers
 
 __all__ = ["lightning_trainer_kwargs", "OWNED_BY_HF_ARGS"]
@@ -58,5 +59,6 @@ def lightning_trainer_kwargs(args: TrainingArguments, lightning_kwargs: dict[str
         kwargs["precision"] = "16-mixed"
     if "logger" not in user:
         kwargs["logger"] = build_loggers(args)
+    kwargs.update(launcher_trainer_kwargs(os.environ, user))  # `torchrun script.py`: one DDP run, as HF's
     kwargs.update(user)
     return kwargs

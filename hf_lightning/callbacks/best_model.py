@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.hf_messages import logger
 from hf_lightning.resume.find import WEIGHT_FILES
 from hf_lightning.resume.load import load_weights
 
@@ -123,6 +124,7 @@ class BestModelTracker:
         folder = state.best_model_checkpoint
         if not self.args.load_best_model_at_end or folder is None:
             return
+        logger.info(f"Loading best model from {folder} (score: {state.best_metric}).")  # T:3737
         weights = next((Path(folder) / n for n in WEIGHT_FILES if (Path(folder) / n).is_file()), None)
         if weights is None:
             raise FileNotFoundError(f"load_best_model_at_end: no weights file in {folder} (expected one of "

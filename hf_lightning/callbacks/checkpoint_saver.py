@@ -20,7 +20,7 @@ import copy
 import functools
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from hf_lightning.checkpointing.lightning_state import capture_lightning_state, 
 from hf_lightning.checkpointing.rotation import final_cleanup, select_for_deletion
 from hf_lightning.checkpointing.run_lock import RunLock
 from hf_lightning.contracts import ResumableTrainStream, flow_model
+from hf_lightning.hf_messages import logger as log
 
 __all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
 
@@ -88,6 +89,9 @@ class CheckpointSaver:
     def __init__(self, args: TrainingArguments, processing_class: Any = None) -> None:
         self.args = args
         self.processing_class = processing_class
+        self.saved_args: Any = None
+        """What `training_args.bin` holds: the arguments object the user passed (a `transformers.TrainingArguments`
+        stays one); None: `args`."""
         self.lock: RunLock | None = None
         self.run: str | None = None
         """This run's id (every rank): names its temporary folders; None outside `begin_run` / `end_run`."""
@@ -95,6 +99,9 @@ class CheckpointSaver:
         """Flush files and folders before renaming a checkpoint into place (False only to measure the cost)."""
         self.background = BackgroundWriter()
         """The save in flight with `save_async=True`."""
+        self.save_model: Callable[[str], None] | None = None
+        """Writes a checkpoint's model files into the folder it is given, on every process (an overridden
+        `Trainer.save_model`, called with `_internal_call=True`, as HF's `_save_checkpoint` does); None: built in."""
 
     @property
     def output_dir(self) -> str:
@@ -209,6 +216,9 @@ class CheckpointSaver:
         if trainer.is_global_zero:
             prepare_tmp_folder(self.output_dir, state.global_step, self._run_id())
         strategy.barrier("hf_lightning_save_begin")
+        self._say_saving(trainer, state.global_step)
+        if self.save_model is not None:
+            self.save_model(str(tmp))  # every rank, as HF's `_save_checkpoint` calls `save_model`
         content = self._capture(trainer, pl_module, state, epoch_ending, skip_callbacks, copy_state=False)
         model = flow_model(pl_module)
         optimizer = self._optimizer(trainer)
@@ -216,6 +226,10 @@ class CheckpointSaver:
             dist_state.save_sharded_optimizer(model, optimizer, tmp / SHARDED_OPTIMIZER_DIR)  # a collective
         write_content(content, tmp, self.args.save_only_model, self.durable)
         strategy.barrier("hf_lightning_save_written")
+
+    def _say_saving(self, trainer: pl.Trainer, step: int) -> None:
+        if trainer.is_global_zero:
+            log.info(f"Saving model checkpoint to {self.output_dir}/{CHECKPOINT_PREFIX}-{step}")  # HF's message
 
     @staticmethod
     def _optimizer(trainer: pl.Trainer) -> Any:
@@ -227,13 +241,17 @@ class CheckpointSaver:
         """This process's share of the checkpoint: references (`copy_state=False`, written at once) or copies in CPU
         memory that training can no longer change (`copy_state=True`, written in the background)."""
         model = flow_model(pl_module)
-        full_state = dist_state.full_model_state_dict(model)  # collective under FSDP2, None otherwise
+        own_model_files = self.save_model is None  # else the overridden `save_model` wrote them (`_write_files`)
+        # collective under FSDP2, None otherwise
+        full_state = dist_state.full_model_state_dict(model) if own_model_files else None
         content = CheckpointContent(trainer.world_size, trainer.global_rank)
         keep = cpu_copy if copy_state else (lambda value: value)
         if trainer.is_global_zero:
-            content.model, content.processing_class, content.args = model, self.processing_class, self.args
-            content.model_state = full_state if full_state is not None or not copy_state else cpu_copy(
-                model.state_dict())
+            if own_model_files:
+                content.model, content.processing_class = model, self.processing_class
+                content.args = self.saved_args if self.saved_args is not None else self.args
+                content.model_state = full_state if full_state is not None or not copy_state else cpu_copy(
+                    model.state_dict())
             content.trainer_state = copy.deepcopy(state) if copy_state else state
         if self.args.save_only_model:
             return content
@@ -258,6 +276,7 @@ class CheckpointSaver:
         if trainer.is_global_zero:
             prepare_tmp_folder(self.output_dir, step, run)
         trainer.strategy.barrier("hf_lightning_save_begin")
+        self._say_saving(trainer, step)
         content = self._capture(trainer, pl_module, state, epoch_ending, skip_callbacks, copy_state=True)
         job = functools.partial(self._write_in_background, content, tmp_folder(self.output_dir, step, run), step,
                                 state.best_model_checkpoint)
@@ -291,5 +310,6 @@ class CheckpointSaver:
         best = state.best_model_checkpoint
         if trainer.is_global_zero and self.args.save_strategy != "no":
             for path in final_cleanup(list_checkpoints(self.output_dir), best, self.args.save_total_limit):
+                log.info(f"Deleting older checkpoint [{path}] due to args.save_total_limit")  # HF's message
                 remove_checkpoint(path, self._run_id())
         trainer.strategy.barrier("hf_lightning_finish")

@@ -44,6 +44,9 @@ class EvaluationHost(Protocol):
     def set_eval_dataloader(self, loader: Any) -> None:
         """The dataloader HF callbacks receive as `eval_dataloader`."""
 
+    def announce_evaluation(self, loader: Any, is_prediction: bool) -> None:
+        """HF's evaluation-loop header for a dataset about to be evaluated (or predicted)."""
+
     def dataset_evaluated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, Any]) -> None:
         """One eval dataset is finished: HF's `log`, `on_evaluate` and the evaluation listeners (metrics get
         `epoch` added in place, as HF's `log` does)."""
@@ -99,9 +102,10 @@ class HFEvaluator:
             trainer.predict(module, datamodule=datamodule, ckpt_path=ckpt_path, return_predictions=False)
         return run.output.results[""]
 
-    def evaluate_during_fit(self, trainer: pl.Trainer) -> EvaluationOutput:
-        """Run Lightning's validation loop now, inside `fit` (an HF evaluation step)."""
-        with self._expect(EvalRequest()) as run:
+    def evaluate_during_fit(self, trainer: pl.Trainer, request: EvalRequest | None = None) -> EvaluationOutput:
+        """Run Lightning's validation loop now, inside `fit` (an HF evaluation step), for `request` (default: HF's
+        `evaluate()` without arguments)."""
+        with self._expect(request if request is not None else EvalRequest()) as run:
             run_validation_now(trainer)
         return run.output
 
@@ -140,7 +144,10 @@ class HFEvaluator:
         for index in range(dataloader_idx):
             self._finish(trainer, pl_module, index)
         self._current = dataloader_idx
-        self.host.set_eval_dataloader(_loader(loaders, dataloader_idx))
+        loader = _loader(loaders, dataloader_idx)
+        self.host.set_eval_dataloader(loader)
+        if self._active is not None:
+            self.host.announce_evaluation(loader, self._active.request.is_prediction)
 
     def batch_end(self, batch: Any, step: Any, dataloader_idx: int) -> None:
         """Accumulate one batch's `EvalStep`; HF's `on_prediction_step`."""

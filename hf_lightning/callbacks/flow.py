@@ -20,7 +20,6 @@ What the flow needs from the module and the data module is declared in `hf_light
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import Any
@@ -34,6 +33,7 @@ from typing_extensions import override
 from hf_lightning._lightning_compat import (
     callbacks_of,
     datamodule_of,
+    defer_validation_data,
     disable_validation_trigger,
     ignore_mid_epoch_resume_warning,
     position_in_epoch,
@@ -43,8 +43,9 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.cadence import TrainingPlan, epoch_end_flags, epoch_progress, plan_training, step_end_flags
 from hf_lightning.callbacks.best_model import BestModelTracker, unreachable_best_metric
 from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
-from hf_lightning.callbacks.evaluator import EvaluationHooks, HFEvaluator
+from hf_lightning.callbacks.evaluator import HFEvaluator
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
+from hf_lightning.callbacks.loop_steps import HFLoopSteps
 from hf_lightning.callbacks.tokens import TokenLogs
 from hf_lightning.callbacks.train_log import (
     FlopsCounter,
@@ -55,15 +56,15 @@ from hf_lightning.callbacks.train_log import (
 )
 from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
 from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, flow_model, flow_module
-from hf_lightning.data.sampling import dataset_length
 from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
+from hf_lightning.hf_messages import TRAINING_COMPLETED, logger
 from hf_lightning.resume.load import CheckpointRestorer, start_fit
 from hf_lightning.threads import warn_if_oversubscribed
 
 __all__ = ["HFTrainerFlow", "tensorboard_tag"]
 
 
-class HFTrainerFlow(EvaluationHooks):
+class HFTrainerFlow(HFLoopSteps):
     """Drives logging, evaluation and checkpointing at the HF Trainer's steps, and feeds HF `TrainerCallback`s.
 
     Args:
@@ -100,7 +101,6 @@ class HFTrainerFlow(EvaluationHooks):
         self._eval_listeners: list[HFEvaluationListener] = []
         self._epoch_index = 0
         self._epoch_stop_requested = False
-        self._train_start = 0.0
         self._restorer: CheckpointRestorer | None = None
         self._resumes_mid_epoch = False
         self._quiet_resume = ExitStack()  # holds the scoped warning filter of a mid-epoch resume while it is open
@@ -160,13 +160,18 @@ class HFTrainerFlow(EvaluationHooks):
             return
         self.plan = plan = plan_training(self.args, datamodule.num_train_microbatches())
         loss_only = flow_module(pl_module).prediction_loss_only(is_prediction=False)
+        # an owner (`hf_lightning.Trainer`) checked the metric at construction, knowing which of its methods are
+        # overridden to produce metrics of their own (trainer/overrides.py `METRIC_SOURCES`)
         problem = unreachable_best_checkpoint(self.args, plan.eval_steps, plan.save_steps, plan.max_steps) \
-            or unreachable_best_metric(self.args, list(datamodule.eval_datasets or {}), loss_only)
+            or (self.owner is None and unreachable_best_metric(self.args, list(datamodule.eval_datasets or {}),
+                                                               loss_only))
         if problem:
             raise ValueError(problem)
         set_step_budget(trainer, plan.max_steps, plan.num_train_epochs if plan.sized else -1)
-        # Evaluations are started by this callback at HF's steps; Lightning's own trigger is switched off.
+        # Evaluations are started by this callback at HF's steps; Lightning's own trigger is switched off, and the
+        # eval loaders are built at each evaluation, not at fit start.
         disable_validation_trigger(trainer)
+        defer_validation_data(trainer)
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -212,14 +217,15 @@ class HFTrainerFlow(EvaluationHooks):
         self.loss.start(pl_module.device, trainer.global_step)
         self.flos.current = 0.0
         self.tokens.start(self.state, pl_module.device, str(trainer.precision), trainer.world_size)
-        self._train_start = time.time()
+        self._start_steps(trainer, pl_module)
+        self._announce_training(trainer, flow_model(pl_module), self._restorer.position if self._restorer else None)
         self.handler.optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self.handler.lr_scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
-        self.handler.train_dataloader = trainer.train_dataloader
+        self.handler.train_dataloader = datamodule_of(trainer).train_loader()
         self.hf_event("on_train_begin")
         if self.args.eval_on_start:
             # No plateau-scheduler step and no best-metric update for this one (T:1655-1656, 3294-3331).
-            self._evaluate(trainer, during_training=False)
+            self.evaluate_step(trainer, during_training=False)
 
     # ----- per update -----
     @override
@@ -242,8 +248,10 @@ class HFTrainerFlow(EvaluationHooks):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """HF `on_step_begin`, before the first micro-batch of the update (T:1893)."""
+        """HF `on_step_begin`, after the update's micro-batches were fetched, before the first forward (T:1893)."""
         self._end_quiet_resume()
+        if self._restorer is not None:
+            self._restorer.on_train_batch_start()  # a mid-epoch resume's RNG states, once
         if self._epoch_stop_requested:
             return  # the module ends the epoch before this batch runs (HF broke out after the previous update)
         self.hf_event("on_step_begin")
@@ -267,7 +275,7 @@ class HFTrainerFlow(EvaluationHooks):
         update = UpdateReport.from_outputs(outputs)
         window = [batch] if isinstance(batch, Mapping) else list(batch)
         self.loss.add(update.micro_losses, self.state.global_step, update.label_tokens)
-        self.flos.add_window(flow_model(pl_module), window)
+        self.count_flos(flow_model(pl_module), window)
         self.tokens.add_window(self.state, window, flow_model(pl_module), self._pad_token_id(), trainer.strategy,
                                pl_module.device)
         # every earlier window of the epoch is full, so this also holds after a mid-epoch resume
@@ -276,14 +284,14 @@ class HFTrainerFlow(EvaluationHooks):
         self.state.epoch = epoch_progress(self._epoch_index, micro_done, self.plan.microbatches_per_epoch)
         step_end_flags(self.state.global_step, self.args, self.plan).merge_into(self.control)
         self.hf_event("on_step_end")
-        self._maybe_log_save_evaluate(trainer, pl_module, update)
+        self.maybe_log_save_evaluate(trainer, pl_module, update)
         # HF leaves the epoch when a flag says so after the pass (T:1963-1966); max_steps sets should_training_stop.
         epoch_stop = self.control.should_epoch_stop or self.control.should_training_stop
         last_batch = position_in_epoch(trainer)[1]
         if last_batch or epoch_stop or self.state.global_step >= self.plan.max_steps:
             epoch_end_flags(self.state.epoch, self.args).merge_into(self.control)
             self.hf_event("on_epoch_end")
-            self._maybe_log_save_evaluate(trainer, pl_module, update)
+            self.maybe_log_save_evaluate(trainer, pl_module, update)
             if self.control.should_training_stop:
                 trainer.should_stop = True
             elif epoch_stop and not last_batch:
@@ -295,84 +303,16 @@ class HFTrainerFlow(EvaluationHooks):
             # `log` costs a few milliseconds (signature inspection, result bookkeeping)
             pl_module.log("loss", self.loss.latest_loss, prog_bar=True, logger=False)
 
-    def _maybe_log_save_evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, update: UpdateReport
-                                 ) -> None:
-        """`Trainer._maybe_log_save_evaluate` (T:2230-2278): log, then evaluate, then save."""
-        if self.control.should_log and self.state.global_step > self.loss.last_logged_step:
-            self._log_training(trainer, update)
-        if self.control.should_evaluate:
-            new_best = self._evaluate(trainer, during_training=True)
-            if self.args.save_strategy == "best":
-                self.control.should_save = new_best  # T:2273-2274: "best" saves exactly on a new best
-        if self.control.should_save:
-            self.flos.store(self.state, trainer)
-            self.saver.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
-                            epoch_ending=self.control.should_epoch_stop, skip_callbacks=(self,))
-            self.hf_event("on_save")
-
-    # ----- HF events and logging -----
-    def hf_event(self, name: str, **extra: Any) -> None:
-        """Call the HF callbacks' `name` event with HF's arguments; their returned control replaces ours."""
-        self.control = self.handler.call(name, self.args, self.state, self.control, **extra)
-
+    # ----- HF events and logging (the steps themselves: loop_steps.py) -----
     def set_eval_dataloader(self, loader: Any) -> None:
         self.handler.eval_dataloader = loader
-
-    def record_log(self, trainer: pl.Trainer | None, logs: dict[str, Any], start_time: float | None = None) -> None:
-        """HF `Trainer.log` (T:4181-4203): add `epoch` (and the input tokens seen, with this call's tokens/s when
-        `start_time` is given), append to `log_history` with `step`, `on_log`, write to loggers.
-
-        (Not named `log`: Lightning would take it for the module's.)
-        """
-        if self.state.epoch is not None:
-            logs["epoch"] = self.state.epoch
-        self.tokens.annotate(logs, self.state, start_time)
-        self.state.log_history.append({**logs, "step": self.state.global_step})
-        self.hf_event("on_log", logs=logs)
-        numeric = {
-            tensorboard_tag(k): v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-        for logger in trainer.loggers if trainer is not None else []:
-            logger.log_metrics(numeric, step=self.state.global_step)
-
-    def _log_training(self, trainer: pl.Trainer, update: UpdateReport) -> None:
-        """The training-loss entry (T:2242-2266): `loss`, `grad_norm` of the last update, LR of the update just done."""
-        logs: dict[str, Any] = {"loss": self.loss.pop_log_value(trainer.strategy, self.state.global_step)}
-        if update.grad_norm is not None:
-            logs["grad_norm"] = update.grad_norm
-        learning_rate = update.learning_rate
-        if learning_rate is None and trainer.optimizers:
-            learning_rate = float(trainer.optimizers[0].param_groups[0]["lr"])
-        if learning_rate is not None:
-            logs["learning_rate"] = learning_rate
-        self.flos.store(self.state, trainer)
-        self.tokens.training_entry(logs, trainer.strategy, self.state.total_flos)
-        self.record_log(trainer, logs, start_time=self._train_start)
 
     def _pad_token_id(self) -> int | None:
         return getattr(self.handler.processing_class, "pad_token_id", None)
 
-    # ----- evaluation (HFEvaluator runs it; the flow logs and decides what follows) -----
-    def _evaluate(self, trainer: pl.Trainer, during_training: bool) -> bool:
-        """`Trainer._evaluate` + `_determine_best_metric`: run Lightning's validation loop now; True on a new best."""
-        if not datamodule_of(trainer).eval_datasets:
-            raise ValueError(
-                "Trainer: evaluation requires an eval_dataset. `control.should_evaluate` was set at step "
-                f"{self.state.global_step} but no eval_dataset was given."
-            )
-        started = time.perf_counter()
-        metrics = self.evaluator.evaluate_during_fit(trainer).metrics
-        self.tokens.exclude(time.perf_counter() - started)
-        if not metrics:  # nothing was evaluated, so no `on_evaluate` cleared the request
-            self.control.should_evaluate = False
-        if not during_training:
-            return False
-        self.best.step_plateau_scheduler(trainer, metrics)
-        return self.best.update(self.state, metrics)
-
     def dataset_evaluated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, Any]) -> None:
         """HF `evaluate()` for one dataset (T:2843-2894): the log entry, `on_evaluate`, then the listeners."""
-        self.record_log(trainer, metrics)  # adds "epoch" into the same dict, as HF
+        self.hf_log(trainer, metrics)  # adds "epoch" into the same dict, as HF
         self.hf_event("on_evaluate", metrics=metrics)
         for listener in self._eval_listeners:
             listener.on_hf_evaluate(trainer, pl_module, self, metrics)
@@ -384,29 +324,32 @@ class HFTrainerFlow(EvaluationHooks):
         assert self.plan is not None
         self._end_quiet_resume()
         self.saver.wait(trainer)  # `save_async`: the last checkpoint is in place before the summary and best model
+        logger.info(TRAINING_COMPLETED)
         steps = self.state.global_step - self.loss.initial_step
         train_loss = self.loss.train_loss(trainer.strategy, self.state.global_step)
-        dataset = datamodule_of(trainer).train_dataset
         total_batch = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps * trainer.world_size
+        examples = self.num_examples(datamodule_of(trainer).train_loader())
         num_samples: float
-        if self.args.max_steps > 0 or dataset_length(dataset) is None:
+        if self.args.max_steps > 0 or examples is None:
             num_samples = self.plan.max_steps * total_batch
-        else:
-            num_samples = len(dataset) * self.args.num_train_epochs
+        else:  # T:2531-2534
+            num_samples = examples * self.args.num_train_epochs
         self.flos.store(self.state, trainer)
         metrics = train_summary(self._train_start, num_samples, steps, self.plan.max_steps, self.state.total_flos,
                                 train_loss)
         self.tokens.summary(metrics, trainer.strategy, self.state.total_flos)
-        self.record_log(trainer, metrics)  # adds "epoch", as HF's `TrainOutput.metrics` has it
+        self.hf_log(trainer, metrics)  # adds "epoch", as HF's `TrainOutput.metrics` has it
         self._summary = metrics
         self.best.load_best(flow_model(pl_module), self.state)
         self.saver.finish(trainer, self.state)
         self.hf_event("on_train_end")
+        self._end_steps()
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._end_quiet_resume()
         self.saver.end_run(trainer)  # Lightning skips `teardown` after an exception
+        self._end_steps()
 
     @override
     def state_dict(self) -> dict[str, Any]:

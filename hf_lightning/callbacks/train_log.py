@@ -180,14 +180,20 @@ class FlopsCounter:
 
     def add_window(self, model: Any, window: Any) -> None:
         """Count the micro-batches of one update (`window` is one batch or a list of them)."""
-        if model is None or not hasattr(model, "num_parameters"):
-            return
-        main_input = getattr(model, "main_input_name", "input_ids")
         for micro in [window] if isinstance(window, Mapping) else window:
-            if isinstance(micro, Mapping) and main_input in micro and hasattr(micro[main_input], "numel"):
-                if self._params is None:
-                    self._params = int(model.num_parameters(exclude_embeddings=True))
-                self.current += float(6 * micro[main_input].numel() * self._params)
+            self.current += self.of(model, micro)
+
+    def of(self, model: Any, micro: Any) -> float:
+        """HF's `floating_point_ops` of one micro-batch: `6 * tokens * non-embedding parameters` (0 without
+        `num_parameters` or the main input)."""
+        if model is None or not hasattr(model, "num_parameters") or not isinstance(micro, Mapping):
+            return 0.0
+        main_input = getattr(model, "main_input_name", "input_ids")
+        if main_input not in micro or not hasattr(micro[main_input], "numel"):
+            return 0.0
+        if self._params is None:
+            self._params = int(model.num_parameters(exclude_embeddings=True))
+        return float(6 * micro[main_input].numel() * self._params)
 
     def store(self, state: Any, trainer: Any) -> None:
         """`store_flos`: move the FLOPs counted since the last store into `state.total_flos` (summed over processes)."""

@@ -47,10 +47,11 @@ class CheckpointContent:
     Attributes:
         world_size: processes writing the folder.
         rank: this process.
-        model: rank 0: the model (its `save_pretrained` writes the config and weights), else None.
+        model: rank 0: the model (its `save_pretrained` writes the config and weights), else None (also on rank 0
+            when an overridden `Trainer.save_model` wrote the model files and `training_args.bin`).
         model_state: rank 0: the weights to write (a CPU copy, or the FSDP2-gathered state), None for the model's own.
         processing_class: rank 0: the tokenizer / processor, or None.
-        args: rank 0: the training arguments (`training_args.bin`).
+        args: rank 0: the training arguments (`training_args.bin`, written with the model files).
         optimizer: rank 0: the optimizer's `state_dict()` (None: no `optimizer.pt`).
         scheduler: rank 0: the scheduler's `state_dict()`.
         scaler: rank 0: the grad scaler's `state_dict()` (fp16).
@@ -112,8 +113,7 @@ def write_content(content: CheckpointContent, folder: Path, save_only_model: boo
     ranks are flushed here (rank 0 flushes the whole folder before the rename, `io.finalize_checkpoint`).
     """
     world, rank = content.world_size, content.rank
-    if content.is_zero:
-        assert content.model is not None  # rank 0's share always has it (`CheckpointSaver._capture`)
+    if content.model is not None:  # rank 0, unless an overridden `save_model` wrote the model files
         save_model_files(content.model, folder, content.processing_class, state_dict=content.model_state)
         torch_save(content.args, folder / "training_args.bin")
     if not save_only_model:

@@ -63,7 +63,7 @@ def _check_output_dir(args: TrainingArguments, checkpoint: str | None) -> None:
                 step = int(json.load(f).get("global_step", 0))
         else:
             step = int(os.path.basename(os.path.normpath(checkpoint)).rpartition("-")[2] or 0)
-    conflict = existing_checkpoint_conflict(args.resolved_output_dir, step, args.save_strategy != "no")
+    conflict = existing_checkpoint_conflict(args.resolved_output_dir, step, args.save_strategy != "no", args)
     if conflict:
         raise ValueError(conflict.replace("resume_from_checkpoint=True", "--args.resume_from_checkpoint true"))
 

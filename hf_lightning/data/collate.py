@@ -4,7 +4,6 @@
   otherwise `default_data_collator` (T:562-568).
 - `signature_columns` / `remove_unused_columns`: the model's `forward` parameter names plus `label`, `label_ids` and
   the label names (T:1179-1244); a `datasets.Dataset` loses the other columns, other datasets are filtered per item.
-- `WindowCollator`: collates the samples of one accumulation window into its list of micro-batches.
 """
 
 from __future__ import annotations
@@ -18,11 +17,8 @@ from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, defau
 from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
 from transformers.utils import find_labels
 
-from hf_lightning.data.sampling import split_window
-
 __all__ = [
     "ColumnFilter",
-    "WindowCollator",
     "default_collator",
     "find_label_names",
     "remove_unused_columns",
@@ -83,14 +79,3 @@ class ColumnFilter:
         if features and isinstance(features[0], Mapping):
             features = [{k: v for k, v in f.items() if k in self.allowed} for f in features]
         return self.collator(features)
-
-
-class WindowCollator:
-    """Collates the samples of one accumulation window into the list of its micro-batches."""
-
-    def __init__(self, collator: Collator, batch_size: int) -> None:
-        self.collator = collator
-        self.batch_size = batch_size
-
-    def __call__(self, samples: list[Any]) -> list[Any]:
-        return [self.collator(chunk) for chunk in split_window(samples, self.batch_size)]

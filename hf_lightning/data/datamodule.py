@@ -1,39 +1,60 @@
 """`TransformerDataModule`: serves train / eval / predict data the way the HF Trainer's dataloaders do.
 
-Train batches are accumulation *windows* (a list of micro-batches, see `sampling.py`), so one Lightning training
-step is one optimizer update and Lightning's step counters, `max_steps` and resume positions count updates.
+The loaders come from HF's dataloader methods, with their signatures (`get_train_dataloader`,
+`get_eval_dataloader(eval_dataset)`, `get_test_dataloader(test_dataset)`, `_get_dataloader`, `_get_train_sampler`,
+`_get_eval_sampler`), called through `loaders`: this data module's built-ins, or an attached `hf_lightning.Trainer`
+whose subclass overrides them (its base methods call back into these).
+
+The train loader yields micro-batches, HF's `get_train_dataloader` result: HF's seeded order, sharded like accelerate,
+one collation per micro-batch (in the loader's workers with HF's `seed_worker` when there are workers). Lightning sees
+it grouped into accumulation *windows* (`windows.py`), so one Lightning training step is one optimizer update and
+Lightning's step counters, `max_steps` and resume positions count updates; each window's micro-batches are fetched
+right before its update (`on_before_batch_transfer`), where HF fetches them, so random collators and dropout draw the
+RNG in HF's order.
+
 Evaluation and prediction loaders are plain, in dataset order; under DDP each rank gets a contiguous, unpadded shard
 so gathered results are exact (Lightning's `DistributedSampler` pads with duplicates).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, Sampler
+from transformers.trainer_utils import seed_worker
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import uses_distributed_sampler
 from hf_lightning.args import TrainingArguments
+from hf_lightning.contracts import HFDataHooks
 from hf_lightning.data.collate import (
     ColumnFilter,
-    WindowCollator,
     default_collator,
     find_label_names,
     remove_unused_columns,
     signature_columns,
 )
-from hf_lightning.data.sampling import ContiguousShardSampler, WindowBatchSampler
+from hf_lightning.data.sampling import (
+    ContiguousShardSampler,
+    EpochSampler,
+    OrderBatchSampler,
+    WindowBatchSampler,
+    dataset_length,
+)
 from hf_lightning.data.stream_loader import (
     WindowedStream,
     is_resumable_stream,
+    is_stateful_loader,
     resumable_train_stream,
     stateful_loader,
 )
 from hf_lightning.data.stream_state import from_plain, to_plain
+from hf_lightning.data.windows import EpochLoader, LazyWindow, WindowStream, is_sized
 
 __all__ = ["TransformerDataModule", "ContiguousShardSampler"]
 
@@ -48,6 +69,12 @@ class TransformerDataModule(pl.LightningDataModule):
         args: the training arguments (batch sizes, seeds, accumulation, loader options).
         data_collator: collator for every split; defaults to HF's choice for `processing_class`.
         processing_class: tokenizer or processor; selects `DataCollatorWithPadding`.
+
+    Attributes:
+        loader_owner: the owner of HF's dataloader methods (an `hf_lightning.Trainer`); None: this data module.
+        eval_loader_args: per eval dataset name, what `get_eval_dataloader` receives (HF passes the dataset given to
+            `evaluate`, else the dataset's name, or None for a single unnamed one).
+        signature_model: the model whose `forward` decides the kept columns when no Lightning trainer is attached.
 
     Example::
 
@@ -67,17 +94,22 @@ class TransformerDataModule(pl.LightningDataModule):
         self.args = args if args is not None else TrainingArguments()
         self.train_dataset = train_dataset
         self.eval_datasets: dict[str, Any] | None = self._named(eval_dataset)
+        self.named_eval_datasets: dict[str, Any] = dict(self.eval_datasets or {})
+        """The eval datasets by name, as given (what a name passed to `get_eval_dataloader` refers to)."""
         self.predict_dataset = predict_dataset
         self.processing_class = processing_class
         self.data_collator = data_collator if data_collator is not None else default_collator(processing_class)
+        self.loader_owner: HFDataHooks | None = None
+        self.eval_loader_args: dict[str, Any] | None = None
+        self.signature_model: Any = None
         self._allowed_columns: list[str] | None = None
-        self.train_sampler: WindowBatchSampler | None = None
+        self._fit_loader: Any = None
         self.resume_position: tuple[int, int] | None = None
         """`(epoch, windows)`: the next train loader starts at that window of that epoch (set on resume, used once)."""
         self.resume_stream_position: Any = None
         """With `resume_position`: the saved position of an unsized train stream after those windows (or None)."""
         self.train_stream: WindowedStream | None = None
-        """The windows of the current unsized train loader (None for a sized dataset)."""
+        """The windows of the current unsized train loader (None for a sized one)."""
 
     @staticmethod
     def _named(eval_dataset: Any) -> dict[str, Any] | None:
@@ -92,30 +124,40 @@ class TransformerDataModule(pl.LightningDataModule):
         """Names of the eval datasets in loader order; `""` for a single unnamed dataset."""
         return list(self.eval_datasets or {})
 
+    @property
+    def loaders(self) -> HFDataHooks:
+        """The owner of HF's dataloader methods the Lightning hooks call: `loader_owner`, else this data module."""
+        return self.loader_owner if self.loader_owner is not None else self
+
     # ----- column handling -----
     @override
     def setup(self, stage: str) -> None:
-        """Resolve the model's accepted columns and drop the others (HF `remove_unused_columns`)."""
-        module = self.trainer.lightning_module if self.trainer is not None else None
-        model = getattr(module, "model", None)
-        if not self.args.remove_unused_columns or model is None:
-            return
-        label_names = self.args.label_names or find_label_names(model)
-        self._allowed_columns = signature_columns(model, label_names)
-        if self.train_dataset is not None:
-            self.train_dataset = remove_unused_columns(self.train_dataset, self._allowed_columns, "training")
-        if self.eval_datasets:
-            self.eval_datasets = {
-                name: remove_unused_columns(ds, self._allowed_columns, f"evaluation {name!r}".replace(" ''", ""))
-                for name, ds in self.eval_datasets.items()
-            }
-        if self.predict_dataset is not None:
-            self.predict_dataset = remove_unused_columns(self.predict_dataset, self._allowed_columns, "prediction")
+        """Resolve the columns the model accepts (HF `remove_unused_columns`); every loader drops the others, as HF's
+        `_get_dataloader` does, and the datasets themselves stay as given (HF's `trainer.train_dataset` is too)."""
+        self._resolve_columns()
 
-    def _collator(self, dataset: Any) -> Any:
-        if self._allowed_columns is not None and not hasattr(dataset, "column_names"):
-            return ColumnFilter(self.data_collator, self._allowed_columns)
-        return self.data_collator
+    def _resolve_columns(self) -> None:
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        model = getattr(module, "model", None) or self.signature_model
+        if self.args.remove_unused_columns and model is not None:
+            label_names = self.args.label_names or find_label_names(model)
+            self._allowed_columns = signature_columns(model, label_names)
+
+    def _with_columns(self, dataset: Any, description: str) -> tuple[Any, Any]:
+        """`(dataset, collator)`: a `datasets.Dataset` loses its unused columns; other datasets are filtered by item."""
+        if self._allowed_columns is None:
+            self._resolve_columns()
+        if self._allowed_columns is None:
+            return dataset, self.data_collator
+        if hasattr(dataset, "column_names"):
+            return remove_unused_columns(dataset, self._allowed_columns, description.lower()), self.data_collator
+        return dataset, ColumnFilter(self.data_collator, self._allowed_columns)
+
+    @override
+    def teardown(self, stage: str) -> None:
+        """The next fit asks for a new train loader (HF calls `get_train_dataloader` once per `train()`)."""
+        if stage == "fit":
+            self._fit_loader = None
 
     # ----- distribution -----
     def _world(self) -> tuple[int, int]:
@@ -142,115 +184,221 @@ class TransformerDataModule(pl.LightningDataModule):
                 kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
         return kwargs
 
-    # ----- loaders -----
+    # ----- HF's dataloader methods (the built-ins; an `hf_lightning.Trainer` subclass may override them) -----
+    def get_train_dataloader(self) -> DataLoader:
+        """HF's `get_train_dataloader` (T:916-934): micro-batches of `train_dataset` in HF's seeded order.
+
+        Raises:
+            ValueError: there is no `train_dataset`.
+        """
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        loaders = self.loaders
+        return loaders._get_dataloader(self.train_dataset, "Training", self.args.per_device_train_batch_size,
+                                       loaders._get_train_sampler, is_training=True)
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> DataLoader:
+        """HF's `get_eval_dataloader` (T:936-973): `eval_dataset` is a dataset, an eval dataset's name, or None.
+
+        Raises:
+            ValueError: no eval dataset, an unknown name, or None with several named eval datasets.
+        """
+        dataset = self._eval_dataset(eval_dataset)
+        loaders = self.loaders
+        return loaders._get_dataloader(dataset, "Evaluation", self.args.per_device_eval_batch_size,
+                                       loaders._get_eval_sampler, dataloader_key=eval_dataset
+                                       if isinstance(eval_dataset, str) else "eval")
+
+    def _eval_dataset(self, eval_dataset: Any) -> Any:
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            return eval_dataset
+        if eval_dataset is None:
+            datasets = self.eval_datasets or {}
+            if "" not in datasets:
+                raise ValueError("Trainer: evaluation requires an eval_dataset." if not datasets else
+                                 f"get_eval_dataloader(None): the eval datasets are named {list(datasets)}; pass one "
+                                 "of these names or a dataset.")
+            return datasets[""]
+        return self.get_eval_dataset(eval_dataset)
+
+    def get_eval_dataset(self, name: str) -> Any:
+        """The eval dataset named `name` (HF's `eval_dataset[name]`).
+
+        Raises:
+            ValueError: no eval dataset has that name.
+        """
+        if name not in self.named_eval_datasets:
+            raise ValueError(f"No eval dataset is named {name!r}; the eval datasets are named "
+                             f"{[n for n in self.named_eval_datasets if n]}.")
+        return self.named_eval_datasets[name]
+
+    @contextmanager
+    def evaluating(self, dataset: Any, loader_arg: Any) -> Iterator[None]:
+        """Within the block, the validation loaders are `dataset`'s alone (`get_eval_dataloader(loader_arg)`): one
+        dataset of HF's `evaluate()`."""
+        saved = self.eval_datasets, self.eval_loader_args
+        self.eval_datasets, self.eval_loader_args = {"": dataset}, {"": loader_arg}
+        try:
+            yield
+        finally:
+            self.eval_datasets, self.eval_loader_args = saved
+
+    @contextmanager
+    def predicting(self, dataset: Any) -> Iterator[None]:
+        """Within the block, the prediction loader is `dataset`'s (`get_test_dataloader(dataset)`): HF's `predict`."""
+        saved, self.predict_dataset = self.predict_dataset, dataset
+        try:
+            yield
+        finally:
+            self.predict_dataset = saved
+
+    def get_test_dataloader(self, test_dataset: Any) -> DataLoader:
+        """HF's `get_test_dataloader` (T:975-991)."""
+        loaders = self.loaders
+        return loaders._get_dataloader(test_dataset, "test", self.args.per_device_eval_batch_size,
+                                       loaders._get_eval_sampler)
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Sampler | None:
+        """HF's training order (T:1071-1145): the seeded `seed + epoch` permutation, or sequential; None if unsized."""
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        size = dataset_length(dataset)
+        if size is None:
+            return None
+        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+        return EpochSampler(size, seed, shuffle=self.args.train_sampling_strategy == "random")
+
+    def _get_eval_sampler(self, eval_dataset: Any) -> Sampler | None:
+        """Evaluation order: this process's contiguous, unpadded block of the dataset (None if unsized)."""
+        size = dataset_length(eval_dataset)
+        if size is None:
+            return None
+        world, rank = self._world()
+        return ContiguousShardSampler(size, world, rank, self.args.per_device_eval_batch_size)
+
+    def _get_dataloader(
+        self, dataset: Any, description: str, batch_size: int, sampler_fn: Callable[[Any], Any] | None = None,
+        is_training: bool = False, dataloader_key: str | None = None,
+    ) -> DataLoader:
+        """HF's `_get_dataloader` (T:1007-1069): unused columns removed, `sampler_fn`'s order, sharded per process."""
+        dataset, collate = self._with_columns(dataset, description)
+        world, rank = self._world()
+        kwargs = self._loader_kwargs()
+        drop_last = self.args.dataloader_drop_last
+        if isinstance(dataset, IterableDataset):
+            if is_training and world > 1:
+                dataset = self._split_by_node(dataset, world, rank)
+            if is_training and is_resumable_stream(dataset):
+                # a stream that reports its position: read through a `StatefulDataLoader` (O(1) resume, see
+                # `stream_loader.py`); any other is skipped by reading on resume, as HF does
+                return stateful_loader(resumable_train_stream(dataset), batch_size=batch_size, collate_fn=collate,
+                                       drop_last=drop_last, **kwargs)
+            loader_class = EpochLoader if is_training else DataLoader
+            return loader_class(dataset, batch_size=batch_size, collate_fn=collate, drop_last=drop_last, **kwargs)
+        sampler = sampler_fn(dataset) if sampler_fn is not None else None
+        if is_training:
+            # HF seeds each worker from its base seed (`seed_worker`, T:1047-1050); collators draw there
+            init = partial(seed_worker, num_workers=self.args.dataloader_num_workers, rank=rank)
+            return EpochLoader(dataset, batch_sampler=self._train_batches(dataset, sampler, batch_size, world, rank),
+                               collate_fn=collate, worker_init_fn=init, **kwargs)
+        if sampler is not None and not isinstance(sampler, ContiguousShardSampler) and world > 1:
+            sampler = ContiguousShardSampler(len(dataset), world, rank, batch_size, order=sampler)
+        return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=collate, drop_last=drop_last,
+                          **kwargs)
+
+    def _train_batches(self, dataset: Any, sampler: Any, batch_size: int, world: int, rank: int) -> Sampler:
+        """The micro-batch sampler: O(1)-resumable for HF's own order, `OrderBatchSampler` for any other sampler."""
+        drop_last = self.args.dataloader_drop_last
+        if isinstance(sampler, EpochSampler):
+            return WindowBatchSampler(len(dataset), batch_size, 1, sampler.seed, sampler.shuffle, drop_last, world,
+                                      rank)
+        if sampler is None:
+            sampler = range(len(dataset))
+        return OrderBatchSampler(sampler, batch_size, drop_last, world, rank)
+
+    @staticmethod
+    def _split_by_node(dataset: Any, world: int, rank: int) -> Any:
+        """A `datasets.IterableDataset` split across processes by node (a torch one cannot be)."""
+        # `datasets` (with pandas and pyarrow) only for this case: importing the data module stays light
+        from datasets import IterableDataset as HFIterable
+        from datasets.distributed import split_dataset_by_node
+
+        if not isinstance(dataset, HFIterable):
+            raise ValueError(
+                "A torch IterableDataset cannot be sharded across processes by hf_lightning; use a "
+                "`datasets.IterableDataset` or a map-style dataset for `train_dataset` under DDP."
+            )
+        return split_dataset_by_node(dataset, rank=rank, world_size=world)
+
+    # ----- Lightning's loaders -----
+    def train_loader(self) -> Any:
+        """The micro-batch loader of the running fit (see `FlowDataModule`)."""
+        return self._fit_train_loader()
+
+    def _fit_train_loader(self) -> Any:
+        """`get_train_dataloader()` of the running fit, called once (HF calls it once per `train()`)."""
+        if self._fit_loader is None:
+            self._fit_loader = self.loaders.get_train_dataloader()
+        return self._fit_loader
+
+    def num_train_microbatches(self) -> int | None:
+        """Micro-batches per epoch on one process (`None` for an unsized loader): HF's `len(train_dataloader)`."""
+        if self.train_dataset is None and self.loader_owner is None:
+            return None
+        return dataset_length(self._fit_train_loader())
+
     @override
     def train_dataloader(self) -> Any:
-        """Windows of `gradient_accumulation_steps` micro-batches, in HF's seeded order."""
-        if self.train_dataset is None:
-            raise ValueError("`train_dataset` is None: pass a training dataset to train.")
-        args, (world, rank) = self.args, self._world()
-        collate = self._collator(self.train_dataset)
-        if isinstance(self.train_dataset, IterableDataset):
-            return self._iterable_train_loader(collate, world, rank)
+        """The train loader's micro-batches in windows of `gradient_accumulation_steps`, one window per update."""
+        loader = self._fit_train_loader()
+        accumulation = self.args.gradient_accumulation_steps
+        if not is_sized(loader):
+            return self._stream_windows(loader, accumulation)
         self.train_stream = None
-        self.train_sampler = WindowBatchSampler(
-            num_samples=len(self.train_dataset),
-            batch_size=args.per_device_train_batch_size,
-            accumulation=args.gradient_accumulation_steps,
-            seed=args.data_seed if args.data_seed is not None else args.seed,
-            shuffle=args.train_sampling_strategy == "random",
-            drop_last=args.dataloader_drop_last,
-            world_size=world,
-            rank=rank,
-        )
+        windows = WindowStream(loader, accumulation)
         if self.resume_position is not None:
-            # O(1) resume: the sampler slices the epoch's order at the window, no skipped batch is loaded
-            epoch, self.train_sampler.skip_windows = self.resume_position
-            self.train_sampler.set_epoch(epoch)
+            # the resumed epoch starts at its window: O(1) for our samplers, index-only for a map-style loader
+            epoch, windows.skip = self.resume_position
+            windows.set_epoch(epoch)
             self.resume_position = None
-        return DataLoader(
-            self.train_dataset,
-            batch_sampler=self.train_sampler,
-            collate_fn=WindowCollator(collate, args.per_device_train_batch_size),
-            **self._loader_kwargs(),
-        )
+        return windows
 
-    def _iterable_train_loader(self, collate: Any, world: int, rank: int) -> WindowedStream:
-        """Windows read from an `IterableDataset` (a `datasets` one is split across processes by node).
-
-        A stream that can report its position (`stream_loader.is_resumable_stream`) is read through a
-        `StatefulDataLoader` and resumed from its saved position; any other is skipped by reading, as HF does.
-        """
-        args, dataset = self.args, self.train_dataset
-        if world > 1:
-            # `datasets` (with pandas and pyarrow) only for this case: importing the data module stays light
-            from datasets import IterableDataset as HFIterable
-            from datasets.distributed import split_dataset_by_node
-
-            if not isinstance(dataset, HFIterable):
-                raise ValueError(
-                    "A torch IterableDataset cannot be sharded across processes by hf_lightning; use a "
-                    "`datasets.IterableDataset` or a map-style dataset for `train_dataset` under DDP."
-                )
-            dataset = split_dataset_by_node(dataset, rank=rank, world_size=world)
-        resumable = is_resumable_stream(dataset)
-        loader_kwargs = dict(
-            batch_size=args.per_device_train_batch_size, collate_fn=collate, drop_last=args.dataloader_drop_last,
-            **self._loader_kwargs(),
-        )
-        if resumable:
-            loader: Any = stateful_loader(resumable_train_stream(dataset), **loader_kwargs)
-        else:
-            loader = DataLoader(dataset, **loader_kwargs)
-        windowed = WindowedStream(loader, args.gradient_accumulation_steps, resumable)
-        self.train_stream = windowed
+    def _stream_windows(self, loader: Any, accumulation: int) -> WindowedStream:
+        """The windows of an unsized loader; a resumed one continues from its saved position when the loader can
+        restore one (`stream_loader.is_stateful_loader`), else it reads and drops the trained windows (as HF)."""
+        windows = WindowedStream(loader, accumulation, resumable=is_stateful_loader(loader))
+        self.train_stream = windows
         if self.resume_position is not None:
-            epoch, windows = self.resume_position
-            windowed.set_epoch(epoch)
-            if windows and self.resume_stream_position is not None and resumable:
-                # O(1): the stream continues where it was
-                windowed.start_at(windows, from_plain(self.resume_stream_position))
+            epoch, done = self.resume_position
+            windows.set_epoch(epoch)
+            if done and self.resume_stream_position is not None and windows.resumable:
+                windows.start_at(done, from_plain(self.resume_stream_position))  # O(1): where the stream was
             else:
-                windowed.skip = windows  # no saved position: read and drop the trained windows (as HF)
+                windows.skip = done
             self.resume_position = self.resume_stream_position = None
-        return windowed
+        return windows
 
     def train_stream_position(self, windows_done: int) -> Any:
         """The position of the unsized train stream after `windows_done` windows of the current pass (saved in
-        checkpoints, per process), or None (a sized dataset, a stream without a state, or not recorded)."""
+        checkpoints, per process), or None (a sized loader, a stream without a state, or not recorded)."""
         position = self.train_stream.position_after(windows_done) if self.train_stream is not None else None
         return to_plain(position) if position is not None else None
 
-    def num_train_microbatches(self) -> int | None:
-        """Micro-batches per epoch on one process (`None` for an unsized dataset): HF's `len(train_dataloader)`."""
-        if self.train_dataset is None or isinstance(self.train_dataset, IterableDataset):
-            return None
-        world, _ = self._world()
-        sampler = WindowBatchSampler(
-            len(self.train_dataset), self.args.per_device_train_batch_size, 1, 0, False,
-            self.args.dataloader_drop_last, world, 0,
-        )
-        return sampler.num_microbatches()
+    @override
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """A training window's micro-batches are fetched now, right before its update (see the module docstring)."""
+        return batch.materialize() if isinstance(batch, LazyWindow) else batch
 
-    def _eval_loader(self, dataset: Any) -> DataLoader:
-        world, rank = self._world()
-        collate = self._collator(dataset)
-        kwargs: dict[str, Any] = {
-            "batch_size": self.args.per_device_eval_batch_size,
-            "collate_fn": collate,
-            "drop_last": self.args.dataloader_drop_last,
-            **self._loader_kwargs(),
-        }
-        if not isinstance(dataset, IterableDataset):
-            kwargs["sampler"] = ContiguousShardSampler(len(dataset), world, rank, self.args.per_device_eval_batch_size)
-        return DataLoader(dataset, **kwargs)
+    def _eval_loader_arg(self, name: str) -> Any:
+        if self.eval_loader_args is not None and name in self.eval_loader_args:
+            return self.eval_loader_args[name]
+        return name or None
 
     @override
     def val_dataloader(self) -> Any:
-        """One loader per eval dataset, in the order of `eval_dataset_names`."""
+        """One loader per eval dataset, in the order of `eval_dataset_names` (`get_eval_dataloader` each)."""
         if not self.eval_datasets:
             return []
-        loaders = [self._eval_loader(ds) for ds in self.eval_datasets.values()]
+        loaders = [self.loaders.get_eval_dataloader(self._eval_loader_arg(name)) for name in self.eval_datasets]
         return loaders[0] if len(loaders) == 1 else loaders
 
     @override
@@ -260,7 +408,7 @@ class TransformerDataModule(pl.LightningDataModule):
 
     @override
     def predict_dataloader(self) -> Any:
-        """The prediction dataset, in dataset order."""
+        """The prediction dataset, in dataset order (`get_test_dataloader`)."""
         if self.predict_dataset is None:
             raise ValueError("`predict_dataset` is None: pass a dataset to predict on.")
-        return self._eval_loader(self.predict_dataset)
+        return self.loaders.get_test_dataloader(self.predict_dataset)

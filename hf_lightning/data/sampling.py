@@ -10,19 +10,25 @@ window of any epoch by slicing, without iterating the skipped data (O(1) in the 
   rank `i % world_size`, and the tail is completed with samples from the start so every rank has as many batches.
 - Windows hold `gradient_accumulation_steps` micro-batches; the last window of an epoch may be shorter (T:1862-1872).
 
-Evaluation and prediction order: `ContiguousShardSampler` gives each rank one contiguous, unpadded block.
+- `EpochSampler` is that order as a plain sampler (what `Trainer._get_train_sampler` returns); the data module turns it
+  into a `WindowBatchSampler` of micro-batches (`accumulation=1`), whose resume is O(1). Any other sampler (a
+  `_get_train_sampler` override) is batched and sharded the same way by `OrderBatchSampler`.
+
+Evaluation and prediction order: `ContiguousShardSampler` gives each rank one contiguous, unpadded block (of the
+dataset, or of another sampler's order).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
 __all__ = [
-    "ContiguousShardSampler", "WindowBatchSampler", "dataset_length", "epoch_order", "shard_batches", "split_window",
+    "ContiguousShardSampler", "EpochSampler", "OrderBatchSampler", "WindowBatchSampler", "dataset_length",
+    "epoch_order", "shard_batches",
 ]
 
 
@@ -86,11 +92,6 @@ def shard_batches(
             mine.append(batch)
         cursor, batch, idx = end, [], idx + 1
     return mine
-
-
-def split_window(items: list, batch_size: int) -> list[list]:
-    """Cut the samples of one window back into its micro-batches (only the last one may be short)."""
-    return [items[i : i + batch_size] for i in range(0, len(items), batch_size)]
 
 
 class WindowBatchSampler(Sampler[list[int]]):
@@ -163,6 +164,70 @@ class WindowBatchSampler(Sampler[list[int]]):
             yield [i for batch in micro[w : w + self.accumulation] for i in batch]
 
 
+class EpochSampler(Sampler[int]):
+    """HF's default training order as a sampler: the `seed + epoch` permutation, or `range(n)` when not shuffling.
+
+    Args:
+        num_samples: dataset length.
+        seed: the shuffle seed (`data_seed` or `seed`).
+        shuffle: random (HF "random") or sequential order.
+    """
+
+    def __init__(self, num_samples: int, seed: int, shuffle: bool = True) -> None:
+        self.num_samples = num_samples
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle))
+
+
+class OrderBatchSampler(Sampler[list[int]]):
+    """Micro-batches of any sampler's order, sharded across processes as accelerate's `BatchSamplerShard`.
+
+    The sampler is iterated once per epoch (its order may be random); `set_epoch` is forwarded to it, as accelerate's
+    `DataLoaderShard.set_epoch` does. `skip_windows` starts the next iteration after that many micro-batches (their
+    indices are drawn, no sample is loaded).
+
+    Args:
+        sampler: the order (a `_get_train_sampler` override's sampler).
+        batch_size: micro-batch size per process.
+        drop_last: drop the last incomplete micro-batch.
+        world_size: number of processes.
+        rank: this process.
+    """
+
+    def __init__(self, sampler: Iterable[int], batch_size: int, drop_last: bool = False, world_size: int = 1,
+                 rank: int = 0) -> None:
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.world_size = world_size
+        self.rank = rank
+        self.skip_windows = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch = getattr(self.sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+    def __len__(self) -> int:
+        size = len(self.sampler)  # type: ignore[arg-type]  # a batch sampler of an unsized sampler has no length
+        return len(shard_batches(list(range(size)), self.batch_size, self.world_size, 0, self.drop_last))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        order = [int(i) for i in self.sampler]
+        start, self.skip_windows = self.skip_windows, 0
+        yield from shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last)[start:]
+
+
 class ContiguousShardSampler(Sampler[int]):
     """Rank `r` of `w` reads one contiguous block of the dataset; nothing repeats, nothing is dropped.
 
@@ -173,11 +238,20 @@ class ContiguousShardSampler(Sampler[int]):
     still gets rows (Lightning refuses a process with an empty loader); the predictions are the same, but the
     batches, hence HF's sample-weighted `eval_loss`, are those of a smaller batch size.
 
+    Args:
+        num_samples: the dataset's length.
+        world_size: number of processes.
+        rank: this process.
+        batch_size: the evaluation batch size (blocks are cut at its multiples).
+        order: another sampler whose order is split (a `_get_eval_sampler` override's), iterated at each pass.
+
     Raises:
         ValueError: fewer samples than processes (some process would have nothing to evaluate).
     """
 
-    def __init__(self, num_samples: int, world_size: int, rank: int, batch_size: int = 1) -> None:
+    def __init__(self, num_samples: int, world_size: int, rank: int, batch_size: int = 1,
+                 order: Iterable[int] | None = None) -> None:
+        self.order = order
         if 0 < num_samples < world_size:
             raise ValueError(
                 f"An evaluation / prediction dataset of {num_samples} sample(s) cannot be split over {world_size} "
@@ -193,4 +267,6 @@ class ContiguousShardSampler(Sampler[int]):
         return self.stop - self.start
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.start, self.stop))
+        if self.order is None:
+            return iter(range(self.start, self.stop))
+        return iter([int(i) for i in self.order][self.start:self.stop])

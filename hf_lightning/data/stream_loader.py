@@ -24,7 +24,9 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-__all__ = ["WindowedStream", "is_resumable_stream", "resumable_train_stream", "stateful_loader"]
+from hf_lightning.data.windows import set_loader_epoch
+
+__all__ = ["WindowedStream", "is_resumable_stream", "is_stateful_loader", "resumable_train_stream", "stateful_loader"]
 
 _KEPT_POSITIONS = 3  # the window being trained, the one prefetched by Lightning, and one spare
 
@@ -37,6 +39,12 @@ def is_resumable_stream(dataset: Any) -> bool:
         return True
     return isinstance(dataset, IterableDataset) and callable(getattr(dataset, "state_dict", None)) \
         and callable(getattr(dataset, "load_state_dict", None))
+
+
+def is_stateful_loader(loader: Any) -> bool:
+    """Whether `loader` reports and restores its position (`state_dict()` / `load_state_dict()`, as
+    `StatefulDataLoader`): the built-in train loader of a resumable stream, or a `get_train_dataloader` override's."""
+    return callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
 
 
 def resumable_train_stream(dataset: Any) -> Any:
@@ -95,9 +103,11 @@ class WindowedStream:
         self._start: tuple[int, Any] | None = None
 
     def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch to the dataset (a shuffled `datasets.IterableDataset` reshuffles with `seed + epoch`), as
-        accelerate's `DataLoaderShard.set_epoch` does for the HF Trainer at every epoch."""
-        if hasattr(self.loader.dataset, "set_epoch"):
+        """Forward the epoch as HF's `_run_epoch` does (`windows.set_loader_epoch`); a loader without `set_epoch` (a
+        `StatefulDataLoader`) passes it to its dataset (a shuffled `datasets.IterableDataset` reshuffles with
+        `seed + epoch`), as accelerate's `DataLoaderShard.set_epoch` does for the HF Trainer at every epoch."""
+        set_loader_epoch(self.loader, epoch)
+        if not callable(getattr(self.loader, "set_epoch", None)) and hasattr(self.loader.dataset, "set_epoch"):
             self.loader.dataset.set_epoch(epoch)
 
     @property

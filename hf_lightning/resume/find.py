@@ -6,7 +6,9 @@
   overwritten or rotated away. A fresh run (no resume) refuses to start when `output_dir` has `checkpoint-*`
   folders, and a resumed run refuses when `output_dir` has checkpoints *newer* than the one it resumes from (they
   would be overwritten by the new run's saves and rotated away). HF 5 has no `overwrite_output_dir`; the way out is
-  `resume_from_checkpoint=True`, another `output_dir`, or deleting the folders.
+  `resume_from_checkpoint=True`, another `output_dir`, or deleting the folders. Checkpoints of the user's own earlier
+  run of the same command (same training arguments, `same_run.py`) are not another run: as in HF, the new run
+  replaces them as it saves, and `replaced_checkpoints_notice` says which, once.
 
 Only folders named exactly `checkpoint-<n>` count (`checkpointing/folders.py`): temporary folders of a save that did not
 finish, half-deleted folders and the user's own `checkpoint-final` are neither resumed from nor in the way.
@@ -26,9 +28,10 @@ from hf_lightning.checkpointing.io import (
     TRAINER_STATE_NAME,
     rng_file_name,
 )
+from hf_lightning.resume.same_run import argument_differences
 
 __all__ = ["CheckpointFiles", "check_checkpoint", "existing_checkpoint_conflict", "last_checkpoint",
-           "list_checkpoint_steps", "resolve_checkpoint", "resolve_resume"]
+           "list_checkpoint_steps", "replaced_checkpoints_notice", "resolve_checkpoint", "resolve_resume"]
 
 WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
@@ -126,31 +129,62 @@ def resolve_checkpoint(output_dir: str, resume_from_checkpoint: str | bool, worl
     return str(check_checkpoint(str(resume_from_checkpoint), world_size, rank).path)
 
 
-def existing_checkpoint_conflict(output_dir: str | Path, resume_step: int | None, saving: bool) -> str | None:
+def _touched(output_dir: str | Path, resume_step: int | None, saving: bool) -> list[int]:
+    """The steps of the checkpoints this run would overwrite or rotate away: all of them for a fresh run, the newer
+    ones for a resumed run, none when it saves nothing."""
+    if not saving:
+        return []
+    steps = sorted(list_checkpoint_steps(output_dir))
+    return steps if resume_step is None else [s for s in steps if s > resume_step]
+
+
+def _differences(output_dir: str | Path, steps: list[int], args: Any) -> list[str] | None:
+    """What differs between the run that wrote the newest of `steps` and `args` ([]: the same run; None: unknown)."""
+    if args is None or not steps:
+        return None
+    return argument_differences(Path(output_dir) / f"checkpoint-{steps[-1]}", args)
+
+
+def existing_checkpoint_conflict(output_dir: str | Path, resume_step: int | None, saving: bool, args: Any = None
+                                 ) -> str | None:
     """The error message when this run would overwrite or rotate away checkpoints it did not write, else None.
 
     Args:
         output_dir: where this run writes checkpoints.
         resume_step: the global step resumed from, None for a fresh run.
         saving: whether this run writes checkpoints at all (`save_strategy != "no"`).
+        args: this run's training arguments; checkpoints written with the same ones (`same_run.py`) are this run's
+            own and no conflict. None: every existing checkpoint counts as another run's.
     """
-    if not saving:
+    touched = _touched(output_dir, resume_step, saving)
+    if not touched:
         return None
-    steps = sorted(list_checkpoint_steps(output_dir))
-    if resume_step is None and steps:
+    differences = _differences(output_dir, touched, args)
+    if differences == []:
+        return None
+    why = f" (its arguments differ: {'; '.join(differences[:4])})" if differences else ""
+    if resume_step is None:
         return (
-            f"output_dir={str(output_dir)!r} already holds checkpoints of another run ({_names(steps)}); this run "
-            "would overwrite or rotate them away. Pass resume_from_checkpoint=True to continue that run, or choose "
-            "another output_dir, or delete those folders."
+            f"output_dir={str(output_dir)!r} already holds checkpoints of another run ({_names(touched)}){why}; this "
+            "run would overwrite or rotate them away. Pass resume_from_checkpoint=True to continue that run, or "
+            "choose another output_dir, or delete those folders."
         )
-    newer = [s for s in steps if resume_step is not None and s > resume_step]
-    if newer:
-        return (
-            f"output_dir={str(output_dir)!r} holds checkpoints newer than the resumed step {resume_step} "
-            f"({_names(newer)}); the resumed run would overwrite or rotate them away. Resume from the latest one "
-            "(resume_from_checkpoint=True), choose another output_dir, or delete those folders."
-        )
-    return None
+    return (
+        f"output_dir={str(output_dir)!r} holds checkpoints newer than the resumed step {resume_step} "
+        f"({_names(touched)}){why}; the resumed run would overwrite or rotate them away. Resume from the latest one "
+        "(resume_from_checkpoint=True), choose another output_dir, or delete those folders."
+    )
+
+
+def replaced_checkpoints_notice(output_dir: str | Path, resume_step: int | None, saving: bool, args: Any
+                                ) -> str | None:
+    """The one line to print when this run replaces checkpoints of its own earlier run (as HF does), else None."""
+    touched = _touched(output_dir, resume_step, saving)
+    if not touched or _differences(output_dir, touched, args) != []:
+        return None
+    start = "starts from scratch" if resume_step is None else f"resumes from step {resume_step}"
+    return (f"output_dir={str(output_dir)!r} holds checkpoints of an earlier run with the same arguments; this run "
+            f"{start} and replaces {_names(touched)} as it saves (HF does the same).")
 
 
 def _names(steps: list[int]) -> str:

@@ -6,9 +6,10 @@
    scheduler, grad scaler, Lightning callback states, the loop position and the data sampler's start window.
 2. `on_train_start`: `trainer_state.json` replaces the fresh `TrainerState` (`max_steps` / `num_train_epochs` from
    this run), HF callback states if `restore_callback_states_from_checkpoint`.
-3. the first `on_train_epoch_start`: the RNG states. At that point the train loader iterator of the resumed epoch
-   exists mid-epoch (so its seed draw is behind us, as HF loads after the first fetch) and does not yet exist at an
-   epoch boundary (so its seed draw follows, as HF loads before `iter`): both match the uninterrupted run.
+3. the RNG states: at an epoch boundary in the first `on_train_epoch_start` (before the epoch's loader is iterated,
+   as HF loads before `iter`); mid-epoch in the first `on_train_batch_start`, after the first window was fetched
+   (the new loader iterator's seed draw is behind us, as HF loads after its first `get_batch_samples`). Both match
+   the uninterrupted run.
 
 `start_fit` is the entry point; without a checkpoint it only applies the output-directory rule.
 """
@@ -33,10 +34,12 @@ from hf_lightning.checkpointing.io import TRAINER_STATE_NAME
 from hf_lightning.checkpointing.lightning_state import epoch_geometry, geometry_changes, restore_callback_states
 from hf_lightning.checkpointing.stream_position import read_stream_position
 from hf_lightning.contracts import FlowDataModule, ResumableTrainStream, flow_model
+from hf_lightning.hf_messages import logger as hf_logger
 from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
     existing_checkpoint_conflict,
+    replaced_checkpoints_notice,
     resolve_resume,
 )
 from hf_lightning.resume.position import (
@@ -173,10 +176,12 @@ class CheckpointRestorer:
         trainer_state = read_file(files.path / TRAINER_STATE_NAME, lambda p: json.loads(p.read_text()))
         global_step = int(trainer_state["global_step"])
         conflict = existing_checkpoint_conflict(self.args.resolved_output_dir, global_step,
-                                                self.args.save_strategy != "no")
+                                                self.args.save_strategy != "no", self.args)
         if conflict:
             raise ValueError(conflict)
+        _say_replaced(trainer, self.args, global_step)
         model = flow_model(pl_module)
+        hf_logger.info(f"Loading model from {self.path}.")  # HF's message (T:3659)
         load_weights(model, files.weights)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         optimizer = getattr(optimizer, "optimizer", optimizer)
@@ -259,16 +264,25 @@ class CheckpointRestorer:
                     flow.handler.add_callback(rebuilt)
 
     def on_train_epoch_start(self, trainer: pl.Trainer) -> None:
-        """Load this rank's RNG states once, at the start of the resumed epoch (see the module docstring)."""
+        """At an epoch boundary, load this rank's RNG states now (see the module docstring)."""
+        if self.position is None or self.position.windows == 0:
+            self._load_rng()
+            if self.position is not None and trainer.current_epoch == 0:
+                # HF loads the states before it makes the epoch's loader iterator (T:1848-1849, 1857), whose seed
+                # draw then follows them; Lightning made epoch 0's iterator before this hook (`ignore_data_skip`,
+                # or a step-0 checkpoint), and an unsized loader's first window was read then: make it again, after them
+                restart_train_iterator(trainer)
+
+    def on_train_batch_start(self) -> None:
+        """Mid-epoch, load this rank's RNG states after the first window was fetched (see the module docstring)."""
+        self._load_rng()
+
+    def _load_rng(self) -> None:
+        """Load this rank's RNG states, once."""
         if not self._rng_pending:
             return
         self._rng_pending = False
         self._load_rng_states()
-        if self.position is not None and self.position.windows == 0 and trainer.current_epoch == 0:
-            # HF loads the states before it makes the epoch's loader iterator (T:1848-1849, 1857), whose seed draw
-            # then follows them; Lightning made epoch 0's iterator before this hook (`ignore_data_skip`, or a step-0
-            # checkpoint): make it again, after them
-            restart_train_iterator(trainer)
 
     def _load_rng_states(self) -> None:
         """This rank's python, numpy, torch (and CUDA) RNG states from the checkpoint's RNG file, if it has one."""
@@ -292,6 +306,13 @@ class CheckpointRestorer:
                 torch.cuda.random.set_rng_state(cuda)
 
 
+def _say_replaced(trainer: pl.Trainer, args: Any, resume_step: int | None) -> None:
+    """Name, once (global rank zero), the checkpoints of the user's own earlier run that this run will replace."""
+    notice = replaced_checkpoints_notice(args.resolved_output_dir, resume_step, args.save_strategy != "no", args)
+    if notice and trainer.is_global_zero:
+        log.warning(notice)
+
+
 def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> CheckpointRestorer | None:
     """At `on_fit_start`: restore `flow.resume_from_checkpoint` (a path or True; when None,
     `args.resume_from_checkpoint`), or refuse to overwrite another
@@ -302,9 +323,10 @@ def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     # None: a Lightning-native run (e.g. from a config file) may set it in the arguments
     resume = resolve_resume(args, flow.resume_from_checkpoint) if flow.resume_from_checkpoint is not False else None
     if not resume:
-        conflict = existing_checkpoint_conflict(output_dir, None, args.save_strategy != "no")
+        conflict = existing_checkpoint_conflict(output_dir, None, args.save_strategy != "no", args)
         if conflict:
             raise ValueError(conflict)
+        _say_replaced(trainer, args, None)
         return None
     restorer = CheckpointRestorer(resume, args)
     plan = flow.plan

@@ -68,11 +68,13 @@ class Seq2SeqTransformerModule(TransformerModule):
         compute_metrics: Callable[..., dict] | None = None,
         preprocess_logits_for_metrics: Callable[..., torch.Tensor] | None = None,
         processing_class: Any = None,
+        optimizer_cls_and_kwargs: tuple[Any, dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(
             model, args if args is not None else Seq2SeqTrainingArguments(), optimizers=optimizers,
             compute_loss_func=compute_loss_func, compute_metrics=compute_metrics,
             preprocess_logits_for_metrics=preprocess_logits_for_metrics, processing_class=processing_class,
+            optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
         )
         if getattr(self.args, "predict_with_generate", False) and not can_generate(model):
             raise ValueError(
@@ -185,6 +187,7 @@ class Seq2SeqTransformerModule(TransformerModule):
         if not getattr(self.args, "predict_with_generate", False) or prediction_loss_only:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
         has_labels = inputs.get("labels") is not None  # HF: `"labels" in inputs`; a None value has no loss either
+        inputs = self.hooks._prepare_inputs(inputs)
         gen_kwargs = dict(gen_kwargs) if gen_kwargs else dict(self.gen_kwargs)
         encoder_decoder = _is_encoder_decoder(self.model)
         if encoder_decoder:
@@ -194,9 +197,14 @@ class Seq2SeqTransformerModule(TransformerModule):
         width = generation_width(gen_kwargs, getattr(self.model, "generation_config", None), encoder_decoder)
         generated = pad_right(generated, width, self.pad_token_id())
         loss = None
-        if has_labels:
+        if has_labels:  # HF's loss here is the model's (or the label smoother's), not `compute_loss` (S2S:349-357)
             with torch.no_grad():
-                loss = self.hooks.compute_loss(model, dict(inputs)).detach().mean()
+                with self.hooks.compute_loss_context_manager():
+                    outputs = model(**inputs)
+                if self.label_smoother is not None:
+                    loss = self.label_smoother(outputs, inputs["labels"]).detach().mean()
+                else:
+                    loss = (outputs["loss"] if isinstance(outputs, Mapping) else outputs[0]).detach().mean()
         if self.args.prediction_loss_only:
             return loss, None, None
         return loss, generated, labels

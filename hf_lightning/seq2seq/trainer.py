@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Callable
 from typing import Any
+
+from torch import nn
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.from_transformers import from_hf_training_arguments
@@ -50,6 +53,35 @@ class Seq2SeqTrainer(Trainer):
     module_class = Seq2SeqTransformerModule
     args: Seq2SeqTrainingArguments
     module: Seq2SeqTransformerModule
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        args: Any = None,
+        data_collator: Callable | None = None,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        model_init: Callable[..., nn.Module] | None = None,
+        compute_loss_func: Callable[..., Any] | None = None,
+        compute_metrics: Callable[..., dict] | None = None,
+        callbacks: list[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+        preprocess_logits_for_metrics: Callable | None = None,
+        *,
+        optimizer_cls_and_kwargs: tuple[Any, dict[str, Any]] | None = None,
+        lightning_kwargs: dict[str, Any] | None = None,
+        eval_loss_weighting: str = "samples",
+    ) -> None:
+        """`transformers.Seq2SeqTrainer`'s parameters in its order (it has no `optimizer_cls_and_kwargs` there)."""
+        super().__init__(
+            model=model, args=args, data_collator=data_collator, train_dataset=train_dataset,
+            eval_dataset=eval_dataset, processing_class=processing_class, model_init=model_init,
+            compute_loss_func=compute_loss_func, compute_metrics=compute_metrics, callbacks=callbacks,
+            optimizers=optimizers, optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+            preprocess_logits_for_metrics=preprocess_logits_for_metrics, lightning_kwargs=lightning_kwargs,
+            eval_loss_weighting=eval_loss_weighting,
+        )
 
     @staticmethod
     def _resolve_args(args: Any) -> TrainingArguments:

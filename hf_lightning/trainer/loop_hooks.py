@@ -1,0 +1,106 @@
+"""The `transformers.Trainer` loop methods of `hf_lightning.Trainer` (`log`, `_evaluate`, `_maybe_log_save_evaluate`,
+`floating_point_ops`), and the loop's attributes (`state`, `control`, `callback_handler`, `is_in_train`,
+`model_wrapped`, `accelerator`).
+
+`HFTrainerFlow` calls these methods on the trainer (`HFLoopSteps.owner`) where HF's loop calls them; each base
+method here calls the flow's built-in, so a subclass's override runs in its place and `super()` reaches the built-in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+from torch import nn
+
+from hf_lightning.callbacks.flow import HFTrainerFlow
+from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
+from hf_lightning.module import TransformerModule
+from hf_lightning.trainer.accelerator import LightningAccelerator
+
+__all__ = ["LoopHooks"]
+
+
+class LoopHooks:
+    """HF's loop methods and attributes (base implementations calling `self.flow`)."""
+
+    flow: HFTrainerFlow
+    module: TransformerModule
+    model: nn.Module
+    lightning_trainer: pl.Trainer | None
+    evaluate: Callable[..., dict[str, float]]  # the facade's `evaluate`
+    is_in_train: bool = False
+    """HF's `is_in_train`: True while `train()` runs (also inside the evaluations it makes)."""
+
+    @property
+    def state(self) -> Any:
+        """HF's `TrainerState`: `global_step`, `epoch`, `log_history`, `best_metric`, `best_model_checkpoint`..."""
+        return self.flow.state
+
+    @state.setter
+    def state(self, state: Any) -> None:
+        if "flow" in vars(self):  # before `Trainer.__init__`: its own value replaces it, as in HF
+            self.flow.state = state
+
+    @property
+    def control(self) -> Any:
+        """HF's `TrainerControl`: the flags the callbacks set, read where HF reads them."""
+        return self.flow.control
+
+    @control.setter
+    def control(self, control: Any) -> None:
+        if "flow" in vars(self):
+            self.flow.control = control
+
+    @property
+    def callback_handler(self) -> HFCallbackHandler:
+        """HF's `callback_handler`: `.callbacks` (the HF callbacks, HF's progress / printer callback last), and the
+        `model`, `optimizer`, `lr_scheduler`, `train_dataloader`, `eval_dataloader` passed to them."""
+        return self.flow.handler
+
+    @property
+    def model_wrapped(self) -> nn.Module:
+        """HF's `model_wrapped`: the model itself. (Lightning wraps the LightningModule, not the model, in DDP / FSDP:
+        that wrapper is `lightning_trainer.strategy.model`; see README "Subclassing the Trainer".)"""
+        return self.model
+
+    @property
+    def accelerator(self) -> LightningAccelerator:
+        """The accelerate `Accelerator` members HF code calls (`backward`, `unwrap_model`, `gather`, ...)."""
+        return LightningAccelerator(self)
+
+    @property
+    def _globalstep_last_logged(self) -> int:
+        """HF's private counter read by `_maybe_log_save_evaluate` overrides: the step of the last loss log."""
+        return self.flow.loss.last_logged_step
+
+    @property
+    def current_flos(self) -> float:
+        """HF's FLOPs counted since they were last stored in `state.total_flos`."""
+        return self.flow.flos.current
+
+    # ----- the loop's methods -----
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """HF's `log`: add `epoch`, append to `state.log_history`, call the callbacks' `on_log`, write to loggers."""
+        self.flow.record_log(self.lightning_trainer, logs, start_time)
+
+    def _maybe_log_save_evaluate(
+        self, tr_loss: Any, grad_norm: Any, model: nn.Module, trial: Any, epoch: float,
+        ignore_keys_for_eval: list[str] | None, start_time: float, learning_rate: float | None = None,
+    ) -> None:
+        """HF's `_maybe_log_save_evaluate` after every update: log if `control.should_log`, evaluate if
+        `should_evaluate`, save if `should_save` (`tr_loss` is the running loss sum since the last log)."""
+        self.flow.log_save_evaluate_now(grad_norm, learning_rate, tr_loss)
+
+    def _evaluate(self, trial: Any, ignore_keys_for_eval: list[str] | None, skip_scheduler: bool = False
+                  ) -> dict[str, float]:
+        """HF's `_evaluate` during `train()`: `self.evaluate(ignore_keys=...)`, then a plateau scheduler's step."""
+        metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
+        if not skip_scheduler:
+            self.flow.step_plateau_scheduler(metrics)
+        return metrics
+
+    def floating_point_ops(self, inputs: dict[str, Any]) -> int:
+        """HF's `floating_point_ops`: `6 * tokens * non-embedding parameters` of one micro-batch (0 if unknown)."""
+        return int(self.flow.flos.of(self.model, inputs))
