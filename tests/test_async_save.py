@@ -208,3 +208,22 @@ def test_save_async_is_refused_under_fsdp2_before_training(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "save_async=True is not supported for a sharded (FSDP2) model" in json.loads(result.read_text())["error"]
     assert not list((tmp_path / "full").glob("checkpoint-*"))
+
+
+def test_save_async_with_an_overridden_save_model_is_refused_at_construction(tmp_path):
+    """An overridden `save_model` writes each checkpoint's model files from the live model while training waits, so
+    it cannot run in the background: one error naming both, before anything is built; without save_async it runs."""
+
+    class OwnSave(hf_lightning.Trainer):
+        def save_model(self, output_dir=None, _internal_call=False):
+            super().save_model(output_dir, _internal_call)
+
+    def build(**overrides):
+        return OwnSave(model=tiny_gpt2(), args=_args(tmp_path, **overrides), train_dataset=lm_dataset(n=8),
+                       lightning_kwargs=dict(LIGHTNING_KWARGS))
+
+    with pytest.raises(ValueError, match=r"save_async=True cannot be combined with an overridden save_model"):
+        build(save_async=True, eval_strategy="no")
+    build(save_async=False, eval_strategy="no")
+    hf_lightning.Trainer(model=tiny_gpt2(), args=_args(tmp_path, save_async=True, eval_strategy="no"),
+                         train_dataset=lm_dataset(n=8), lightning_kwargs=dict(LIGHTNING_KWARGS))
