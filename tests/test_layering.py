@@ -38,6 +38,8 @@ LAYERS: dict[str, int] = {
     "hf_lightning.args.hf_fields": 0,
     "hf_lightning.args.process": 0,
     "hf_lightning.args.report_to": 0,
+    "hf_lightning.args.parallel": 0,
+    "hf_lightning.args.deepspeed_config": 0,
     "hf_lightning.cadence": 0,
     "hf_lightning.callbacks": 0,
     "hf_lightning.callbacks.hf_bridge": 0,
