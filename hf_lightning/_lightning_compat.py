@@ -7,7 +7,8 @@ that names the function, not somewhere deep in a training run.
 
 Why `lightning>=2.6,<2.7` (pyproject.toml): the names used below (`_TrainingEpochLoop._should_check_val_fx`,
 `_LoggerConnector._first_loop_iter`, `_TrainingEpochLoop._batches_that_stepped` / `_restarting`, the progress
-trackers' counters, `_AcceleratorConnector.use_distributed_sampler`, `LightningModule._trainer`, and torch's
+trackers' counters, `_AcceleratorConnector.use_distributed_sampler`, `LightningModule._trainer`,
+`DDPStrategy._ddp_kwargs` / `_process_group_backend` / `_timeout`, and torch's
 `Optimizer._step_supports_amp_scaling` that Lightning reads too) are private and may change in any minor release.
 Raise the upper bound only after tests/test_lightning_compat.py passes on the new series.
 """
@@ -33,6 +34,7 @@ __all__ = [
     "optimizer_unscales_itself",
     "position_in_epoch",
     "run_validation_now",
+    "set_ddp_options",
     "set_loop_position",
     "set_step_budget",
     "uses_distributed_sampler",
@@ -151,3 +153,16 @@ def ignore_mid_epoch_resume_warning() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_MID_EPOCH_RESUME_WARNING)
         yield
+
+
+def set_ddp_options(strategy: Any, ddp_kwargs: dict[str, Any], backend: str | None, timeout: Any) -> None:
+    """Give the `DDPStrategy` Lightning chose by itself (`strategy="auto"` with several processes) HF's DDP options.
+
+    Lightning builds that strategy with its defaults; its constructor arguments are kept in `_ddp_kwargs` (read when
+    the model is wrapped), `_process_group_backend` and `_timeout` (read when the process group starts), all before
+    `fit` runs. `backend` None keeps Lightning's choice for the device.
+    """
+    strategy._ddp_kwargs = {**strategy._ddp_kwargs, **ddp_kwargs}
+    if backend is not None:
+        strategy._process_group_backend = backend
+    strategy._timeout = timeout

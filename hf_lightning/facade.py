@@ -137,7 +137,7 @@ class Trainer:
         hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
         self.flow = build_flow(self.args, hf_callbacks, processing_class)
         self.lightning_kwargs = dict(lightning_kwargs or {})
-        self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs)
+        self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs, model)
         self.module = self._build_module(model)
         self.lightning_trainer: pl.Trainer | None = None
         """The `lightning.Trainer` of the last `train()` / `evaluate()` / `predict()` call."""

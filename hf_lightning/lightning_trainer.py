@@ -13,7 +13,9 @@ import lightning.pytorch as pl
 from transformers import TrainerCallback
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.parallel import StrategyRequest
 from hf_lightning.callbacks.flow import HFTrainerFlow
+from hf_lightning.parallel.strategies import adopt_ddp_options, build_strategy
 
 __all__ = ["is_hf_callback", "split_callbacks", "build_flow", "build_lightning_trainer"]
 
@@ -41,9 +43,16 @@ def build_lightning_trainer(
 ) -> pl.Trainer:
     """`lightning.Trainer` with the flow first, then the user's callbacks (also those in `trainer_kwargs`).
 
-    `trainer_kwargs` is the output of `args.to_lightning.lightning_trainer_kwargs`.
+    `trainer_kwargs` is the output of `args.to_lightning.lightning_trainer_kwargs`; its `StrategyRequest` (HF's
+    strategy fields) becomes a fresh Lightning strategy here, one per trainer.
     """
     kwargs = dict(trainer_kwargs)
     extra = kwargs.pop("callbacks", None) or []
     extra = extra if isinstance(extra, list) else [extra]
-    return pl.Trainer(callbacks=[flow, *lightning_callbacks, *extra], **kwargs)
+    request = kwargs.get("strategy")
+    if isinstance(request, StrategyRequest):
+        kwargs["strategy"] = build_strategy(request)
+    trainer = pl.Trainer(callbacks=[flow, *lightning_callbacks, *extra], **kwargs)
+    if isinstance(request, StrategyRequest):
+        adopt_ddp_options(trainer.strategy, request)
+    return trainer

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "FSDPSettings", "DDPSettings", "STRATEGY_FIELDS", "fsdp_settings", "ddp_settings", "load_json_config",
-    "strategy_fields_set", "strategy_problems",
+    "FSDPSettings", "DDPSettings", "StrategyRequest", "STRATEGY_FIELDS", "fsdp_settings", "ddp_settings",
+    "load_json_config", "strategy_fields_set", "strategy_problems",
 ]
 
 STRATEGY_FIELDS = (
@@ -263,3 +263,26 @@ def strategy_problems(args: Any) -> list[str]:
     if args.ddp_timeout is not None and int(args.ddp_timeout) <= 0:
         problems.append(f"`ddp_timeout`={args.ddp_timeout!r}: must be a positive number of seconds.")
     return problems
+
+
+@dataclass(frozen=True)
+class StrategyRequest:
+    """What the HF strategy fields ask of Lightning, resolved against the model (built by
+    `hf_lightning.parallel.strategies.strategy_request`; a fresh Lightning strategy is made from it for every run).
+
+    Attributes:
+        args: the training arguments (DeepSpeed fills its `"auto"` values from them when the run starts).
+        fsdp: the FSDP settings, or None.
+        deepspeed: the user's DeepSpeed config (a copy, `"auto"` values unfilled), or None.
+        ddp: the DDP settings (also the process-group backend and timeout of the FSDP strategies).
+        find_unused_parameters: `ddp_find_unused_parameters`, or HF's default for the model.
+        layer_names: the model's layer class names for FSDP1's wrap policy (`transformer_layer_cls_to_wrap`, else
+            `_no_split_modules`).
+    """
+
+    args: Any
+    fsdp: FSDPSettings | None
+    deepspeed: dict[str, Any] | None
+    ddp: DDPSettings
+    find_unused_parameters: bool
+    layer_names: tuple[str, ...] = ()

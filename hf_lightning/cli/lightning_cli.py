@@ -203,7 +203,7 @@ class HFLightningCLI(LightningCLI):
         hf_callbacks, lightning_callbacks = split_callbacks(callbacks if isinstance(callbacks, list) else [callbacks])
         hf_callbacks += build_hf_callbacks(cfg.get("hf_callbacks"))
         try:
-            trainer_kwargs = lightning_trainer_kwargs(args, user)
+            trainer_kwargs = lightning_trainer_kwargs(args, user, model)
         except ValueError as err:
             raise ValueError(str(err).replace("lightning_kwargs", "trainer options").replace(
                 "TrainingArguments.", "args.")) from None
