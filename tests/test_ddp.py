@@ -52,7 +52,8 @@ def test_hf_ddp_arguments_reach_the_ddp_strategy_lightning_chooses(tmp_path: Pat
     """No strategy given, 2 devices: Lightning's own DDPStrategy, with HF's `ddp_*` options (and the same run)."""
     ddp = _run(tmp_path, devices=2, batch=4, mode="hf-ddp")
     assert ddp["strategy"] == "DDPStrategy"
-    assert ddp["ddp_kwargs"] == {"find_unused_parameters": False, "bucket_cap_mb": 1, "broadcast_buffers": False}
+    assert ddp["ddp_kwargs"] == {"find_unused_parameters": False, "bucket_cap_mb": 1, "broadcast_buffers": False,
+                                 "static_graph": True}
     assert ddp["timeout_s"] == 600
     _assert_same_run(single, ddp)
 

@@ -23,7 +23,7 @@ def main() -> None:
     strategy_args = {
         "ddp": {},
         "hf-ddp": {"ddp_find_unused_parameters": False, "ddp_bucket_cap_mb": 1, "ddp_broadcast_buffers": False,
-                   "ddp_timeout": 600},
+                   "ddp_static_graph": True, "ddp_timeout": 600},
         "hf-fsdp2": {"fsdp": "full_shard auto_wrap", "fsdp_config": {"transformer_layer_cls_to_wrap": ["BertLayer"]}},
     }[mode]
     args = hf_lightning.TrainingArguments(
