@@ -40,6 +40,7 @@ TIERS = {
     "test_callback_events.py": "parity",
     "test_checkpoint_rotation.py": "parity",
     "test_data.py": "parity",
+    "test_strategies.py": "parity",
     "test_deepspeed_config.py": "parity",
     "test_early_stopping.py": "parity",
     "test_eval_parity.py": "parity",

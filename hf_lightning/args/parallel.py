@@ -164,7 +164,7 @@ def fsdp_settings(fsdp: Any, fsdp_config: dict[str, Any] | str | None) -> FSDPSe
         raise ValueError(f"fsdp_config['version']={version!r}: must be 1 or 2.")
     policy = config.get("auto_wrap_policy", AUTO_WRAP_POLICIES[0])
     if policy not in AUTO_WRAP_POLICIES:
-        raise ValueError(f"`auto_wrap_policy` must be one of {AUTO_WRAP_POLICIES}, got {policy}.")
+        raise ValueError(f"fsdp_config: `auto_wrap_policy` must be one of {AUTO_WRAP_POLICIES}, got {policy}.")
     layers = config.get("transformer_layer_cls_to_wrap")
     if isinstance(layers, str):
         layers = [layers]
