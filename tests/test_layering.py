@@ -89,6 +89,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.contracts": 2,
     "hf_lightning.data.datamodule": 2,
     "hf_lightning.module": 2,
+    "hf_lightning.parallel.checkpoint": 2,
     "hf_lightning.parallel.runtime": 2,
     "hf_lightning.parallel.strategies": 2,
     "hf_lightning.resume.load": 2,
@@ -113,7 +114,7 @@ THIRD_PARTY_LAYER = {
     "typing_extensions": 0,
     "torch": 1, "numpy": 1, "transformers": 1, "datasets": 1, "safetensors": 1, "torchmetrics": 1, "pyarrow": 1,
     "tokenizers": 1,
-    "lightning": 2,
+    "lightning": 2, "deepspeed": 2,
     "jsonargparse": 3, "yaml": 3,
 }
 
@@ -140,6 +141,7 @@ LAZY = {
     "hf_lightning.args.to_lightning": "Lightning loggers are built only when `report_to` asks for them, Lightning "
                                       "strategies only when the strategy is not given",
     "hf_lightning.parallel.fsdp2": "torch.distributed's FSDP2 and checkpoint modules only when a model is sharded",
+    "hf_lightning.parallel.checkpoint": "torch.distributed.checkpoint and deepspeed only under FSDP1 / ZeRO-3",
     "hf_lightning.parallel.strategies": "FSDP1's torch modules only for `fsdp_config['version'] = 1`, transformers' "
                                         "model class and the FSDP layer lookup only when the model is resolved",
     "hf_lightning.args.training_args": "json only for `to_json_string`",

@@ -34,6 +34,7 @@ from hf_lightning.checkpointing.io import (
 from hf_lightning.checkpointing.lightning_state import capture_lightning_state
 from hf_lightning.checkpointing.rotation import CheckpointInfo, final_cleanup, parse_step, select_for_deletion
 from hf_lightning.contracts import flow_model
+from hf_lightning.parallel.checkpoint import gather_full_weights, optimizer_shard_owner, save_engine_state
 
 __all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
 
@@ -110,8 +111,9 @@ class CheckpointSaver:
                epoch_ending: bool = False, skip_callbacks: Sequence[Any] = ()) -> None:
         """Write `tmp-checkpoint-<step>` from every rank, then rename it on rank 0 once all ranks are done.
 
-        Rank 0 writes the shared files, every rank its own RNG file; under FSDP2 the full weights are gathered and
-        the optimizer shards written by all ranks (collectives). Only the rename makes the folder a checkpoint.
+        Rank 0 writes the shared files, every rank its own RNG file; under FSDP the full weights are gathered and
+        the optimizer shards written by all ranks, under DeepSpeed the engine's checkpoint (collectives,
+        `parallel/checkpoint.py`). Only the rename makes the folder a checkpoint.
         """
         import torch
 
@@ -122,20 +124,21 @@ class CheckpointSaver:
         if zero:
             prepare_tmp_folder(self.output_dir, step)
         strategy.barrier("hf_lightning_save_begin")
-        full_state = dist_state.full_model_state_dict(model)  # collective under FSDP2, None otherwise
+        full_state = gather_full_weights(strategy, model)  # collective under FSDP / ZeRO-3, None otherwise
         if zero:
             save_model_files(model, tmp, self.processing_class, state_dict=full_state)
             torch.save(self.args, tmp / "training_args.bin")
         if not self.args.save_only_model:
             optimizer = trainer.optimizers[0] if trainer.optimizers else None
             optimizer = getattr(optimizer, "optimizer", optimizer)
-            sharded = optimizer is not None and dist_state.is_sharded(model)
-            if sharded and optimizer is not None:
-                dist_state.save_sharded_optimizer(model, optimizer, tmp / SHARDED_OPTIMIZER_DIR)
+            owner = optimizer_shard_owner(strategy, model)
+            if owner is not None and optimizer is not None:
+                dist_state.save_sharded_optimizer(owner, optimizer, tmp / SHARDED_OPTIMIZER_DIR)
+            engine = save_engine_state(strategy, tmp, step)  # DeepSpeed: optimizer and master weights
             if zero:
                 scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
                 write_training_files(
-                    tmp, optimizer=None if sharded else optimizer, scheduler=scheduler,
+                    tmp, optimizer=None if owner is not None or engine else optimizer, scheduler=scheduler,
                     scaler=grad_scaler(trainer),
                     lightning_state=capture_lightning_state(trainer, epoch_ending, skip_callbacks),
                 )

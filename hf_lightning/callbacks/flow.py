@@ -366,7 +366,7 @@ class HFTrainerFlow(EvaluationHooks):
                                 train_loss)
         self.record_log(trainer, metrics)  # adds "epoch", as HF's `TrainOutput.metrics` has it
         self._summary = metrics
-        self.best.load_best(flow_model(pl_module), self.state)
+        self.best.load_best(flow_model(pl_module), self.state, trainer.strategy)
         self.saver.finish(trainer, self.state)
         self.hf_event("on_train_end")
 
