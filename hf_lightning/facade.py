@@ -13,7 +13,6 @@ from typing import Any
 
 import lightning.pytorch as pl
 from torch import nn
-from transformers import set_seed
 from transformers.trainer_utils import PredictionOutput, TrainOutput
 from transformers.utils import logging as hf_logging
 
@@ -24,10 +23,17 @@ from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.data.sampling import dataset_length
 from hf_lightning.evaluation import EVAL_LOSS_WEIGHTINGS
-from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, is_hf_callback, split_callbacks
+from hf_lightning.lightning_trainer import (
+    build_flow,
+    build_lightning_trainer,
+    fit_with_batch_search,
+    is_hf_callback,
+    split_callbacks,
+)
 from hf_lightning.metrics import is_streaming_metric
 from hf_lightning.module import TransformerModule
 from hf_lightning.resume.find import resolve_resume
+from hf_lightning.seeding import seed_as_hf
 
 __all__ = ["Trainer"]
 
@@ -109,7 +115,7 @@ class Trainer:
     ) -> None:
         self.args = self._resolve_args(args)
         hf_logging.set_verbosity(self.args.get_process_log_level())  # as HF's Trainer.__init__ does
-        set_seed(self.args.seed)
+        seed_as_hf(self.args)  # `enable_full_determinism` with `full_determinism`, as HF
         if model is None:
             if model_init is None:
                 raise ValueError("`Trainer` requires either a `model` or `model_init` argument (both are None).")
@@ -204,13 +210,15 @@ class Trainer:
             FileNotFoundError: the checkpoint folder does not exist or is incomplete (names the missing file).
         """
         if self.model_init is not None:
-            set_seed(self.args.seed)
+            seed_as_hf(self.args)
             self.model = self.model_init()
             self.module = self._build_module(self.model)
             self.flow.handler.model = self.model
         resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
-        # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path
-        return self.flow.fit(self._lightning_trainer(), self.module, self.datamodule, resume_from_checkpoint=resume)
+        # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path; with
+        # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch (batch_search.py)
+        return fit_with_batch_search(self.args, resume, lambda: self.flow.fit(
+            self._lightning_trainer(), self.module, self.datamodule, resume_from_checkpoint=resume))
 
     def evaluate(
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"

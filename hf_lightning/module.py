@@ -30,6 +30,7 @@ from hf_lightning._lightning_compat import attached_trainer, callbacks_of, grad_
 from hf_lightning.args import TrainingArguments
 from hf_lightning.contracts import HFStepHooks, TrainingStepListener, TrainingStepOutput
 from hf_lightning.data.collate import find_label_names
+from hf_lightning.device_cache import empty_device_cache, should_empty_cache
 from hf_lightning.eval_run import EvalAccumulator
 from hf_lightning.evaluation import EvalRequest, EvalSettings, EvalStep, hf_prediction_step
 from hf_lightning.loss import (
@@ -240,6 +241,7 @@ class TransformerModule(pl.LightningModule):
             raise TypeError(f"TransformerModule steps one optimizer; configure_optimizers returned {len(optimizer)}.")
         micro_losses: list[torch.Tensor] = []
         strategy = self.trainer.strategy
+        empty_cache = should_empty_cache(self.trainer.global_step, self.args.torch_empty_cache_steps)
         self._grad_norm = None
 
         def closure() -> None:
@@ -249,6 +251,8 @@ class TransformerModule(pl.LightningModule):
                 # Gradients are all-reduced once per update: no sync on every micro-batch but the last.
                 with micro_batch_context(strategy, last):
                     loss = self.hooks.compute_loss(self.model, dict(micro), num_items_in_batch=num_items)
+                    if empty_cache:  # HF: after the forward pass, before the backward pass (device_cache.py)
+                        empty_device_cache()
                     if not scaled and len(window) > 1:
                         loss = loss / len(window)
                     self.manual_backward(loss * world_factor)

@@ -49,6 +49,7 @@ TIERS = {
     "test_module.py": "parity",
     "test_optim.py": "parity",
     "test_resume_hf_interchange.py": "parity",
+    "test_run_options.py": "parity",
     "test_schedule_parity.py": "parity",
     "test_seq2seq_parity.py": "parity",
     "test_tensorboard.py": "parity",

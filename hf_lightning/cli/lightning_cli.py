@@ -16,16 +16,16 @@ import jsonargparse
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from transformers import set_seed
 from transformers.trainer_utils import PredictionOutput
 from typing_extensions import override
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
 from hf_lightning.checkpointing.final_model import save_final_model
-from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, split_callbacks
+from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, fit_with_batch_search, split_callbacks
 from hf_lightning.prediction_writer import write_predictions
 from hf_lightning.resume.find import existing_checkpoint_conflict, resolve_resume
+from hf_lightning.seeding import seed_as_hf
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 from hf_lightning.tasks.datamodule import TaskDataModule, splits_for_stage
 from hf_lightning.tasks.generation import write_prediction_texts
@@ -177,7 +177,7 @@ class HFLightningCLI(LightningCLI):
             raise FileNotFoundError(f"ckpt_path={self.ckpt_for_lightning!r}: no such checkpoint folder or file.")
         model_spec, data_spec = ModelSpec(**model_values), DataSpec(**self._section("data"))
         self.hf_args = args
-        set_seed(args.seed)
+        seed_as_hf(args)
         raw = {name: load_split(data_spec, name) for name in splits_for_stage(sub, args)}
         _check_input_columns(data_spec, raw)  # here, not in prepare_data inside fit: a bad column is one error line
         if sub == "fit" and raw.get("train") is None:
@@ -210,13 +210,26 @@ class HFLightningCLI(LightningCLI):
         self.flow = build_flow(args, hf_callbacks, tokenizer)
         self.flow.hf_init_end(model)
         save_config = SaveConfigCallback(self._parser(sub), self.config[sub], **self.save_config_kwargs)
-        self.trainer = build_lightning_trainer(self.flow, [*lightning_callbacks, save_config], trainer_kwargs)
+
+        def new_trainer() -> Any:  # a fresh one for each run (auto_find_batch_size may run fit again)
+            return build_lightning_trainer(self.flow, [*lightning_callbacks, save_config], trainer_kwargs)
+
+        self._new_trainer = new_trainer
+        self.trainer = new_trainer()
 
     # ----- subcommands -----
     def fit(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Train, then save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`)."""
-        # the flow restores an HF-layout checkpoint folder itself (resume/load.py), as in the facade
-        output = self.flow.fit(self.trainer, model, datamodule, resume_from_checkpoint=self.ckpt_for_lightning or False)
+        # the flow restores an HF-layout checkpoint folder itself (resume/load.py), as in the facade; with
+        # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch (batch_search.py)
+        attempts = iter([self.trainer])
+
+        def fit_once() -> Any:
+            self.trainer = next(attempts, None) or self._new_trainer()
+            resume = self.ckpt_for_lightning or False
+            return self.flow.fit(self.trainer, model, datamodule, resume_from_checkpoint=resume)
+
+        output = fit_with_batch_search(self.hf_args, self.ckpt_for_lightning, fit_once)
         out = self.hf_args.resolved_output_dir
         save_final_model(model.model, out, datamodule.processing_class, self.hf_args,
                          is_global_zero=self.trainer.is_global_zero)  # every process: the FSDP2 gather

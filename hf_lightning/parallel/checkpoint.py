@@ -33,6 +33,7 @@ _PREFIX = "model."  # the HF model's name inside TransformerModule
 
 
 def is_deepspeed(strategy: Strategy | None) -> bool:
+    """Whether the run uses DeepSpeed (its engine holds the optimizer and, under ZeRO-3, the weights)."""
     return isinstance(strategy, DeepSpeedStrategy)
 
 
@@ -53,13 +54,20 @@ def full_shapes(strategy: Strategy | None, model: nn.Module) -> dict[str, tuple[
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
+def _fsdp_root(strategy: FSDPStrategy) -> nn.Module:
+    """The FullyShardedDataParallel root Lightning wrapped around the LightningModule (set once the run is set up)."""
+    assert strategy.model is not None
+    return strategy.model
+
+
 def gather_full_weights(strategy: Strategy | None, model: nn.Module) -> dict[str, Any] | None:
     """The model's full weights for `save_pretrained` (a collective: call it on every rank), or None when the model's
     own `state_dict()` is complete (no sharding)."""
     if isinstance(strategy, FSDPStrategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(strategy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        root = _fsdp_root(strategy)
+        state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return _strip(state)
     if isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3:
         # the engine gathers parameter by parameter onto rank 0 (transformers / accelerate `get_state_dict` use it)
@@ -73,7 +81,8 @@ def load_full_weights(strategy: Strategy | None, model: nn.Module, state_dict: d
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         prefixed = {_PREFIX + k: v for k, v in state_dict.items()}
-        set_model_state_dict(strategy.model, prefixed, options=StateDictOptions(full_state_dict=True, strict=False))
+        set_model_state_dict(_fsdp_root(strategy), prefixed, options=StateDictOptions(full_state_dict=True,
+                                                                                      strict=False))
         return
     if isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3:
         import deepspeed
@@ -90,7 +99,7 @@ def optimizer_shard_owner(strategy: Strategy | None, model: nn.Module) -> nn.Mod
     """The module whose optimizer state is sharded (`torch.distributed.checkpoint`): the FSDP1 root, an FSDP2
     model; None when the optimizer state is whole (`optimizer.pt`) or the engine's (DeepSpeed)."""
     if isinstance(strategy, FSDPStrategy):
-        return strategy.model
+        return _fsdp_root(strategy)
     if isinstance(strategy, DeepSpeedStrategy):
         return None
     return model if dist_state.is_sharded(model) else None

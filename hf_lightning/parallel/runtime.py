@@ -77,7 +77,8 @@ def clip_by_strategy(strategy: Strategy, max_grad_norm: float | None) -> tuple[b
     if isinstance(strategy, FSDPStrategy):
         # FSDP1's flat shards: only the root knows the total norm (an infinite limit measures without clipping)
         limit = max_grad_norm if max_grad_norm is not None and max_grad_norm > 0 else math.inf
-        return True, strategy.model.clip_grad_norm_(limit)  # type: ignore[union-attr]  # the FSDP root
+        root: Any = strategy.model  # the FullyShardedDataParallel root (Lightning types it as a plain Module)
+        return True, root.clip_grad_norm_(limit)
     return False, None
 
 

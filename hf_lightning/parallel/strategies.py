@@ -3,12 +3,13 @@
 `strategy_request` reads the arguments against the model once, when the trainer is built; `build_strategy` makes a
 fresh Lightning strategy from it for every run (a strategy object belongs to one `lightning.Trainer`):
 
-| HF arguments | Lightning strategy |
-| --- | --- |
-| `fsdp=...`, `fsdp_config["version"]=2` (HF's default) | `HFFSDP2Strategy`: `ModelParallelStrategy` over every process, the model sharded per layer by `TransformerModule.configure_model` (`parallel/fsdp2.py`) |
-| `fsdp=...`, `fsdp_config["version"]=1` | Lightning's `FSDPStrategy` (CUDA only) with the matching sharding strategy, offload, wrap policies |
-| `deepspeed=<dict or JSON>` | `HFDeepSpeedStrategy`: Lightning's `DeepSpeedStrategy` with HF's `"auto"` values filled when the run starts |
-| neither | Lightning's own choice; when that is DDP (several processes), HF's `ddp_*` options are given to it |
+- `fsdp=...` with `fsdp_config["version"]` 2 (HF's default): `HFFSDP2Strategy`, a `ModelParallelStrategy` over every
+  process; `TransformerModule.configure_model` shards the model per layer (`parallel/fsdp2.py`).
+- `fsdp=...` with version 1: Lightning's `FSDPStrategy` (CUDA only) with the matching sharding strategy, offload and
+  wrap policies.
+- `deepspeed=<dict or JSON file>`: `HFDeepSpeedStrategy`, Lightning's `DeepSpeedStrategy` with HF's `"auto"` values
+  filled when the run starts.
+- neither: Lightning's own choice; when that is DDP (several processes), HF's `ddp_*` options are given to it.
 
 `ddp_backend` / `ddp_timeout` also apply to the FSDP strategies (HF passes them to the process group), `ddp_timeout`
 to DeepSpeed's (HF does not pass `ddp_backend` there).
@@ -122,7 +123,7 @@ class HFDeepSpeedStrategy(DeepSpeedStrategy):
         self._fill_hf_config()
         super().setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING and not self.lr_scheduler_configs and self.optimizers \
-                and "optimizer" in self.config:
+                and "optimizer" in (self.config or {}):
             scheduler = build_scheduler(self.optimizers[0], self._hf_args, int(trainer.max_steps))
             self.lr_scheduler_configs = [LRSchedulerConfig(scheduler, interval="step")]
 
