@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
@@ -32,6 +33,7 @@ from hf_lightning.lightning_trainer import (
 )
 from hf_lightning.metrics import is_streaming_metric
 from hf_lightning.module import TransformerModule
+from hf_lightning.parallel.checkpoint import gather_full_weights
 from hf_lightning.resume.find import resolve_resume
 from hf_lightning.seeding import seed_as_hf
 
@@ -255,5 +257,6 @@ class Trainer:
         Under FSDP2 call it on every process (the full weights are gathered); the global-zero process writes.
         """
         trainer = self.lightning_trainer
+        gather = partial(gather_full_weights, trainer.strategy) if trainer is not None else None  # FSDP, ZeRO-3
         save_final_model(self.model, output_dir or self.args.resolved_output_dir, self.processing_class, self.args,
-                         is_global_zero=trainer is None or trainer.is_global_zero)
+                         is_global_zero=trainer is None or trainer.is_global_zero, gather=gather)

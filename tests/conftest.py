@@ -60,6 +60,7 @@ TIERS = {
     "test_evaluation.py": "e2e",
     "test_final_save.py": "e2e",
     "test_generation_decoder_only.py": "e2e",
+    "test_gpu.py": "e2e",
     "test_notebook_generation.py": "e2e",
     "test_notebooks.py": "e2e",
     "test_quickstart.py": "e2e",

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from helpers import classification_dataset, lm_dataset, tiny_bert, tiny_gpt2
 from transformers import GPT2LMHeadModel
 
 import hf_lightning
-from helpers import classification_dataset, lm_dataset, tiny_bert, tiny_gpt2
 from hf_lightning.batch_search import reduced_batch_size, should_reduce_batch_size
 
 LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
@@ -121,8 +121,9 @@ def test_without_the_flag_an_out_of_memory_error_stops_training(tmp_path):
 
 # ----- torch_empty_cache_steps -----
 def test_the_cache_is_emptied_in_the_same_updates_as_hf(tmp_path, monkeypatch):
-    import hf_lightning.module as our_module
     import transformers.trainer as hf_module
+
+    import hf_lightning.module as our_module
 
     calls: dict[str, list[int]] = {"hf": [], "ours": []}
 

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 import pytest
 import transformers
+from helpers import tiny_gpt2
 from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDeviceStrategy
 
 from hf_lightning import TrainingArguments
@@ -25,8 +26,6 @@ from hf_lightning.args.parallel import FSDPSettings, fsdp_settings
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer
 from hf_lightning.parallel.strategies import HFDeepSpeedStrategy, HFFSDP2Strategy, build_strategy, strategy_request
-
-from helpers import tiny_gpt2
 
 FSDP_CASES = [
     ("full_shard auto_wrap", None),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import partial
 from typing import Any, Literal, NoReturn, Union
 
 import jsonargparse
@@ -23,6 +24,7 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
 from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, fit_with_batch_search, split_callbacks
+from hf_lightning.parallel.checkpoint import gather_full_weights
 from hf_lightning.prediction_writer import write_predictions
 from hf_lightning.resume.find import existing_checkpoint_conflict, resolve_resume
 from hf_lightning.seeding import seed_as_hf
@@ -232,7 +234,8 @@ class HFLightningCLI(LightningCLI):
         output = fit_with_batch_search(self.hf_args, self.ckpt_for_lightning, fit_once)
         out = self.hf_args.resolved_output_dir
         save_final_model(model.model, out, datamodule.processing_class, self.hf_args,
-                         is_global_zero=self.trainer.is_global_zero)  # every process: the FSDP2 gather
+                         is_global_zero=self.trainer.is_global_zero,  # every process: the FSDP / ZeRO-3 gather
+                         gather=partial(gather_full_weights, self.trainer.strategy))
         if self.trainer.is_global_zero:
             print(json.dumps({"global_step": output.global_step, **output.metrics}, default=float))
             print(f"model saved to {os.path.abspath(out)}")
