@@ -77,6 +77,18 @@ DIFFERENCES: dict[str, str] = {
     "train_sampling_strategy": "`random` and `sequential`; `group_by_length` and `batch_rebalance` raise an error",
     "resume_from_checkpoint": "`train()` also reads it when called without `resume_from_checkpoint` (HF's Trainer "
                               "leaves it to scripts)",
+    "fsdp": "becomes a Lightning strategy: FSDP2 (`ModelParallelStrategy`, sharded per layer by default) or FSDP1 "
+            "(`FSDPStrategy`, CUDA); a strategy in `lightning_kwargs` / `trainer.strategy` wins (README, 'Swapping "
+            "strategies')",
+    "fsdp_config": "checkpoints always hold the gathered full weights, whatever `state_dict_type`; FSDP2 mixed "
+                   "precision is Lightning's autocast (README, 'Swapping strategies')",
+    "deepspeed": "Lightning's `DeepSpeedStrategy` (CUDA) with HF's `\"auto\"` values filled; ZeRO-3 checkpoints always "
+                 "hold gathered weights",
+    "ddp_static_graph": "gradients sync on every micro-batch of a window (Lightning's static-graph flush needs it)",
+    "ddp_find_unused_parameters": "applies to the `DDPStrategy` Lightning chooses; a strategy you pass keeps its own "
+                                  "options (warned)",
+    "auto_find_batch_size": "`args.per_device_train_batch_size` is back to your value after `train()`; "
+                            "`state.train_batch_size` holds the size that fit",
 }
 """Supported fields that behave differently from HF, and how (the README map prints these)."""
 
