@@ -200,14 +200,14 @@ def test_conversion_accepts_hf_none_and_json_scheduler_kwargs(tmp_path):
 
 def test_conversion_lists_every_unsupported_field_in_one_error(tmp_path):
     hf = transformers.TrainingArguments(
-        output_dir=str(tmp_path), neftune_noise_alpha=5.0, full_determinism=True, torch_empty_cache_steps=3,
+        output_dir=str(tmp_path), neftune_noise_alpha=5.0, eval_use_gather_object=True, use_liger_kernel=True,
         include_num_input_tokens_seen=True, learning_rate=1e-3,
     )
     with pytest.raises(ValueError) as info:
         from_hf_training_arguments(hf)
     message = str(info.value)
-    for fragment in ("`neftune_noise_alpha`=5.0", "`full_determinism`=True", "`torch_empty_cache_steps`=3",
-                     "`include_num_input_tokens_seen`='all'", "enable_full_determinism"):
+    for fragment in ("`neftune_noise_alpha`=5.0", "`eval_use_gather_object`=True", "`use_liger_kernel`=True",
+                     "`include_num_input_tokens_seen`='all'", "gather Python objects"):
         assert fragment in message
     assert message.count("\n  * ") == 4  # one line per field, each saying what to do instead
     assert "learning_rate" not in message  # supported fields are never reported

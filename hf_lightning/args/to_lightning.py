@@ -2,14 +2,19 @@
 
 Lightning owns devices, strategies, precision and loggers; hf_lightning owns the step budget, accumulation,
 clipping and the validation cadence (one Lightning batch is one optimizer update). Settings of Lightning that would
-fight ours are rejected with the HF argument to use instead.
+fight ours are rejected with the HF argument to use instead. HF's strategy fields (`fsdp`, `deepspeed`, `ddp_*`)
+become a `StrategyRequest` under `"strategy"`, which `lightning_trainer.build_lightning_trainer` turns into a fresh
+Lightning strategy for every run (`parallel/strategies.py`); a strategy in `lightning_kwargs` wins, with a warning
+when HF strategy fields are set too.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.parallel import strategy_fields_set
 from hf_lightning.args.process import check_process_group
 from hf_lightning.args.report_to import build_loggers
 
@@ -28,8 +33,12 @@ OWNED_BY_HF_ARGS = {
 """lightning.Trainer options that the HF arguments decide; passing them raises an error naming the HF argument."""
 
 
-def lightning_trainer_kwargs(args: TrainingArguments, lightning_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+def lightning_trainer_kwargs(
+    args: TrainingArguments, lightning_kwargs: dict[str, Any] | None, model: Any = None
+) -> dict[str, Any]:
     """`lightning.Trainer(**kwargs)` for these arguments; `lightning_kwargs` wins for everything Lightning owns.
+
+    `model` decides HF's defaults that depend on it (DDP's `find_unused_parameters`, the FSDP layer classes).
 
     Raises:
         ValueError: `lightning_kwargs` sets an option the HF arguments decide (the message names both), or a
@@ -58,5 +67,15 @@ def lightning_trainer_kwargs(args: TrainingArguments, lightning_kwargs: dict[str
         kwargs["precision"] = "16-mixed"
     if "logger" not in user:
         kwargs["logger"] = build_loggers(args)
+    if user.get("strategy", "auto") == "auto":
+        from hf_lightning.parallel.strategies import strategy_request
+
+        user.pop("strategy", None)
+        kwargs["strategy"] = strategy_request(args, model)
+    elif strategy_fields_set(args):
+        warnings.warn(
+            f"The Lightning strategy {user['strategy']!r} was given, so these TrainingArguments fields are not used: "
+            f"{', '.join(strategy_fields_set(args))} (README, 'Swapping strategies').", UserWarning, stacklevel=3,
+        )
     kwargs.update(user)
     return kwargs

@@ -118,8 +118,9 @@ class BestModelTracker:
                                    f"{list(metrics)}.")
                 config.scheduler.step(metrics[key])
 
-    def load_best(self, model: Any, state: Any) -> None:
-        """`load_best_model_at_end` (T:2001-2003, 2280-2353): the best checkpoint's weights into `model`."""
+    def load_best(self, model: Any, state: Any, strategy: Any = None) -> None:
+        """`load_best_model_at_end` (T:2001-2003, 2280-2353): the best checkpoint's weights into `model` (sharded by
+        `strategy`, if any: FSDP, DeepSpeed ZeRO-3)."""
         folder = state.best_model_checkpoint
         if not self.args.load_best_model_at_end or folder is None:
             return
@@ -127,4 +128,4 @@ class BestModelTracker:
         if weights is None:
             raise FileNotFoundError(f"load_best_model_at_end: no weights file in {folder} (expected one of "
                                     f"{list(WEIGHT_FILES)}).")
-        load_weights(model, weights, what="load_best_model_at_end")
+        load_weights(model, weights, what="load_best_model_at_end", strategy=strategy)

@@ -56,6 +56,7 @@ from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
 from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, flow_model, flow_module
 from hf_lightning.data.sampling import dataset_length
 from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
+from hf_lightning.full_eval import cast_for_full_eval
 from hf_lightning.resume.load import CheckpointRestorer, start_fit
 from hf_lightning.threads import warn_if_oversubscribed
 
@@ -135,6 +136,7 @@ class HFTrainerFlow(EvaluationHooks):
         metric_key_prefix: str = "eval", ckpt_path: str | None = None,
     ) -> EvaluationOutput:
         """HF's `evaluate()` with `trainer.validate`: every eval dataset's result (`.metrics`: HF's return value)."""
+        cast_for_full_eval(flow_model(module), self.args)  # bf16 / fp16_full_eval, outside training only (as HF)
         request = EvalRequest(metric_key_prefix, ignore_keys)
         return self.evaluator.evaluate(trainer, module, datamodule, request, ckpt_path)
 
@@ -143,6 +145,7 @@ class HFTrainerFlow(EvaluationHooks):
         metric_key_prefix: str = "test", ckpt_path: str | None = None,
     ) -> EvalResult:
         """HF's `predict()` with `trainer.predict`: the predictions, labels and metrics (`PredictionOutput`'s)."""
+        cast_for_full_eval(flow_model(module), self.args)
         request = EvalRequest(metric_key_prefix, ignore_keys, is_prediction=True)
         return self.evaluator.predict(trainer, module, datamodule, request, ckpt_path)
 
@@ -381,7 +384,7 @@ class HFTrainerFlow(EvaluationHooks):
                                 train_loss)
         self.record_log(trainer, metrics)  # adds "epoch", as HF's `TrainOutput.metrics` has it
         self._summary = metrics
-        self.best.load_best(flow_model(pl_module), self.state)
+        self.best.load_best(flow_model(pl_module), self.state, trainer.strategy)
         self.saver.finish(trainer, self.state)
         self.hf_event("on_train_end")
 

@@ -58,6 +58,8 @@ class CheckpointFiles:
     scaler: Path | None
     rng: Path | None
     lightning_state: Path | None
+    engine_state: Path | None = None
+    """DeepSpeed's own checkpoint (`global_step<N>/` and `latest`, written under DeepSpeed, as HF's): the folder."""
 
 
 def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> CheckpointFiles:
@@ -87,9 +89,10 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
 
     optimizer, scheduler = optional("optimizer.pt"), optional("scheduler.pt")
     sharded = optional(SHARDED_OPTIMIZER_DIR)
+    engine = folder if (folder / "latest").is_file() else None  # DeepSpeed's marker file
     if (optimizer or sharded) and scheduler is None:
         raise FileNotFoundError(f"{where}: incomplete checkpoint, scheduler.pt is missing (optimizer state exists).")
-    if scheduler and not (optimizer or sharded):
+    if scheduler and not (optimizer or sharded or engine):
         raise FileNotFoundError(f"{where}: incomplete checkpoint, optimizer.pt is missing (scheduler.pt exists).")
     training_state = [p.name for p in sorted(folder.glob("rng_state*.pth"))] + (
         [LIGHTNING_STATE_NAME] if (folder / LIGHTNING_STATE_NAME).exists() else [])
@@ -103,7 +106,7 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
     return CheckpointFiles(
         path=folder, weights=weights, optimizer=optimizer, sharded_optimizer=sharded, scheduler=scheduler,
         scaler=optional("scaler.pt"), rng=optional(rng_file_name(world_size, rank)),
-        lightning_state=optional(LIGHTNING_STATE_NAME),
+        lightning_state=optional(LIGHTNING_STATE_NAME), engine_state=engine,
     )
 
 
