@@ -1,6 +1,7 @@
 """Loss helpers of the HF Trainer: label counting for `num_items_in_batch`, model introspection, loss extraction.
 
-- `model_accepts_loss_kwargs` (T:515-528) and `loss_shifts_labels` (T:543-545) inspect the model once.
+- `model_accepts_loss_kwargs` (T:515-528) and `loss_shifts_labels` (T:543-545) inspect the model once (the
+  transformers model inside compile / DDP / PEFT wrappers, as HF: `model_wrappers.unwrap_model`).
 - `count_label_tokens` is HF's `_get_num_items_in_batch` for one micro-batch (T:2281-2359): `labels != -100`, over
   `labels[..., 1:]` for causal-LM losses, or `shift_labels` when the collator provides it.
 - `loss_from_outputs` is the tail of `Trainer.compute_loss` (T:2194-2200), with HF's error naming the output keys.
@@ -17,6 +18,8 @@ from torch import nn
 from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+from hf_lightning.model_wrappers import unwrap_model
+
 __all__ = [
     "count_label_tokens",
     "is_causal_lm",
@@ -25,15 +28,6 @@ __all__ = [
     "model_accepts_loss_kwargs",
     "unwrap_model",
 ]
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's model inside DDP / compile wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
 
 
 def model_accepts_loss_kwargs(model: nn.Module) -> bool:

@@ -46,6 +46,8 @@ TIERS = {
     "test_grad_accumulation.py": "parity",
     "test_module.py": "parity",
     "test_optim.py": "parity",
+    "test_peft.py": "parity",
+    "test_frozen_layers.py": "parity",
     "test_resume_hf_interchange.py": "parity",
     "test_schedule_parity.py": "parity",
     "test_seq2seq_parity.py": "parity",

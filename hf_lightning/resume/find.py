@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hf_lightning.checkpointing.adapters import ADAPTER_WEIGHT_FILES, adapter_weights_file
 from hf_lightning.checkpointing.io import (
     LIGHTNING_STATE_NAME,
     SHARDED_OPTIMIZER_DIR,
@@ -27,12 +28,20 @@ from hf_lightning.checkpointing.io import (
 )
 
 __all__ = ["CheckpointFiles", "check_checkpoint", "existing_checkpoint_conflict", "last_checkpoint",
-           "list_checkpoint_steps", "resolve_checkpoint", "resolve_resume"]
+           "list_checkpoint_steps", "resolve_checkpoint", "resolve_resume", "weights_file"]
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
 )
+
+
+def weights_file(folder: str | Path) -> Path | None:
+    """The weights of a checkpoint folder: full weights (`WEIGHT_FILES`), else a PEFT adapter's (HF reads both,
+    T:3604-3656); None when there are none."""
+    folder = Path(folder)
+    full = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
+    return full if full is not None else adapter_weights_file(folder)
 
 
 def list_checkpoint_steps(folder: str | Path) -> dict[int, Path]:
@@ -74,10 +83,11 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
     where = f"resume_from_checkpoint={str(folder)!r}"
     if not folder.is_dir():
         raise FileNotFoundError(f"{where}: no such checkpoint folder.")
-    weights = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
+    weights = weights_file(folder)
     if weights is None:
         raise FileNotFoundError(
-            f"{where}: incomplete checkpoint, the model weights file is missing (expected one of {list(WEIGHT_FILES)})."
+            f"{where}: incomplete checkpoint, the model weights file is missing (expected one of "
+            f"{list(WEIGHT_FILES + ADAPTER_WEIGHT_FILES)})."
         )
     if not (folder / TRAINER_STATE_NAME).is_file():
         raise FileNotFoundError(f"{where}: incomplete checkpoint, {TRAINER_STATE_NAME} is missing.")

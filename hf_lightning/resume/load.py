@@ -27,6 +27,7 @@ from torch import nn
 
 from hf_lightning._lightning_compat import datamodule_of, grad_scaler
 from hf_lightning.checkpointing import distributed as dist_state
+from hf_lightning.checkpointing.adapters import is_adapter_file, load_adapter_checkpoint
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME, recover_interrupted_replacements
 from hf_lightning.checkpointing.lightning_state import restore_callback_states
 from hf_lightning.contracts import FlowDataModule, flow_model
@@ -81,9 +82,14 @@ def weight_mismatches(model_shapes: dict[str, tuple[int, ...]], saved_shapes: di
 def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_checkpoint") -> None:
     """Load a checkpoint's weights into `model` (plain or FSDP2-sharded) after checking they belong to it.
 
+    A PEFT adapter file is loaded into the `PeftModel`'s adapter instead (`checkpointing/adapters.py`).
+
     Raises:
         ValueError: the checkpoint belongs to a different model (names the parameters whose shapes differ).
     """
+    if is_adapter_file(path):
+        load_adapter_checkpoint(model, path, what)
+        return
     saved = read_weights(path)
     model_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     problems = weight_mismatches(model_shapes, {k: tuple(v.shape) for k, v in saved.items()})
