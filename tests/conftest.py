@@ -56,6 +56,7 @@ TIERS = {
     "test_checkpoint.py": "e2e",
     "test_checkpoint_processes.py": "e2e",
     "test_cli.py": "e2e",
+    "test_cli_peft.py": "e2e",
     "test_evaluation.py": "e2e",
     "test_final_save.py": "e2e",
     "test_generation_decoder_only.py": "e2e",

@@ -73,6 +73,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.tasks.generation": 1,
     "hf_lightning.tasks.hf_callbacks": 1,
     "hf_lightning.tasks.loading": 1,
+    "hf_lightning.tasks.peft_config": 1,
     "hf_lightning.tasks.registry": 1,
     "hf_lightning.tasks.text": 1,
     "hf_lightning.text_metrics": 1,
@@ -147,6 +148,7 @@ LAZY = {
     "hf_lightning.tasks.generation": "the CLI pre-check lists task names without importing transformers",
     "hf_lightning.tasks.hf_callbacks": "classes named in a config are imported when the config is built",
     "hf_lightning.tasks.loading": "the CLI pre-check imports it without loading transformers / datasets",
+    "hf_lightning.tasks.peft_config": "peft is an optional extra, imported only when a config has a `peft` section",
     "hf_lightning.tasks.text": "the CLI pre-check lists task names without importing transformers",
 }
 

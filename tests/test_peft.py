@@ -213,3 +213,25 @@ def test_columns_are_those_of_the_base_models_forward():
     hf._set_signature_columns_if_needed()
     assert set(signature_columns(model, find_label_names(model))) == set(hf._signature_columns)
     assert "position_ids" in hf._signature_columns and find_label_names(model) == ["labels"]
+
+
+def test_the_lightning_pieces_train_and_resume_a_peft_model(uninterrupted, tmp_path, one_thread):
+    """`TransformerModule` + `TransformerDataModule` + `HFTrainerFlow` on a hand-built `lightning.Trainer`: the
+    facade's numbers, and a resume from the facade's PEFT checkpoint."""
+    import lightning.pytorch as pl
+
+    from hf_lightning import HFTrainerFlow, TransformerDataModule, TransformerModule
+
+    root, _, our_run = uninterrupted
+    source = tmp_path / "checkpoint-4"
+    shutil.copytree(root / "ours" / "checkpoint-4", source)
+    args = hf_lightning.TrainingArguments(output_dir=str(tmp_path / "pieces"), **ARGS)
+    flow = HFTrainerFlow(args)
+    flow.resume_from_checkpoint = str(source)
+    module = TransformerModule(lora_gpt2(adapter_seed=99), args)
+    data = TransformerDataModule(train_dataset=lm_dataset(n=18), eval_dataset=lm_dataset(n=6, seed=1), args=args)
+    pl.Trainer(callbacks=[flow], use_distributed_sampler=False, enable_checkpointing=False, num_sanity_val_steps=0,
+               **LIGHTNING_KWARGS).fit(module, datamodule=data)
+    resumed = [{k: v for k, v in e.items() if not any(w in k for w in VOLATILE)}
+               for e in flow.state.log_history if e["step"] > 4 and "train_runtime" not in e]
+    assert resumed == stable(our_run, 4) and resumed

@@ -22,15 +22,17 @@ from typing_extensions import override
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
+from hf_lightning.checkpointing.adapters import is_adapter_file
 from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, split_callbacks
 from hf_lightning.prediction_writer import write_predictions
-from hf_lightning.resume.find import existing_checkpoint_conflict, resolve_resume
+from hf_lightning.resume.find import existing_checkpoint_conflict, resolve_resume, weights_file
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 from hf_lightning.tasks.datamodule import TaskDataModule, splits_for_stage
 from hf_lightning.tasks.generation import write_prediction_texts
 from hf_lightning.tasks.hf_callbacks import build_hf_callbacks
 from hf_lightning.tasks.loading import build_model, label_list_for, load_split, load_tokenizer
+from hf_lightning.tasks.peft_config import apply_peft
 from hf_lightning.tasks.registry import args_for_task, get_task, resolve, task_names
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 
@@ -125,6 +127,11 @@ class HFLightningCLI(LightningCLI):
             help="eval_loss as HF computes it ('samples': sample-weighted mean of batch means) or the mean over "
                  "every label token ('tokens'); the facade's `eval_loss_weighting`.",
         )
+        parser.add_argument(
+            "--peft", type=dict[str, Any] | None, default=None,
+            help="A LoRA adapter on the model: peft.LoraConfig fields, e.g. {r: 8, lora_alpha: 16, target_modules: "
+                 "[c_attn]} (task_type from the task). Needs the peft extra.",
+        )
         parser.add_class_arguments(ModelSpec, "model", instantiate=False, sub_configs=True)
         parser.add_class_arguments(DataSpec, "data", instantiate=False, sub_configs=True)
 
@@ -164,13 +171,16 @@ class HFLightningCLI(LightningCLI):
         except ValueError as err:
             raise ValueError(f"in `args`: {err}") from None
         model_values = self._section("model")
+        adapter: str | None = None
         self.ckpt_for_lightning: str | None = self.config_init[sub].get("ckpt_path")
         if sub == "fit":
             self.ckpt_for_lightning = resolve_resume(args, self.ckpt_for_lightning)
             _check_output_dir(args, self.ckpt_for_lightning)  # the flow checks again at fit; here it is one line
         elif self.ckpt_for_lightning and os.path.isdir(self.ckpt_for_lightning):
-            # one of our checkpoint folders: it is a pretrained model directory
-            model_values.update(model_name_or_path=self.ckpt_for_lightning, config_class=None, config_kwargs={})
+            if (found := weights_file(self.ckpt_for_lightning)) is not None and is_adapter_file(found):
+                adapter = self.ckpt_for_lightning  # a PEFT checkpoint: the base from `model`, its adapter on top
+            else:  # one of our checkpoint folders: it is a pretrained model directory
+                model_values.update(model_name_or_path=self.ckpt_for_lightning, config_class=None, config_kwargs={})
             self.ckpt_for_lightning = None
         elif self.ckpt_for_lightning and self.ckpt_for_lightning not in ("best", "last", "hpc", "registry") \
                 and not os.path.isfile(self.ckpt_for_lightning):
@@ -190,7 +200,7 @@ class HFLightningCLI(LightningCLI):
         tokenizer = load_tokenizer(data_spec, model_spec)
         labels = label_list_for(task, data_spec, model_spec, list(raw.values()))
         label2id = {name: i for i, name in enumerate(labels)} if labels is not None else None
-        model = build_model(model_spec, task, tokenizer, labels)
+        model = apply_peft(build_model(model_spec, task, tokenizer, labels), cfg.get("peft"), task.name, adapter)
         self.datamodule = TaskDataModule(task, data_spec, args, tokenizer, label2id, sub, raw=raw)
 
         self.task = task
