@@ -39,6 +39,7 @@ TIERS = {
     "test_where_things_live.py": "unit",
     "test_callback_events.py": "parity",
     "test_checkpoint_rotation.py": "parity",
+    "test_compile.py": "parity",
     "test_data.py": "parity",
     "test_early_stopping.py": "parity",
     "test_eval_parity.py": "parity",
@@ -85,6 +86,7 @@ DISTRIBUTED = {
 SLOW = {
     "test_notebooks.py", "test_notebook_generation.py", "test_quickstart.py",
     "test_checkpoint_processes.py::test_sigkill_mid_save_leaves_no_valid_looking_folder_and_loses_nothing",
+    "test_compile.py::test_the_default_inductor_backend_trains_like_eager",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 

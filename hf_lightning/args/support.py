@@ -23,16 +23,8 @@ UNSUPPORTED: dict[str, str] = {
     "bf16_full_eval": "cast the model to bfloat16 yourself before `evaluate()`",
     "fp16_full_eval": "cast the model to float16 yourself before `evaluate()`",
     "tf32": "set `torch.backends.cuda.matmul.allow_tf32` (or `torch.set_float32_matmul_precision`) yourself",
-    "activation_checkpointing_kwargs": "call `model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)` "
-                                       "yourself",
-    "gradient_checkpointing_kwargs": "call `model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)` "
-                                     "yourself",
-    "torch_compile": "compile the model yourself (`torch.compile(model)`) before passing it",
-    "torch_compile_backend": "compile the model yourself (`torch.compile(model, backend=...)`)",
-    "torch_compile_mode": "compile the model yourself (`torch.compile(model, mode=...)`)",
     "use_liger_kernel": "apply the Liger kernels to the model yourself",
     "liger_kernel_config": "apply the Liger kernels to the model yourself",
-    "neftune_noise_alpha": "add NEFTune noise with a forward hook on the embeddings yourself",
     "torch_empty_cache_steps": "call `torch.cuda.empty_cache()` from a callback yourself",
     "auto_find_batch_size": "choose `per_device_train_batch_size` yourself (Lightning's `BatchSizeFinder` does not "
                             "know HF's accumulation)",
