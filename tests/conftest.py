@@ -46,6 +46,7 @@ TIERS = {
     "test_eval_parity.py": "parity",
     "test_flow.py": "parity",
     "test_grad_accumulation.py": "parity",
+    "test_length_grouping.py": "parity",
     "test_module.py": "parity",
     "test_optim.py": "parity",
     "test_neftune.py": "parity",
@@ -82,6 +83,7 @@ DISTRIBUTED = {
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
     "test_cli.py::test_ddp_fit_from_the_command_line",
     "test_final_save.py::test_cli_fit_saves_the_gathered_model_under_fsdp2",
+    "test_length_grouping.py::test_two_processes_train_on_their_shards_of_the_grouped_order",
 }
 """Files, or `file::test` names, whose tests spawn 2 processes."""
 

@@ -58,6 +58,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.checkpointing.final_model": 1,
     "hf_lightning.checkpointing.io": 1,
     "hf_lightning.data.collate": 1,
+    "hf_lightning.data.length_grouping": 1,
     "hf_lightning.data.sampling": 1,
     "hf_lightning.eval_run": 1,
     "hf_lightning.evaluation": 1,

@@ -49,8 +49,6 @@ UNSUPPORTED: dict[str, str] = {
     "dataloader_multiprocessing_context": "pass `DataLoader`s with your own `multiprocessing_context` (override "
                                           "`train_dataloader`)",
     "dataloader_in_order": "batches are always yielded in order",
-    "length_column_name": "length-grouped sampling is not implemented (`train_sampling_strategy` is `random` or "
-                          "`sequential`)",
     "ddp_find_unused_parameters": f"{_STRATEGY}, e.g. `DDPStrategy(find_unused_parameters=True)`",
     "ddp_bucket_cap_mb": f"{_STRATEGY}, e.g. `DDPStrategy(bucket_cap_mb=...)`",
     "ddp_broadcast_buffers": f"{_STRATEGY}, e.g. `DDPStrategy(broadcast_buffers=False)`",
@@ -81,7 +79,10 @@ DIFFERENCES: dict[str, str] = {
                  "`lightning_kwargs[\"logger\"]` replaces them; the arguments and model config are not sent as "
                  "hyperparameters (HF's callbacks send them)",
     "run_name": "the logger's run name (TensorBoard / CSV: the version folder under `runs/` / `csv/`)",
-    "train_sampling_strategy": "`random` and `sequential`; `group_by_length` and `batch_rebalance` raise an error",
+    "train_sampling_strategy": "`random`, `sequential`, `group_by_length` (its order seeded per epoch like `random`, "
+                               "so resumes are exact; evaluation keeps dataset order); `batch_rebalance` raises an "
+                               "error",
+    "length_column_name": "read before `remove_unused_columns` drops it (HF drops it first and measures the inputs)",
     "resume_from_checkpoint": "`train()` also reads it when called without `resume_from_checkpoint` (HF's Trainer "
                               "leaves it to scripts)",
 }
