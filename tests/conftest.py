@@ -49,6 +49,7 @@ TIERS = {
     "test_length_grouping.py": "parity",
     "test_module.py": "parity",
     "test_optim.py": "parity",
+    "test_padding_free.py": "parity",
     "test_neftune.py": "parity",
     "test_peft.py": "parity",
     "test_frozen_layers.py": "parity",
