@@ -45,6 +45,7 @@ TIERS = {
     "test_early_stopping.py": "parity",
     "test_eval_parity.py": "parity",
     "test_flow.py": "parity",
+    "test_fp16_on_cpu.py": "parity",
     "test_grad_accumulation.py": "parity",
     "test_length_grouping.py": "parity",
     "test_module.py": "parity",

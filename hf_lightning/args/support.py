@@ -69,7 +69,8 @@ DIFFERENCES: dict[str, str] = {
     "gradient_accumulation_steps": "the loss is token-normalised for every model (HF skips it for BERT-like models)",
     "bf16": "becomes Lightning `precision=\"bf16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` "
             "wins",
-    "fp16": "becomes Lightning `precision=\"16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` wins",
+    "fp16": "becomes Lightning `precision=\"16-mixed\"`; on the CPU it trains in float32 with a warning, as HF does "
+            "there (Lightning would switch to bf16); `trainer.precision` / `lightning_kwargs[\"precision\"]` wins",
     "use_cpu": "sets Lightning `accelerator=\"cpu\"`",
     "disable_tqdm": "switches Lightning's progress bar",
     "report_to": "default `tensorboard` (HF: `none`); `tensorboard`, `csv` (ours), `wandb`, `mlflow`, `comet_ml` "
@@ -82,6 +83,8 @@ DIFFERENCES: dict[str, str] = {
     "train_sampling_strategy": "`random`, `sequential`, `group_by_length` (its order seeded per epoch like `random`, "
                                "so resumes are exact; evaluation keeps dataset order); `batch_rebalance` raises an "
                                "error",
+    "torch_compile": "evaluations during and after `train()` also run the compiled model (HF's run uncompiled); "
+                     "`remove_unused_columns` inspects the model inside a compiled one (README \"Compiling the model\")",
     "length_column_name": "read before `remove_unused_columns` drops it (HF drops it first and measures the inputs)",
     "resume_from_checkpoint": "`train()` also reads it when called without `resume_from_checkpoint` (HF's Trainer "
                               "leaves it to scripts)",
