@@ -84,7 +84,7 @@ DIFFERENCES: dict[str, str] = {
                                "so resumes are exact; evaluation keeps dataset order); `batch_rebalance` raises an "
                                "error",
     "torch_compile": "evaluations during and after `train()` also run the compiled model (HF's run uncompiled); "
-                     "`remove_unused_columns` inspects the model inside a compiled one (README \"Compiling the model\")",
+                     "`remove_unused_columns` inspects the model inside a compiled one (README, \"Compiling\")",
     "length_column_name": "read before `remove_unused_columns` drops it (HF drops it first and measures the inputs)",
     "resume_from_checkpoint": "`train()` also reads it when called without `resume_from_checkpoint` (HF's Trainer "
                               "leaves it to scripts)",
