@@ -8,6 +8,7 @@ A config has these sections::
     data: {...}                    # DataSpec: files or dataset_name, tokenizer, columns, lengths
     trainer: {...}                 # lightning.Trainer: strategy, devices, precision, logger, callbacks...
     hf_callbacks: [...]            # optional: transformers.TrainerCallback class paths (tasks/hf_callbacks.py)
+    peft: {...}                    # optional: a LoRA adapter, peft.LoraConfig fields (tasks/peft_config.py)
     eval_loss_weighting: samples   # optional: HF's eval_loss ("samples") or the per-token mean ("tokens")
 
 - `precheck`: the `task` / `args` / `model` / `data` sections checked before Lightning is imported.
