@@ -7,8 +7,8 @@ called. It inspects the PEFT *base* model for the forward signature, the label n
 
 - `is_peft_model`: a `peft.PeftModel` / `PeftMixedModel` (without importing peft when nothing imported it: no PEFT
   model can exist then).
-- `without_compile`: the module inside `torch.compile` (`OptimizedModule._orig_mod`) and DDP wrappers; its
-  `state_dict()` keys carry no `_orig_mod.` / `module.` prefix.
+- `without_compile`: the module inside `torch.compile` (`OptimizedModule._orig_mod`) and DDP-like wrappers (their
+  `module`); its `state_dict()` keys carry no `_orig_mod.` / `module.` prefix.
 - `unwrap_model`: the transformers model itself, inside PEFT too; what HF inspects.
 """
 
@@ -39,13 +39,11 @@ def is_compiled(model: object) -> bool:
 def without_compile(model: nn.Module) -> nn.Module:
     """The module inside `torch.compile` and DDP wrappers (a PEFT model stays one: it is what is saved)."""
     while True:
-        if is_compiled(model):
-            model = model._orig_mod  # type: ignore[assignment]  # an OptimizedModule's wrapped module
-            continue
-        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-            continue
-        return model
+        # `_orig_mod`: an OptimizedModule's module; `module`: DDP's, DataParallel's, FSDP1's, DeepSpeed's
+        inner = getattr(model, "_orig_mod", None) if is_compiled(model) else getattr(model, "module", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -16,7 +16,7 @@ import transformers
 from safetensors.torch import load_file
 
 import hf_lightning
-from helpers import lm_dataset, tiny_gpt2
+from helpers import assert_logs_close, lm_dataset, stable_log, tiny_gpt2
 
 ARGS = dict(
     per_device_train_batch_size=4, gradient_accumulation_steps=2, num_train_epochs=2, learning_rate=1e-2,
@@ -24,7 +24,6 @@ ARGS = dict(
     report_to="none", disable_tqdm=True, optim="adamw_torch",
 )
 LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
-VOLATILE = ("runtime", "per_second", "train_loss", "total_flos")
 
 
 def gpt2(seed: int = 0, dropout: float = 0.1):
@@ -49,17 +48,6 @@ def run_ours(output_dir, model=None, resume=None, **overrides):
     return trainer
 
 
-def stable(trainer, after: int = 0) -> list[dict]:
-    return [{k: v for k, v in e.items() if not any(word in k for word in VOLATILE)}
-            for e in trainer.state.log_history if e["step"] > after and "train_runtime" not in e]
-
-
-def assert_close_logs(got, want) -> None:
-    assert [sorted(e) for e in got] == [sorted(e) for e in want] and got
-    for a, b in zip(got, want):
-        assert a == pytest.approx(b, rel=1e-5), b["step"]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     torch.set_num_threads(1)
@@ -71,13 +59,13 @@ def runs(tmp_path_factory):
 
 def test_compiled_training_matches_eager_and_hfs_compiled_run(runs, tmp_path, one_thread):
     root, compiled, eager = runs
-    assert_close_logs(stable(compiled), stable(eager))
+    assert_logs_close(stable_log(compiled), stable_log(eager))
     hf_args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), use_cpu=True, torch_compile=True,
                                              torch_compile_backend="aot_eager", remove_unused_columns=True, **ARGS)
     hf = transformers.Trainer(model=gpt2(), args=hf_args, train_dataset=train_data(),
                               eval_dataset=lm_dataset(n=6, seed=1))
     hf.train()
-    assert_close_logs(stable(compiled), stable(hf))
+    assert_logs_close(stable_log(compiled), stable_log(hf))
 
 
 def test_the_model_stays_plain_and_checkpoints_have_its_keys(runs):
@@ -95,7 +83,7 @@ def test_resuming_a_compiled_run_is_exact(runs, tmp_path, one_thread):
     shutil.copytree(root / "compiled" / "checkpoint-2", source)
     resumed = run_ours(tmp_path / "resumed", model=gpt2(seed=99), resume=str(source), torch_compile=True,
                        torch_compile_backend="aot_eager")
-    assert stable(resumed, 2) == stable(compiled, 2)
+    assert stable_log(resumed, 2) == stable_log(compiled, 2)
     for (name, p), (_, q) in zip(resumed.model.named_parameters(), compiled.model.named_parameters()):
         assert torch.equal(p, q), name
 
@@ -114,7 +102,7 @@ def test_a_model_the_user_compiled_trains_saves_resumes_and_evaluates(runs, tmp_
     user_compiled = torch.compile(gpt2(), backend="aot_eager")
     ours = run_ours(tmp_path / "ours", model=user_compiled)
     assert ours.module.model_wrapped is user_compiled and ours.module.model is user_compiled._orig_mod
-    assert_close_logs(stable(ours), stable(eager))
+    assert_logs_close(stable_log(ours), stable_log(eager))
     keys = set(load_file(str(tmp_path / "ours" / "checkpoint-4" / "model.safetensors")))
     assert keys and not any("_orig_mod" in key for key in keys)
     ours.save_model(str(tmp_path / "final"))
@@ -126,7 +114,7 @@ def test_a_model_the_user_compiled_trains_saves_resumes_and_evaluates(runs, tmp_
     shutil.copytree(tmp_path / "ours" / "checkpoint-2", source)
     resumed = run_ours(tmp_path / "resumed", model=torch.compile(gpt2(seed=99), backend="aot_eager"),
                        resume=str(source))
-    assert stable(resumed, 2) == stable(ours, 2)
+    assert stable_log(resumed, 2) == stable_log(ours, 2)
     assert ours.evaluate()["eval_loss"] == pytest.approx(eager.evaluate()["eval_loss"], rel=1e-5)
 
 
@@ -150,5 +138,5 @@ def test_the_default_inductor_backend_trains_like_eager(tmp_path, one_thread):
     its own random numbers for dropout (not eager's), in HF's compiled runs too."""
     compiled = run_ours(tmp_path / "inductor", model=gpt2(dropout=0.0), torch_compile=True, max_steps=4)
     reference = run_ours(tmp_path / "eager", model=gpt2(dropout=0.0), max_steps=4)
-    assert_close_logs(stable(compiled), stable(reference))
+    assert_logs_close(stable_log(compiled), stable_log(reference))
     assert compiled.module.model_wrapped is not compiled.model

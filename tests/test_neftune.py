@@ -13,7 +13,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import TrainerCallback
 
 import hf_lightning
-from helpers import lm_dataset, tiny_gpt2
+from helpers import assert_logs_close, lm_dataset, stable_log, tiny_gpt2
 
 ARGS = dict(
     per_device_train_batch_size=2, gradient_accumulation_steps=2, num_train_epochs=2, learning_rate=1e-2,
@@ -21,7 +21,6 @@ ARGS = dict(
     report_to="none", disable_tqdm=True, optim="adamw_torch", neftune_noise_alpha=5.0,
 )
 LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
-VOLATILE = ("runtime", "per_second", "train_loss", "total_flos")
 
 
 def gpt2(seed: int = 0, peft: bool = False):
@@ -52,17 +51,6 @@ def run_hf(output_dir, model=None, **overrides):
     return trainer
 
 
-def stable(trainer, after: int = 0) -> list[dict]:
-    return [{k: v for k, v in e.items() if not any(word in k for word in VOLATILE)}
-            for e in trainer.state.log_history if e["step"] > after and "train_runtime" not in e]
-
-
-def assert_close_logs(got, want) -> None:
-    assert [sorted(e) for e in got] == [sorted(e) for e in want] and got
-    for a, b in zip(got, want):
-        assert a == pytest.approx(b, rel=1e-5), b["step"]
-
-
 def assert_no_hook(model) -> None:
     embeddings = model.get_input_embeddings()
     assert not embeddings._forward_hooks and not hasattr(embeddings, "neftune_noise_alpha")
@@ -78,10 +66,10 @@ def noisy(tmp_path_factory):
 def test_noisy_losses_are_hfs_and_evaluations_are_clean(noisy, tmp_path, one_thread):
     root, ours = noisy
     hf = run_hf(tmp_path / "hf")
-    assert_close_logs(stable(ours), stable(hf))
+    assert_logs_close(stable_log(ours), stable_log(hf))
     clean = run_ours(tmp_path / "clean", neftune_noise_alpha=None)
-    train_losses = [e["loss"] for e in stable(ours) if "loss" in e]
-    assert train_losses[0] != pytest.approx([e["loss"] for e in stable(clean) if "loss" in e][0], rel=1e-4)
+    train_losses = [e["loss"] for e in stable_log(ours) if "loss" in e]
+    assert train_losses[0] != pytest.approx([e["loss"] for e in stable_log(clean) if "loss" in e][0], rel=1e-4)
     assert_no_hook(ours.model)  # removed after training, as HF
 
 
@@ -99,13 +87,13 @@ def test_resume_draws_the_same_noise(noisy, tmp_path, step, one_thread):
     source = tmp_path / f"checkpoint-{step}"
     shutil.copytree(root / "ours" / f"checkpoint-{step}", source)
     resumed = run_ours(tmp_path / "resumed", model=gpt2(seed=99), resume=str(source))
-    assert stable(resumed, step) == stable(ours, step)
+    assert stable_log(resumed, step) == stable_log(ours, step)
 
 
 def test_peft_model_gets_the_noise_on_its_base_embeddings(tmp_path, one_thread):
     ours = run_ours(tmp_path / "ours", model=gpt2(peft=True), max_steps=4)
     hf = run_hf(tmp_path / "hf", model=gpt2(peft=True), max_steps=4)
-    assert_close_logs(stable(ours), stable(hf))
+    assert_logs_close(stable_log(ours), stable_log(hf))
     assert_no_hook(ours.model.get_base_model())
 
 

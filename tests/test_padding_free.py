@@ -19,14 +19,13 @@ from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, Lla
 
 import hf_lightning
 from hf_lightning.loss import count_label_tokens, count_samples
-from helpers import VOCAB
+from helpers import VOCAB, stable_log
 
 ARGS = dict(
     per_device_train_batch_size=3, gradient_accumulation_steps=2, num_train_epochs=2, learning_rate=1e-2,
     logging_steps=1, eval_strategy="epoch", per_device_eval_batch_size=4, save_strategy="no", seed=7,
     report_to="none", disable_tqdm=True, optim="adamw_torch",
 )
-VOLATILE = ("runtime", "per_second", "train_loss", "total_flos")
 
 
 def tiny_llama():
@@ -40,11 +39,6 @@ def rows(n: int = 22, seed: int = 0) -> Dataset:
     rng = random.Random(seed)
     ids = [[rng.randrange(3, VOCAB) for _ in range(rng.randrange(3, 20))] for _ in range(n)]
     return Dataset.from_dict({"input_ids": ids, "labels": ids})
-
-
-def stable(trainer) -> list[dict]:
-    return [{k: v for k, v in e.items() if not any(word in k for word in VOLATILE)}
-            for e in trainer.state.log_history if "train_runtime" not in e]
 
 
 def run_ours(output_dir, collator):
@@ -80,9 +74,9 @@ def test_padding_free_losses_are_hfs_and_those_of_padded_batches(tmp_path, one_t
                               data_collator=DataCollatorWithFlattening())
     hf.train()
     padded = run_ours(tmp_path / "padded", padded_collator())
-    train_entries = [e for e in stable(flat) if "loss" in e]
+    train_entries = [e for e in stable_log(flat) if "loss" in e]
     assert len(train_entries) == 8  # 8 micro-batches per epoch -> 4 updates, 2 epochs
-    for ours, theirs in zip(stable(flat), stable(hf), strict=True):
+    for ours, theirs in zip(stable_log(flat), stable_log(hf), strict=True):
         assert ours == pytest.approx(theirs, rel=1e-5)
-    for ours, reference in zip(train_entries, [e for e in stable(padded) if "loss" in e], strict=True):
+    for ours, reference in zip(train_entries, [e for e in stable_log(padded) if "loss" in e], strict=True):
         assert ours == pytest.approx(reference, rel=1e-4)
