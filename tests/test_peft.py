@@ -110,20 +110,13 @@ def test_resume_from_our_peft_checkpoint_is_exact(uninterrupted, tmp_path, step,
     assert_continues_like(resumed, our_run, step, exact=True)
 
 
-def test_hf_resumes_from_our_peft_checkpoint(uninterrupted, tmp_path, one_thread):
-    root, _, our_run = uninterrupted
-    source = tmp_path / "ours" / "checkpoint-4"
-    shutil.copytree(root / "ours" / "checkpoint-4", source)
-    resumed = run_hf(tmp_path / "hf_resumed", resume=str(source), adapter_seed=99)
-    assert_continues_like(resumed, our_run, 4, exact=False)
-
-
-def test_we_resume_from_hfs_peft_checkpoint(uninterrupted, tmp_path, one_thread):
-    root, hf_run, _ = uninterrupted
-    source = tmp_path / "hf" / "checkpoint-4"
-    shutil.copytree(root / "hf" / "checkpoint-4", source)
-    resumed = run_ours(tmp_path / "ours_resumed", resume=str(source), adapter_seed=99)
-    assert_continues_like(resumed, hf_run, 4, exact=False)
+@pytest.mark.parametrize("writer, resumer", [("ours", "hf"), ("hf", "ours")])
+def test_each_trainer_resumes_from_the_others_peft_checkpoint(uninterrupted, tmp_path, writer, resumer, one_thread):
+    root, hf_run, our_run = uninterrupted
+    source = tmp_path / writer / "checkpoint-4"
+    shutil.copytree(root / writer / "checkpoint-4", source)
+    resumed = (run_hf if resumer == "hf" else run_ours)(tmp_path / "resumed", resume=str(source), adapter_seed=99)
+    assert_continues_like(resumed, our_run if writer == "ours" else hf_run, 4, exact=False)
 
 
 def test_best_adapter_is_loaded_at_the_end_and_rotation_keeps_it(tmp_path, one_thread):
