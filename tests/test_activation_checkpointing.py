@@ -54,14 +54,15 @@ def test_lora_with_checkpointing_trains_like_hf_and_like_no_checkpointing(tmp_pa
         assert a == pytest.approx(b, rel=1e-5) and a == pytest.approx(c, rel=1e-5)
 
 
-def test_every_n_layers_and_json_kwargs_as_hf():
+def test_every_n_layers_and_json_kwargs_as_hf(tmp_path):
     kwargs = '{"use_reentrant": false, "every_n_layers": 2}'  # a command line's JSON string, parsed as HF does
     model = tiny_gpt2()
     hf_lightning.TransformerModule(model, hf_lightning.TrainingArguments(activation_checkpointing=True,
                                                                          activation_checkpointing_kwargs=kwargs))
     reference = tiny_gpt2()
-    hf_args = transformers.TrainingArguments(output_dir="unused", use_cpu=True, activation_checkpointing=True,
-                                             activation_checkpointing_kwargs=kwargs, max_steps=0, report_to="none")
+    hf_args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, activation_checkpointing=True,
+                                             activation_checkpointing_kwargs=kwargs, max_steps=1, report_to="none",
+                                             save_strategy="no")
     transformers.Trainer(model=reference, args=hf_args, train_dataset=lm_dataset(n=4)).train()
     flags = [[block.gradient_checkpointing for block in m.transformer.h] for m in (model, reference)]
     assert flags[0] == flags[1] and flags[0].count(True) == 1

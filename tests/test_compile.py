@@ -118,19 +118,20 @@ def test_a_model_the_user_compiled_trains_saves_resumes_and_evaluates(runs, tmp_
     assert ours.evaluate()["eval_loss"] == pytest.approx(eager.evaluate()["eval_loss"], rel=1e-5)
 
 
-def test_compile_arguments_follow_hfs_rules():
+def test_compile_arguments_follow_hfs_rules(tmp_path):
     from hf_lightning.torch_compile import compile_kwargs
 
     args = hf_lightning.TrainingArguments(torch_compile_mode="max-autotune")
     assert args.torch_compile and args.torch_compile_backend == "inductor"  # as HF (TA:1620-1629)
     assert compile_kwargs(args) == {"backend": "inductor", "mode": "max-autotune"}
-    hf = transformers.TrainingArguments(output_dir="unused", torch_compile=True)
+    hf = transformers.TrainingArguments(output_dir=str(tmp_path), torch_compile=True)
     converted = hf_lightning.Trainer(model=gpt2(), args=hf).args
     assert converted.torch_compile and converted.torch_compile_backend == "inductor"
     assert compile_kwargs(hf_lightning.TrainingArguments(torch_compile=True)) == {"backend": "inductor"}
     with pytest.raises(ValueError, match="`torch_compile_backend`='nope' cannot compile: .*Available backends: .*"
                                          "inductor"):
-        hf_lightning.Trainer(model=gpt2(), args=hf_lightning.TrainingArguments(torch_compile_backend="nope"))
+        hf_lightning.Trainer(model=gpt2(), args=hf_lightning.TrainingArguments(output_dir=str(tmp_path),
+                                                                               torch_compile_backend="nope"))
 
 
 def test_the_default_inductor_backend_trains_like_eager(tmp_path, one_thread):

@@ -190,13 +190,13 @@ def test_an_adapter_checkpoint_of_another_model_is_refused(uninterrupted, tmp_pa
         wider.train(resume_from_checkpoint=source)
 
 
-def test_columns_are_those_of_the_base_models_forward():
+def test_columns_are_those_of_the_base_models_forward(tmp_path):
     """As HF (T:1179-1191): the PEFT wrapper's `forward` lacks e.g. `position_ids`, the base model's has it."""
     from hf_lightning.data.collate import find_label_names, signature_columns
 
     model = lora_gpt2()
-    hf = transformers.Trainer(model=model, args=transformers.TrainingArguments(output_dir="unused", use_cpu=True,
-                                                                              report_to="none"))
+    hf_args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    hf = transformers.Trainer(model=model, args=hf_args)
     hf._set_signature_columns_if_needed()
     assert set(signature_columns(model, find_label_names(model))) == set(hf._signature_columns)
     assert "position_ids" in hf._signature_columns and find_label_names(model) == ["labels"]
