@@ -220,3 +220,28 @@ def test_the_lightning_pieces_train_and_resume_a_peft_model(uninterrupted, tmp_p
     pl.Trainer(callbacks=[flow], use_distributed_sampler=False, enable_checkpointing=False, num_sanity_val_steps=0,
                **LIGHTNING_KWARGS).fit(module, datamodule=data)
     assert stable_log(flow, 4) == stable_log(our_run, 4) and stable_log(flow, 4)
+
+
+def test_a_named_adapter_saved_in_its_sub_folder_resumes(tmp_path, one_thread):
+    """peft saves an adapter not named "default" in a sub-folder of its name; HF finds it there, so do we."""
+    def named(seed: int):
+        base = tiny_gpt2(seed=0)
+        torch.manual_seed(seed)
+        return get_peft_model(base, LoraConfig(r=4, target_modules=["c_attn"], task_type="CAUSAL_LM"),
+                              adapter_name="mine")
+
+    def run(output_dir, seed, resume=None):
+        trainer = hf_lightning.Trainer(
+            model=named(seed), args=hf_lightning.TrainingArguments(
+                output_dir=str(output_dir), max_steps=4, save_steps=2, logging_steps=1, learning_rate=1e-2,
+                seed=7, report_to="none", disable_tqdm=True),
+            train_dataset=lm_dataset(n=16), lightning_kwargs=dict(LIGHTNING_KWARGS))
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    full = run(tmp_path / "full", seed=0)
+    assert (tmp_path / "full" / "checkpoint-2" / "mine" / "adapter_model.safetensors").is_file()
+    source = tmp_path / "src" / "checkpoint-2"
+    shutil.copytree(tmp_path / "full" / "checkpoint-2", source)
+    resumed = run(tmp_path / "resumed", seed=99, resume=str(source))
+    assert stable_log(resumed, 2) == stable_log(full, 2) and stable_log(full, 2)

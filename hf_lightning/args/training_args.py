@@ -107,7 +107,7 @@ class TrainingArguments(ProcessLayoutMixin):
 
     # --- Activation checkpointing ---
     activation_checkpointing: bool | None = field(default=None, metadata=_BARE_FLAG)
-    """Recompute activations in the backward pass to save memory (`model.gradient_checkpointing_enable()`)."""
+    """Recompute activations in the backward pass to save memory (`model.activation_checkpointing_enable()`)."""
     activation_checkpointing_kwargs: dict[str, Any] | str | None = None
     """Keyword arguments for `torch.utils.checkpoint` (e.g. `{"use_reentrant": false}`), plus `every_n_layers` and
     `offload`; a dict or a JSON string."""
