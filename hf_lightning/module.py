@@ -27,6 +27,7 @@ from transformers.trainer_pt_utils import LabelSmoother
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import attached_trainer, callbacks_of, grad_scaler, optimizer_unscales_itself
+from hf_lightning.activation_checkpointing import enable_activation_checkpointing
 from hf_lightning.args import TrainingArguments
 from hf_lightning.contracts import HFStepHooks, TrainingStepListener, TrainingStepOutput
 from hf_lightning.data.collate import find_label_names
@@ -40,6 +41,7 @@ from hf_lightning.loss import (
     loss_shifts_labels,
     model_accepts_loss_kwargs,
 )
+from hf_lightning.model_wrappers import without_compile
 from hf_lightning.optim import build_optimizer, build_scheduler
 from hf_lightning.parallel.runtime import (
     clip_by_strategy,
@@ -48,6 +50,7 @@ from hf_lightning.parallel.runtime import (
     micro_batch_context,
     steps_like_a_scheduler,
 )
+from hf_lightning.torch_compile import model_to_call
 
 __all__ = ["TransformerModule"]
 
@@ -94,8 +97,8 @@ class TransformerModule(pl.LightningModule):
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module (a PreTrainedModel), got {type(model).__name__}.")
         self.automatic_optimization = False
-        self.model = model
         self.args = args if args is not None else TrainingArguments()
+        self.model = without_compile(model)  # what is saved, loaded and inspected (HF's `Trainer.model`)
         self.compute_loss_func = compute_loss_func
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
@@ -109,15 +112,9 @@ class TransformerModule(pl.LightningModule):
         config = getattr(model, "config", None)  # any nn.Module is accepted; only HF models have a config
         if config is not None and hasattr(config, "use_cache"):
             config.use_cache = self.args.use_cache  # HF 5 forces args.use_cache onto the config (T:645-646)
-        if self.args.gradient_checkpointing:
-            enable = getattr(model, "gradient_checkpointing_enable", None)  # a PreTrainedModel (or PEFT) method
-            if not callable(enable):
-                raise ValueError(
-                    f"`gradient_checkpointing`=True needs a model with `gradient_checkpointing_enable()` (a "
-                    f"transformers PreTrainedModel); {type(model).__name__} has none. Set gradient_checkpointing=False "
-                    "or enable checkpointing in the model yourself."
-                )
-            enable()
+        enable_activation_checkpointing(self.model, self.args)
+        # HF's `model_wrapped` (see the property), kept out of the registered modules: it shares `model`'s parameters
+        self.__dict__["_compiled"] = model_to_call(model, self.args)
         self._epoch_stop_requested = False
         self._grad_norm: torch.Tensor | None = None
         self._trainable: list[nn.Parameter] | None = None
@@ -136,7 +133,13 @@ class TransformerModule(pl.LightningModule):
     @override
     def forward(self, **inputs: Any) -> Any:
         """Calls the wrapped model."""
-        return self.model(**inputs)
+        return self.model_wrapped(**inputs)
+
+    @property
+    def model_wrapped(self) -> nn.Module:
+        """HF's `model_wrapped`, what the steps call: the compiled model when compiling, else `model`."""
+        compiled = self.__dict__.get("_compiled")
+        return compiled if compiled is not None and without_compile(compiled) is self.model else self.model
 
     @property
     def hooks(self) -> HFStepHooks:
@@ -251,7 +254,7 @@ class TransformerModule(pl.LightningModule):
                 last = i == len(window) - 1
                 # Gradients are all-reduced once per update: no sync on every micro-batch but the last.
                 with micro_batch_context(strategy, last):
-                    loss = self.hooks.compute_loss(self.model, dict(micro), num_items_in_batch=num_items)
+                    loss = self.hooks.compute_loss(self.model_wrapped, dict(micro), num_items_in_batch=num_items)
                     if empty_cache:  # HF: after the forward pass, before the backward pass (device_cache.py)
                         empty_device_cache()
                     if not scaled and len(window) > 1:
@@ -404,7 +407,8 @@ class TransformerModule(pl.LightningModule):
 
     def _eval_step(self, batch: Mapping[str, Any], is_prediction: bool) -> EvalStep:
         loss_only = self.prediction_loss_only(is_prediction)
-        return EvalStep(*self.hooks.prediction_step(self.model, dict(batch), loss_only, self._eval_request.ignore_keys))
+        model, ignore_keys = self.model_wrapped, self._eval_request.ignore_keys
+        return EvalStep(*self.hooks.prediction_step(model, dict(batch), loss_only, ignore_keys))
 
     @override
     def validation_step(  # type: ignore[override]  # Lightning types step outputs as tensors / mappings

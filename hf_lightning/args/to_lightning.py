@@ -18,7 +18,7 @@ from hf_lightning.args.parallel import strategy_fields_set
 from hf_lightning.args.process import check_process_group
 from hf_lightning.args.report_to import build_loggers
 
-__all__ = ["lightning_trainer_kwargs", "OWNED_BY_HF_ARGS"]
+__all__ = ["fp16_precision", "lightning_trainer_kwargs", "OWNED_BY_HF_ARGS"]
 
 OWNED_BY_HF_ARGS = {
     "accumulate_grad_batches": "gradient_accumulation_steps",
@@ -63,8 +63,8 @@ def lightning_trainer_kwargs(
         kwargs["accelerator"] = "cpu"
     if args.bf16:
         kwargs["precision"] = "bf16-mixed"
-    elif args.fp16:
-        kwargs["precision"] = "16-mixed"
+    elif args.fp16 and "precision" not in user:
+        kwargs["precision"] = fp16_precision(args, user)
     if "logger" not in user:
         kwargs["logger"] = build_loggers(args)
     if user.get("strategy", "auto") == "auto":
@@ -79,3 +79,32 @@ def lightning_trainer_kwargs(
         )
     kwargs.update(user)
     return kwargs
+
+
+def _runs_on_cpu(args: TrainingArguments, user: dict[str, Any]) -> bool:
+    """Whether Lightning will train on the CPU: `accelerator="cpu"` (or `use_cpu`), or "auto" without a GPU."""
+    accelerator = user.get("accelerator", "cpu" if args.use_cpu else "auto")
+    if not isinstance(accelerator, str):  # an Accelerator instance
+        return type(accelerator).__name__ == "CPUAccelerator"
+    if accelerator != "auto":
+        return accelerator == "cpu"
+    import torch
+
+    return not (torch.cuda.is_available() or torch.backends.mps.is_available())
+
+
+def fp16_precision(args: TrainingArguments, user: dict[str, Any]) -> str:
+    """Lightning's precision for `fp16=True`: "16-mixed", except on the CPU, where HF trains in float32.
+
+    accelerate has no float16 autocast on the CPU: with `fp16=True` it enables neither autocast nor a grad scaler
+    there (accelerate `accelerator.py`, `native_amp` stays False), so `transformers.Trainer` trains in float32,
+    silently. Lightning would switch to "bf16-mixed" instead (with a warning): another numeric result. We train in
+    float32 as HF, and say so.
+    """
+    if not _runs_on_cpu(args, user):
+        return "16-mixed"
+    warnings.warn(
+        "fp16=True on the CPU: training in float32, as transformers.Trainer does there (no float16 autocast on the "
+        "CPU). For mixed precision on the CPU use bf16=True.", UserWarning, stacklevel=3,
+    )
+    return "32-true"

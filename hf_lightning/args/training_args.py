@@ -107,21 +107,22 @@ class TrainingArguments(ProcessLayoutMixin):
 
     # --- Activation checkpointing ---
     activation_checkpointing: bool | None = field(default=None, metadata=_BARE_FLAG)
-    """Recompute activations in the backward pass to save memory (`model.gradient_checkpointing_enable()`)."""
+    """Recompute activations in the backward pass to save memory (`model.activation_checkpointing_enable()`)."""
     activation_checkpointing_kwargs: dict[str, Any] | str | None = None
-    """Not supported (kwargs for `gradient_checkpointing_enable`): must stay None."""
+    """Keyword arguments for `torch.utils.checkpoint` (e.g. `{"use_reentrant": false}`), plus `every_n_layers` and
+    `offload`; a dict or a JSON string."""
     gradient_checkpointing: bool | None = field(default=None, metadata=_BARE_FLAG)
     """HF's deprecated alias of `activation_checkpointing` (used when that one is not set)."""
     gradient_checkpointing_kwargs: dict[str, Any] | str | None = None
-    """Not supported (alias of `activation_checkpointing_kwargs`): must stay None."""
+    """HF's deprecated alias of `activation_checkpointing_kwargs` (used when that one is not set)."""
 
     # --- Compilation and kernels ---
     torch_compile: bool = False
-    """Not supported (`torch.compile` the model): must stay False; compile the model yourself."""
+    """Compile the model the training and evaluation steps call with `torch.compile` (checkpoints stay plain)."""
     torch_compile_backend: str | None = None
-    """Not supported (`torch.compile` backend): must stay None."""
+    """`torch.compile` backend (setting it turns `torch_compile` on; default `inductor`)."""
     torch_compile_mode: str | None = None
-    """Not supported (`torch.compile` mode): must stay None."""
+    """`torch.compile` mode, e.g. `reduce-overhead`, `max-autotune` (setting it turns `torch_compile` on)."""
     use_liger_kernel: bool = False
     """Not supported (Liger kernels): must stay False."""
     liger_kernel_config: dict[str, bool] | None = None
@@ -131,7 +132,7 @@ class TrainingArguments(ProcessLayoutMixin):
     use_cache: bool = False
     """Value forced onto `model.config.use_cache` (HF 5 sets False: the KV cache is useless in training)."""
     neftune_noise_alpha: float | None = None
-    """Not supported (NEFTune embedding noise): must stay None."""
+    """NEFTune: uniform noise of this scale on the input embeddings while training (not in evaluation)."""
     torch_empty_cache_steps: int | None = None
     """Empty the accelerator's memory cache every this many updates (after the update's forward passes, as HF)."""
     auto_find_batch_size: bool = False
@@ -277,9 +278,10 @@ class TrainingArguments(ProcessLayoutMixin):
     label_names: list[str] | None = None
     """Input keys holding the labels; defaults to the model's `forward` parameters containing `label`."""
     train_sampling_strategy: SamplingStrategyName = "random"
-    """Order of training samples: `random` (seeded by `data_seed` or `seed`, and the epoch) or `sequential`."""
+    """Order of training samples: `random` (seeded by `data_seed` or `seed`, and the epoch), `sequential`, or
+    `group_by_length` (batches of similar lengths, longest first, seeded like `random`)."""
     length_column_name: str = "length"
-    """Not supported (length-grouped sampling): must stay `length`."""
+    """Column with precomputed sample lengths for `group_by_length` (else the main input's length is measured)."""
 
     # --- DDP (Lightning's DDPStrategy when Lightning runs several processes; README "Swapping strategies") ---
     ddp_find_unused_parameters: bool | None = None

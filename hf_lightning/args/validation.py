@@ -118,9 +118,9 @@ def normalise_and_check(args: TrainingArguments) -> None:
     _check_choice(issues, "eval_strategy", args.eval_strategy, _choices("IntervalStrategyName"))
     _check_choice(issues, "logging_strategy", args.logging_strategy, _choices("IntervalStrategyName"))
     _check_choice(issues, "save_strategy", args.save_strategy, _choices("SaveStrategyName"))
-    if args.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
+    if args.train_sampling_strategy == "batch_rebalance":
         issues.append(f"`train_sampling_strategy`={args.train_sampling_strategy!r} is not supported by hf_lightning "
-                      f"(length-grouped sampling is not implemented); allowed: {', '.join(SAMPLING_STRATEGIES)}.")
+                      f"(token-balanced batches are not implemented); allowed: {', '.join(SAMPLING_STRATEGIES)}.")
     else:
         _check_choice(issues, "train_sampling_strategy", args.train_sampling_strategy, SAMPLING_STRATEGIES)
     _check_choice(issues, "optim", args.optim, OPTIMIZER_NAMES)

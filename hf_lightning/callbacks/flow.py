@@ -57,6 +57,7 @@ from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, f
 from hf_lightning.data.sampling import dataset_length
 from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
 from hf_lightning.full_eval import cast_for_full_eval
+from hf_lightning.neftune import NEFTune
 from hf_lightning.resume.load import CheckpointRestorer, start_fit
 from hf_lightning.threads import warn_if_oversubscribed
 
@@ -94,6 +95,7 @@ class HFTrainerFlow(EvaluationHooks):
         self.evaluator = HFEvaluator(self)
         self.plan: TrainingPlan | None = None
         self.loss = TrainLossTracker(args.logging_nan_inf_filter)
+        self.neftune = NEFTune(args.neftune_noise_alpha)
         self.flos = FlopsCounter()
         self.resume_from_checkpoint: str | bool | None = None
         self._eval_listeners: list[HFEvaluationListener] = []
@@ -216,6 +218,7 @@ class HFTrainerFlow(EvaluationHooks):
         self.handler.optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self.handler.lr_scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
         self.handler.train_dataloader = trainer.train_dataloader
+        self.neftune.start(flow_model(pl_module))  # the embeddings' noise hook, while training only (T:1537-1538)
         self.hf_event("on_train_begin")
         if self.args.eval_on_start:
             # No plateau-scheduler step and no best-metric update for this one (T:1655-1656, 3294-3331).
@@ -387,11 +390,13 @@ class HFTrainerFlow(EvaluationHooks):
         self.best.load_best(flow_model(pl_module), self.state, trainer.strategy)
         self.saver.finish(trainer, self.state)
         self.hf_event("on_train_end")
+        self.neftune.stop()
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._end_quiet_resume()
         self.saver.end_run(trainer)  # Lightning skips `teardown` after an exception
+        self.neftune.stop()
 
     @override
     def state_dict(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from hf_lightning.args.to_lightning import lightning_trainer_kwargs
 from hf_lightning.checkpointing.checks import output_dir_problem
 from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.checkpointing.run_lock import OutputDirLocked
+from hf_lightning.checkpointing.weight_files import is_adapter_file, weights_file
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, fit_with_batch_search, split_callbacks
 from hf_lightning.parallel.checkpoint import gather_full_weights
 from hf_lightning.prediction_writer import write_predictions
@@ -38,6 +39,7 @@ from hf_lightning.tasks.datamodule import TaskDataModule, splits_for_stage
 from hf_lightning.tasks.generation import write_prediction_texts
 from hf_lightning.tasks.hf_callbacks import build_hf_callbacks
 from hf_lightning.tasks.loading import build_model, label_list_for, load_split, load_tokenizer
+from hf_lightning.tasks.peft_config import apply_peft
 from hf_lightning.tasks.registry import args_for_task, get_task, resolve, task_names
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 
@@ -137,6 +139,11 @@ class HFLightningCLI(LightningCLI):
             help="eval_loss as HF computes it ('samples': sample-weighted mean of batch means) or the mean over "
                  "every label token ('tokens'); the facade's `eval_loss_weighting`.",
         )
+        parser.add_argument(
+            "--peft", type=dict[str, Any] | None, default=None,
+            help="A LoRA adapter on the model: peft.LoraConfig fields, e.g. {r: 8, lora_alpha: 16, target_modules: "
+                 "[c_attn]} (task_type from the task). Needs the peft extra.",
+        )
         parser.add_class_arguments(ModelSpec, "model", instantiate=False, sub_configs=True)
         parser.add_class_arguments(DataSpec, "data", instantiate=False, sub_configs=True)
 
@@ -178,13 +185,16 @@ class HFLightningCLI(LightningCLI):
         if (problem := output_dir_problem(args.resolved_output_dir)) is not None:
             raise ValueError(problem.replace("output_dir=", "args.output_dir="))
         model_values = self._section("model")
+        adapter: str | None = None
         self.ckpt_for_lightning: str | None = self.config_init[sub].get("ckpt_path")
         if sub == "fit":
             self.ckpt_for_lightning = resolve_resume(args, self.ckpt_for_lightning)
             _check_output_dir(args, self.ckpt_for_lightning)  # the flow checks again at fit; here it is one line
         elif self.ckpt_for_lightning and os.path.isdir(self.ckpt_for_lightning):
-            # one of our checkpoint folders: it is a pretrained model directory
-            model_values.update(model_name_or_path=self.ckpt_for_lightning, config_class=None, config_kwargs={})
+            if (found := weights_file(self.ckpt_for_lightning)) is not None and is_adapter_file(found):
+                adapter = self.ckpt_for_lightning  # a PEFT checkpoint: the base from `model`, its adapter on top
+            else:  # one of our checkpoint folders: it is a pretrained model directory
+                model_values.update(model_name_or_path=self.ckpt_for_lightning, config_class=None, config_kwargs={})
             self.ckpt_for_lightning = None
         elif self.ckpt_for_lightning and self.ckpt_for_lightning not in ("best", "last", "hpc", "registry") \
                 and not os.path.isfile(self.ckpt_for_lightning):
@@ -209,7 +219,8 @@ class HFLightningCLI(LightningCLI):
         checks.check_label_values(task, data_spec, raw, labels)
         label2id = {name: i for i, name in enumerate(labels)} if labels is not None else None
         allow_code_from = list(cfg.get("allow_code_from") or [])
-        model = build_model(model_spec, task, tokenizer, labels, allow_code_from)
+        model = apply_peft(build_model(model_spec, task, tokenizer, labels, allow_code_from), cfg.get("peft"),
+                           task.name, adapter)
         checks.check_lengths(task, data_spec, model.config)
         self.datamodule = TaskDataModule(task, data_spec, args, tokenizer, label2id, sub, raw=raw)
 

@@ -26,13 +26,10 @@ from hf_lightning.checkpointing.io import (
     TRAINER_STATE_NAME,
     rng_file_name,
 )
+from hf_lightning.checkpointing.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 
 __all__ = ["CheckpointFiles", "check_checkpoint", "existing_checkpoint_conflict", "last_checkpoint",
            "list_checkpoint_steps", "resolve_checkpoint", "resolve_resume"]
-
-WEIGHT_FILES = (
-    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
-)
 
 
 def list_checkpoint_steps(folder: str | Path) -> dict[int, Path]:
@@ -76,10 +73,11 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
     where = f"resume_from_checkpoint={str(folder)!r}"
     if not folder.is_dir():
         raise FileNotFoundError(f"{where}: no such checkpoint folder.")
-    weights = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
+    weights = weights_file(folder)
     if weights is None:
         raise FileNotFoundError(
-            f"{where}: incomplete checkpoint, the model weights file is missing (expected one of {list(WEIGHT_FILES)})."
+            f"{where}: incomplete checkpoint, the model weights file is missing (expected one of "
+            f"{list(WEIGHT_FILES + ADAPTER_WEIGHT_FILES)})."
         )
     if not (folder / TRAINER_STATE_NAME).is_file():
         raise FileNotFoundError(f"{where}: incomplete checkpoint, {TRAINER_STATE_NAME} is missing.")

@@ -28,9 +28,11 @@ from torch import nn
 
 from hf_lightning._lightning_compat import datamodule_of, grad_scaler
 from hf_lightning.checkpointing import distributed as dist_state
+from hf_lightning.checkpointing.adapters import load_adapter_checkpoint
 from hf_lightning.checkpointing.integrity import damaged_file_error
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME
 from hf_lightning.checkpointing.lightning_state import epoch_geometry, geometry_changes, restore_callback_states
+from hf_lightning.checkpointing.weight_files import is_adapter_file
 from hf_lightning.contracts import FlowDataModule, flow_model
 from hf_lightning.parallel.checkpoint import (
     full_shapes,
@@ -115,9 +117,14 @@ def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_ch
                  ) -> None:
     """Load a checkpoint's weights into `model` (plain, or sharded by `strategy`) after checking they belong to it.
 
+    A PEFT adapter file is loaded into the `PeftModel`'s adapter instead (`checkpointing/adapters.py`).
+
     Raises:
         ValueError: the checkpoint belongs to a different model (names the parameters whose shapes differ).
     """
+    if is_adapter_file(path):
+        load_adapter_checkpoint(model, path, what)
+        return
     saved = read_weights(path, what)
     model_shapes = full_shapes(strategy, model)
     if model_shapes is None:  # FSDP1: the shards do not know the shapes; torch checks them while loading
