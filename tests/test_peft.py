@@ -19,6 +19,10 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
 
 import hf_lightning
+from hf_lightning.checkpointing.folders import tmp_folder
+from hf_lightning.checkpointing.integrity import DamagedCheckpointError, folder_problems
+from hf_lightning.checkpointing.io import finalize_checkpoint
+from hf_lightning.resume.find import check_checkpoint
 from helpers import (
     VOCAB, assert_logs_close, classification_dataset, lm_dataset, stable_log, tiny_bert, tiny_gpt2,
 )
@@ -108,6 +112,36 @@ def test_resume_from_our_peft_checkpoint_is_exact(uninterrupted, tmp_path, step,
     shutil.copytree(root / "ours" / f"checkpoint-{step}", source)
     resumed = run_ours(tmp_path / "resumed", resume=str(source), adapter_seed=99)
     assert_continues_like(resumed, our_run, step, exact=True)
+
+
+def test_peft_checkpoints_pass_the_integrity_checks_and_a_damaged_adapter_is_named(uninterrupted, tmp_path):
+    """A PEFT checkpoint holds `adapter_model.safetensors` instead of `model.safetensors`: the save renames such a
+    folder (and no folder without weights), the resume check accepts it, and a truncated adapter file, at the top or
+    in a named adapter's sub-folder, is named with the previous complete checkpoint (`weight_files.py`)."""
+    root, _, _ = uninterrupted
+    out = tmp_path / "out"
+    for step in (2, 4):
+        shutil.copytree(root / "ours" / f"checkpoint-{step}", out / f"checkpoint-{step}")
+    assert check_checkpoint(out / "checkpoint-4").weights == out / "checkpoint-4" / "adapter_model.safetensors"
+
+    shutil.copytree(out / "checkpoint-4", tmp_folder(out, 6, "run"))
+    assert finalize_checkpoint(out, 6, "run") == out / "checkpoint-6"
+    shutil.copytree(out / "checkpoint-4", tmp_folder(out, 8, "run"))
+    (tmp_folder(out, 8, "run") / "adapter_model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no .*model.safetensors"):
+        finalize_checkpoint(out, 8, "run")
+
+    adapter = out / "checkpoint-4" / "adapter_model.safetensors"
+    adapter.write_bytes(adapter.read_bytes()[:-16])
+    with pytest.raises(DamagedCheckpointError, match=r"adapter_model.safetensors is damaged .*checkpoint-2'"):
+        check_checkpoint(out / "checkpoint-4")
+
+    named = out / "checkpoint-2" / "mine"  # peft's folder for an adapter not named "default"
+    named.mkdir()
+    (named / "adapter_model.safetensors").write_bytes(adapter.read_bytes())
+    assert set(folder_problems(out / "checkpoint-2")) == {"mine/adapter_model.safetensors"}
+    with pytest.raises(DamagedCheckpointError, match=r"mine/adapter_model.safetensors is damaged"):
+        check_checkpoint(out / "checkpoint-2")
 
 
 @pytest.mark.parametrize("writer, resumer", [("ours", "hf"), ("hf", "ours")])
