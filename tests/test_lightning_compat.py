@@ -206,15 +206,18 @@ def test_rank_zero_loggers_carry_lightnings_info_messages():
 
     recorder = _Recorder()
     loggers = compat.rank_zero_loggers()
+    # an earlier test's trainer installed hf_lightning's console filter, which shows the banner once per process:
+    # this test is about Lightning's loggers, so it runs without that filter (restored afterwards)
+    installed = {logger: list(logger.filters) for logger in loggers}
     for logger in loggers:
-        logger.addFilter(recorder)
+        logger.filters = [recorder]
     try:
         pytorch_info("from lightning.pytorch")
         fabric_info("from lightning.fabric")
         _trainer()
     finally:
         for logger in loggers:
-            logger.removeFilter(recorder)
+            logger.filters = installed[logger]
     assert "from lightning.pytorch" in recorder.messages and "from lightning.fabric" in recorder.messages
     assert any(m.startswith("GPU available:") for m in recorder.messages)
 
