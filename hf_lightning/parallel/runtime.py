@@ -35,6 +35,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from hf_lightning.args.parallel import FSDPSettings
 from hf_lightning.checkpointing.distributed import is_sharded
 from hf_lightning.parallel.fsdp2 import shard_model
+from hf_lightning.parallel.strategies import HFFSDP2Strategy
 
 __all__ = ["configure_model_for_strategy", "micro_batch_context", "clip_by_strategy", "deepspeed_step_report",
            "steps_like_a_scheduler"]
@@ -56,7 +57,8 @@ def configure_model_for_strategy(module: pl.LightningModule, model: nn.Module) -
             "is FSDP2 only. Pass `ModelParallelStrategy(data_parallel_size=<processes>, tensor_parallel_size=1)`, "
             "or subclass TransformerModule and apply tensor parallelism in `configure_model`."
         )
-    settings = getattr(strategy, "fsdp_settings", None) or FSDPSettings()
+    # ours carries HF's fsdp_config; a plain ModelParallelStrategy gets the defaults
+    settings = strategy.fsdp_settings if isinstance(strategy, HFFSDP2Strategy) else FSDPSettings()
     shard_model(model, mesh["data_parallel"], settings)
 
 

@@ -46,6 +46,7 @@ from hf_lightning.args.parallel import (
     fsdp_settings,
     load_json_config,
 )
+from hf_lightning.contracts import flow_model
 from hf_lightning.optim import build_scheduler
 
 __all__ = ["HFFSDP2Strategy", "HFDeepSpeedStrategy", "strategy_request", "build_strategy", "adopt_ddp_options"]
@@ -103,7 +104,7 @@ class HFDeepSpeedStrategy(DeepSpeedStrategy):
         trainer = self.lightning_module.trainer
         args = self._hf_args
         config, mismatches = fill_process_stage(self._hf_config, DeepSpeedFill.from_args(args, self.world_size))
-        model = getattr(self.lightning_module, "model", self.lightning_module)
+        model = flow_model(self.lightning_module)  # built from HF's arguments: the flow's module
         steps = int(trainer.max_steps)
         config, more = fill_finalize_stage(config, getattr(model, "config", None), steps, args.get_warmup_steps(steps))
         if mismatches or more:
