@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-from transformers.trainer_pt_utils import find_batch_size
+from transformers.trainer_pt_utils import LabelSmoother, find_batch_size
 
 from hf_lightning.model_wrappers import unwrap_model
 
@@ -26,6 +27,7 @@ __all__ = [
     "count_label_tokens",
     "count_samples",
     "is_causal_lm",
+    "label_smoother",
     "loss_from_outputs",
     "loss_shifts_labels",
     "model_accepts_loss_kwargs",
@@ -107,3 +109,15 @@ def loss_from_outputs(outputs: Any, inputs: Mapping[str, Any]) -> torch.Tensor:
             f"{','.join(inputs.keys())}; check `label_names` and that the dataset has a label column."
         )
     return loss
+
+
+def label_smoother(model: nn.Module, factor: float) -> LabelSmoother | None:
+    """HF's `LabelSmoother` for `label_smoothing_factor`, or None (no smoothing, or a multi-label classifier, where
+    HF's smoother does not apply: disabled with a warning)."""
+    if not factor:
+        return None
+    if getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification":
+        warnings.warn("Label smoothing is not compatible with multi-label classification; disabled.", UserWarning,
+                      stacklevel=3)
+        return None
+    return LabelSmoother(epsilon=factor)

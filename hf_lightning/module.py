@@ -16,14 +16,12 @@ The module implements `hf_lightning.contracts.FlowModule`: `HFTrainerFlow` ends 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
 from torch import nn
-from transformers.trainer_pt_utils import LabelSmoother
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import attached_trainer, callbacks_of, grad_scaler, optimizer_unscales_itself
@@ -37,6 +35,7 @@ from hf_lightning.evaluation import EvalRequest, EvalSettings, EvalStep, hf_pred
 from hf_lightning.loss import (
     count_label_tokens,
     is_causal_lm,
+    label_smoother,
     loss_from_outputs,
     loss_shifts_labels,
     model_accepts_loss_kwargs,
@@ -108,7 +107,7 @@ class TransformerModule(pl.LightningModule):
         self.shift_labels = loss_shifts_labels(model)
         """Whether the model's loss predicts `labels[..., 1:]` (label tokens are counted accordingly)."""
         self.label_names = self.args.label_names if self.args.label_names is not None else find_label_names(model)
-        self.label_smoother = self._make_label_smoother()
+        self.label_smoother = label_smoother(self.model, self.args.label_smoothing_factor)
         config = getattr(model, "config", None)  # any nn.Module is accepted; only HF models have a config
         if config is not None and hasattr(config, "use_cache"):
             config.use_cache = self.args.use_cache  # HF 5 forces args.use_cache onto the config (T:645-646)
@@ -120,15 +119,6 @@ class TransformerModule(pl.LightningModule):
         self._trainable: list[nn.Parameter] | None = None
         self._step_listeners: list[TrainingStepListener] = []
         self._eval_request = EvalRequest()
-
-    def _make_label_smoother(self) -> LabelSmoother | None:
-        if not self.args.label_smoothing_factor:
-            return None
-        if getattr(getattr(self.model, "config", None), "problem_type", None) == "multi_label_classification":
-            warnings.warn("Label smoothing is not compatible with multi-label classification; disabled.", UserWarning,
-                          stacklevel=3)
-            return None
-        return LabelSmoother(epsilon=self.args.label_smoothing_factor)
 
     @override
     def forward(self, **inputs: Any) -> Any:
