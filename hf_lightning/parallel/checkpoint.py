@@ -22,6 +22,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, Strate
 from torch import nn
 
 from hf_lightning.checkpointing import distributed as dist_state
+from hf_lightning.checkpointing.io import write_file
 
 __all__ = ["ENGINE_LATEST", "full_shapes", "gather_full_weights", "load_full_weights", "optimizer_shard_owner",
            "save_engine_state", "load_engine_state", "is_deepspeed"]
@@ -110,7 +111,10 @@ def save_engine_state(strategy: Strategy | None, folder: str | Path, step: int) 
     False (nothing written) for the other strategies."""
     if not isinstance(strategy, DeepSpeedStrategy):
         return False
-    strategy.deepspeed_engine.save_checkpoint(str(folder), tag=f"global_step{step}")
+    engine, tag = strategy.deepspeed_engine, f"global_step{step}"
+    # through the checkpoint writer: a failed write (a full disk) is named and the unfinished folder removed
+    write_file(Path(folder) / tag, lambda _: engine.save_checkpoint(str(folder), tag=tag),
+               what=f"DeepSpeed's engine checkpoint ({tag}/) in {folder}")
     return True
 
 
