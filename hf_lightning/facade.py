@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
 from torch import nn
-from transformers import set_seed
 from transformers.trainer_utils import PredictionOutput, TrainOutput
 from transformers.utils import logging as hf_logging
 
@@ -26,10 +26,18 @@ from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.data.sampling import dataset_length
 from hf_lightning.evaluation import EVAL_LOSS_WEIGHTINGS
-from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, is_hf_callback, split_callbacks
+from hf_lightning.lightning_trainer import (
+    build_flow,
+    build_lightning_trainer,
+    fit_with_batch_search,
+    is_hf_callback,
+    split_callbacks,
+)
 from hf_lightning.metrics import is_streaming_metric
 from hf_lightning.module import TransformerModule
+from hf_lightning.parallel.checkpoint import gather_full_weights
 from hf_lightning.resume.find import resolve_resume
+from hf_lightning.seeding import seed_as_hf
 
 __all__ = ["Trainer"]
 
@@ -111,7 +119,7 @@ class Trainer:
     ) -> None:
         self.args = self._resolve_args(args)
         hf_logging.set_verbosity(self.args.get_process_log_level())  # as HF's Trainer.__init__ does
-        set_seed(self.args.seed)
+        seed_as_hf(self.args)  # `enable_full_determinism` with `full_determinism`, as HF
         if (problem := output_dir_problem(self.args.resolved_output_dir)) is not None:
             raise ValueError(problem)  # here, not at the first save after `save_steps` updates
         if model is None:
@@ -146,7 +154,7 @@ class Trainer:
         hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
         self.flow = build_flow(self.args, hf_callbacks, processing_class)
         self.lightning_kwargs = dict(lightning_kwargs or {})
-        self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs)
+        self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs, model)
         self.lightning_trainer: pl.Trainer | None = None
         """The `lightning.Trainer` of the last `train()` / `evaluate()` / `predict()` call."""
         self.flow.hf_init_end(model)
@@ -212,13 +220,15 @@ class Trainer:
             FileNotFoundError: the checkpoint folder does not exist or is incomplete (names the missing file).
         """
         if self.model_init is not None:
-            set_seed(self.args.seed)
+            seed_as_hf(self.args)
             self.model = self.model_init()
             self.module = self._build_module(self.model)
             self.flow.handler.model = self.model
         resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
-        # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path
-        return self.flow.fit(self._lightning_trainer(), self.module, self.datamodule, resume_from_checkpoint=resume)
+        # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path; with
+        # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch (batch_search.py)
+        return fit_with_batch_search(self.args, resume, lambda: self.flow.fit(
+            self._lightning_trainer(), self.module, self.datamodule, resume_from_checkpoint=resume))
 
     def evaluate(
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
@@ -255,5 +265,6 @@ class Trainer:
         Under FSDP2 call it on every process (the full weights are gathered); the global-zero process writes.
         """
         trainer = self.lightning_trainer
+        gather = partial(gather_full_weights, trainer.strategy) if trainer is not None else None  # FSDP, ZeRO-3
         save_final_model(self.model, output_dir or self.args.resolved_output_dir, self.processing_class, self.args,
-                         is_global_zero=trainer is None or trainer.is_global_zero)
+                         is_global_zero=trainer is None or trainer.is_global_zero, gather=gather)

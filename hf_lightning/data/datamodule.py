@@ -26,6 +26,7 @@ from hf_lightning.data.collate import (
     remove_unused_columns,
     signature_columns,
 )
+from hf_lightning.data.length_grouping import sample_lengths
 from hf_lightning.data.sampling import ContiguousShardSampler, WindowBatchSampler
 
 __all__ = ["TransformerDataModule", "ContiguousShardSampler"]
@@ -102,6 +103,12 @@ class TransformerDataModule(pl.LightningDataModule):
         self.train_sampler: WindowBatchSampler | None = None
         self.resume_position: tuple[int, int] | None = None
         """`(epoch, windows)`: the next train loader starts at that window of that epoch (set on resume, used once)."""
+        self.train_lengths: list[int] | None = None
+        """The training samples' lengths, for `train_sampling_strategy="group_by_length"` (measured in `setup`)."""
+        self._lengths_of: Any = None
+        if self.args.train_sampling_strategy == "group_by_length" and train_dataset is not None:
+            self.train_lengths = self._sample_lengths(train_dataset)  # a bad column is an error now, not at fit
+            self._lengths_of = train_dataset
 
     @staticmethod
     def _named(eval_dataset: Any) -> dict[str, Any] | None:
@@ -119,7 +126,12 @@ class TransformerDataModule(pl.LightningDataModule):
     # ----- column handling -----
     @override
     def setup(self, stage: str) -> None:
-        """Resolve the model's accepted columns and drop the others (HF `remove_unused_columns`)."""
+        """Measure the training samples for `group_by_length`, then resolve the model's accepted columns and drop the
+        others (HF `remove_unused_columns`; a length column is read before it goes)."""
+        if self.args.train_sampling_strategy == "group_by_length" and self.train_dataset is not None \
+                and self._lengths_of is not self.train_dataset:
+            self.train_lengths = self._sample_lengths(self.train_dataset)
+        self._lengths_of = self.train_dataset  # the lengths stay valid for the dataset without the length column
         module = self.trainer.lightning_module if self.trainer is not None else None
         model = getattr(module, "model", None)
         if not self.args.remove_unused_columns or model is None:
@@ -135,6 +147,19 @@ class TransformerDataModule(pl.LightningDataModule):
             }
         if self.predict_dataset is not None:
             self.predict_dataset = remove_unused_columns(self.predict_dataset, self._allowed_columns, "prediction")
+        self._lengths_of = self.train_dataset
+
+    def _sample_lengths(self, dataset: Any) -> list[int]:
+        """`group_by_length`'s lengths (`length_grouping.sample_lengths`); an unsized dataset is refused, where HF
+        warns and reads it in its own order (T:1075-1085)."""
+        if isinstance(dataset, IterableDataset):
+            raise ValueError(
+                "train_sampling_strategy='group_by_length' needs a map-style train dataset; an IterableDataset has "
+                "no lengths to group by and is read in its own order. Use train_sampling_strategy='random', or a "
+                "map-style dataset."
+            )
+        names = getattr(self.processing_class, "model_input_names", None)
+        return sample_lengths(dataset, self.args.length_column_name, names[0] if names else "input_ids")
 
     def _collator(self, dataset: Any) -> Any:
         if self._allowed_columns is not None and not hasattr(dataset, "column_names"):
@@ -185,6 +210,7 @@ class TransformerDataModule(pl.LightningDataModule):
             drop_last=args.dataloader_drop_last,
             world_size=world,
             rank=rank,
+            lengths=self.train_lengths if args.train_sampling_strategy == "group_by_length" else None,
         )
         if self.resume_position is not None:
             # O(1) resume: the sampler slices the epoch's order at the window, no skipped batch is loaded

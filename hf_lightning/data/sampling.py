@@ -5,7 +5,8 @@ pure function of `(seed, epoch, dataset size, batch size, world size, rank)`, so
 window of any epoch by slicing, without iterating the skipped data (O(1) in the number of skipped batches).
 
 - The permutation is `torch.randperm(n, generator=manual_seed(seed + epoch))`: what accelerate's
-  `SeedableRandomSampler` draws for the HF Trainer (seed = `data_seed` or `seed`).
+  `SeedableRandomSampler` draws for the HF Trainer (seed = `data_seed` or `seed`). With sample lengths
+  (`group_by_length`), HF's length grouping of that permutation (`length_grouping.py`).
 - Sharding across processes reproduces accelerate's `BatchSamplerShard` with `even_batches=True`: batch `i` goes to
   rank `i % world_size`, and the tail is completed with samples from the start so every rank has as many batches.
 - Windows hold `gradient_accumulation_steps` micro-batches; the last window of an epoch may be shorter (T:1862-1872).
@@ -15,11 +16,13 @@ Evaluation and prediction order: `ContiguousShardSampler` gives each rank one co
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import Sampler
+
+from hf_lightning.data.length_grouping import length_grouped_order
 
 __all__ = [
     "ContiguousShardSampler", "WindowBatchSampler", "dataset_length", "epoch_order", "shard_batches", "split_window",
@@ -108,6 +111,7 @@ class WindowBatchSampler(Sampler[list[int]]):
         drop_last: drop the last incomplete micro-batch of each epoch.
         world_size: number of processes.
         rank: this process.
+        lengths: the samples' lengths for `group_by_length` order (None: `shuffle` decides).
     """
 
     def __init__(
@@ -120,8 +124,10 @@ class WindowBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         world_size: int = 1,
         rank: int = 0,
+        lengths: Sequence[int] | None = None,
     ) -> None:
         self.num_samples = num_samples
+        self.lengths = lengths
         self.batch_size = batch_size
         self.accumulation = accumulation
         self.seed = seed
@@ -145,7 +151,11 @@ class WindowBatchSampler(Sampler[list[int]]):
 
     def microbatches(self, epoch: int | None = None) -> list[list[int]]:
         """This rank's micro-batches of `epoch` (default: the current one)."""
-        order = epoch_order(self.num_samples, self.seed, self.epoch if epoch is None else epoch, self.shuffle)
+        epoch = self.epoch if epoch is None else epoch
+        if self.lengths is not None:  # HF groups windows of `batch_size * accumulation` samples (T:1100-1105)
+            order = length_grouped_order(self.lengths, self.batch_size * self.accumulation, self.seed, epoch)
+        else:
+            order = epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
         return shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last)
 
     def num_microbatches(self) -> int:
