@@ -46,9 +46,13 @@ TIERS = {
     "test_units.py": "unit",
     "test_where_things_live.py": "unit",
     "test_best_metric_check.py": "parity",
+    "test_activation_checkpointing.py": "parity",
     "test_callback_events.py": "parity",
     "test_checkpoint_rotation.py": "parity",
+    "test_compile.py": "parity",
     "test_data.py": "parity",
+    "test_strategies.py": "parity",
+    "test_deepspeed_config.py": "parity",
     "test_early_stopping.py": "parity",
     "test_examples.py": "parity",
     "test_eval_parity.py": "parity",
@@ -56,6 +60,8 @@ TIERS = {
     "test_hf_console.py": "parity",
     "test_grad_accumulation.py": "parity",
     "test_hp_search.py": "parity",
+    "test_fp16_on_cpu.py": "parity",
+    "test_length_grouping.py": "parity",
     "test_module.py": "parity",
     "test_numerics.py": "parity",
     "test_optim.py": "parity",
@@ -65,6 +71,11 @@ TIERS = {
     "test_overrides_parity.py": "parity",
     "test_resume_hf_interchange.py": "parity",
     "test_rng_order_parity.py": "parity",
+    "test_padding_free.py": "parity",
+    "test_neftune.py": "parity",
+    "test_peft.py": "parity",
+    "test_frozen_layers.py": "parity",
+    "test_run_options.py": "parity",
     "test_schedule_parity.py": "parity",
     "test_script_api.py": "parity",
     "test_seq2seq_parity.py": "parity",
@@ -78,10 +89,12 @@ TIERS = {
     "test_cli_checks.py": "e2e",
     "test_configs_learn.py": "e2e",
     "test_console_output.py": "e2e",
+    "test_cli_peft.py": "e2e",
     "test_evaluation.py": "e2e",
     "test_faults.py": "e2e",
     "test_final_save.py": "e2e",
     "test_generation_decoder_only.py": "e2e",
+    "test_gpu.py": "e2e",
     "test_notebook_generation.py": "e2e",
     "test_notebooks.py": "e2e",
     "test_permissions.py": "e2e",
@@ -111,6 +124,7 @@ DISTRIBUTED = {
     "test_final_save.py::test_cli_fit_saves_the_gathered_model_under_fsdp2",
     "test_readme_examples.py::test_bash_blocks_run_in_order_with_few_updates",  # the README's DDP line
     "test_readme_examples.py::test_bash_blocks_run_exactly_as_written",
+    "test_length_grouping.py::test_two_processes_train_on_their_shards_of_the_grouped_order",
 }
 """Files, or `file::test` names, whose tests spawn 2 processes."""
 
@@ -120,6 +134,7 @@ SLOW = {
     "test_faults.py::test_sigkill_during_saves_and_rotations_many",
     "test_faults.py::test_two_runs_started_together_never_mix",
     "test_readme_examples.py::test_bash_blocks_run_exactly_as_written",
+    "test_compile.py::test_the_default_inductor_backend_trains_like_eager",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 

@@ -241,8 +241,8 @@ def test_rank_zero_loggers_carry_lightnings_info_messages():
     recorder = _Recorder()
     loggers = compat.rank_zero_loggers()
     for logger in loggers:
-        # first, before hf_lightning's console filter (installed by any earlier fit in this process), which shows the
-        # device banner once per process and would hide it from a recorder placed after it
+        # first in line: hf_lightning's console filter (installed by any earlier fit in this process) drops a
+        # device banner it has shown once, and a filter returning False stops the filters after it
         logger.filters.insert(0, recorder)
     try:
         pytorch_info("from lightning.pytorch")

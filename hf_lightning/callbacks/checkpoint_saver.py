@@ -51,6 +51,7 @@ from hf_lightning.checkpointing.rotation import final_cleanup, select_for_deleti
 from hf_lightning.checkpointing.run_lock import RunLock
 from hf_lightning.contracts import flow_model
 from hf_lightning.hf_messages import logger as log
+from hf_lightning.parallel.checkpoint import gather_full_weights, optimizer_shard_owner, save_engine_state
 
 __all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
 
@@ -165,14 +166,15 @@ class CheckpointSaver:
                epoch_ending: bool = False, skip_callbacks: Sequence[Any] = ()) -> None:
         """Write `tmp-checkpoint-<step>-<run>` from every rank, then rename it on rank 0 once all ranks are done.
 
-        Rank 0 writes the shared files, every rank its own RNG file; under FSDP2 the full weights are gathered and
-        the optimizer shards written by all ranks (collectives). Only the rename makes the folder a checkpoint. A
-        failed write (e.g. a full disk) removes the unfinished folder and raises `CheckpointWriteError`.
+        Rank 0 writes the shared files, every rank its own RNG file; under FSDP the full weights are gathered and
+        the optimizer shards written by all ranks, under DeepSpeed the engine's checkpoint (collectives,
+        `parallel/checkpoint.py`). Only the rename makes the folder a checkpoint. A failed write (e.g. a full disk)
+        removes the unfinished folder and raises `CheckpointWriteError`.
         """
         run = self._run_id()
         tmp = tmp_folder(self.output_dir, step, run)
         try:
-            self._write_files(trainer, pl_module, state, tmp, epoch_ending, skip_callbacks)
+            self._write_files(trainer, pl_module, state, step, tmp, epoch_ending, skip_callbacks)
         except CheckpointWriteError:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -180,7 +182,7 @@ class CheckpointSaver:
             finalize_checkpoint(self.output_dir, step, run, self.lock.check_held if self.lock else None,
                                 durable=self.durable)
 
-    def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, tmp: Path,
+    def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int, tmp: Path,
                      epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
         model = flow_model(pl_module)
         world, rank, zero = trainer.world_size, trainer.global_rank, trainer.is_global_zero
@@ -194,20 +196,21 @@ class CheckpointSaver:
         if self.save_model is not None:
             self.save_model(str(tmp))  # every rank, as HF's `_save_checkpoint` calls `save_model`
         else:
-            full_state = dist_state.full_model_state_dict(model)  # collective under FSDP2, None otherwise
+            full_state = gather_full_weights(strategy, model)  # collective under FSDP / ZeRO-3, None otherwise
             if zero:
                 save_model_files(model, tmp, self.processing_class, state_dict=full_state)
                 torch_save(self.saved_args if self.saved_args is not None else self.args, tmp / "training_args.bin")
         if not self.args.save_only_model:
             optimizer = trainer.optimizers[0] if trainer.optimizers else None
             optimizer = getattr(optimizer, "optimizer", optimizer)
-            sharded = optimizer is not None and dist_state.is_sharded(model)
-            if sharded and optimizer is not None:
-                dist_state.save_sharded_optimizer(model, optimizer, tmp / SHARDED_OPTIMIZER_DIR)
+            owner = optimizer_shard_owner(strategy, model)
+            if owner is not None and optimizer is not None:
+                dist_state.save_sharded_optimizer(owner, optimizer, tmp / SHARDED_OPTIMIZER_DIR)
+            engine = save_engine_state(strategy, tmp, step)  # DeepSpeed: optimizer and master weights
             if zero:
                 scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
                 write_training_files(
-                    tmp, optimizer=None if sharded else optimizer, scheduler=scheduler,
+                    tmp, optimizer=None if owner is not None or engine else optimizer, scheduler=scheduler,
                     scaler=grad_scaler(trainer),
                     lightning_state=capture_lightning_state(trainer, epoch_ending, skip_callbacks,
                                                             geometry=epoch_geometry(trainer, self.args)),

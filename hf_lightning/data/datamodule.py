@@ -39,6 +39,7 @@ from hf_lightning.data.collate import (
     remove_unused_columns,
     signature_columns,
 )
+from hf_lightning.data.length_grouping import sample_lengths
 from hf_lightning.data.sampling import (
     ContiguousShardSampler,
     EpochSampler,
@@ -98,6 +99,10 @@ class TransformerDataModule(pl.LightningDataModule):
         self._fit_loader: Any = None
         self.resume_position: tuple[int, int] | None = None
         """`(epoch, windows)`: the next train loader starts at that window of that epoch (set on resume, used once)."""
+        self.train_lengths: list[int] | None = None
+        """The training samples' lengths, for `train_sampling_strategy="group_by_length"` (measured in `setup`)."""
+        self._lengths_of: Any = None
+        self._train_lengths()  # a bad length column is an error now, not at fit
 
     @staticmethod
     def _named(eval_dataset: Any) -> dict[str, Any] | None:
@@ -120,9 +125,33 @@ class TransformerDataModule(pl.LightningDataModule):
     # ----- column handling -----
     @override
     def setup(self, stage: str) -> None:
-        """Resolve the columns the model accepts (HF `remove_unused_columns`); every loader drops the others, as HF's
-        `_get_dataloader` does, and the datasets themselves stay as given (HF's `trainer.train_dataset` is too)."""
+        """Measure the training samples for `group_by_length` (once per train dataset), then resolve the columns the
+        model accepts (HF `remove_unused_columns`); every loader drops the others, as HF's `_get_dataloader` does, and
+        the datasets themselves stay as given (HF's `trainer.train_dataset` is too), so a length column is still
+        there to be read."""
+        self._train_lengths()
         self._resolve_columns()
+
+    def _train_lengths(self) -> list[int] | None:
+        """The train dataset's lengths for `group_by_length` (None for another order), measured once per dataset."""
+        if self.args.train_sampling_strategy != "group_by_length" or self.train_dataset is None:
+            return None
+        if self._lengths_of is not self.train_dataset:
+            self.train_lengths = self._sample_lengths(self.train_dataset)
+            self._lengths_of = self.train_dataset
+        return self.train_lengths
+
+    def _sample_lengths(self, dataset: Any) -> list[int]:
+        """`group_by_length`'s lengths (`length_grouping.sample_lengths`); an unsized dataset is refused, where HF
+        warns and reads it in its own order (T:1075-1085)."""
+        if isinstance(dataset, IterableDataset):
+            raise ValueError(
+                "train_sampling_strategy='group_by_length' needs a map-style train dataset; an IterableDataset has "
+                "no lengths to group by and is read in its own order. Use train_sampling_strategy='random', or a "
+                "map-style dataset."
+            )
+        names = getattr(self.processing_class, "model_input_names", None)
+        return sample_lengths(dataset, self.args.length_column_name, names[0] if names else "input_ids")
 
     def _resolve_columns(self) -> None:
         module = self.trainer.lightning_module if self.trainer is not None else None
@@ -146,6 +175,12 @@ class TransformerDataModule(pl.LightningDataModule):
         """The next fit asks for a new train loader (HF calls `get_train_dataloader` once per `train()`)."""
         if stage == "fit":
             self._fit_loader = None
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        """A failed fit (Lightning skips `teardown` then) leaves no loader behind: `auto_find_batch_size` fits again
+        with a smaller batch and must get a new one."""
+        self._fit_loader = None
 
     # ----- distribution -----
     def _world(self) -> tuple[int, int]:
@@ -247,13 +282,19 @@ class TransformerDataModule(pl.LightningDataModule):
                                        loaders._get_eval_sampler)
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Sampler | None:
-        """HF's training order (T:1071-1145): the seeded `seed + epoch` permutation, or sequential; None if unsized."""
+        """HF's training order (T:1071-1145): the seeded `seed + epoch` permutation, sequential, or length-grouped in
+        groups of `train_batch_size * gradient_accumulation_steps` (HF's `LengthGroupedSampler`); None if unsized."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         size = dataset_length(dataset)
         if size is None:
             return None
-        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        return EpochSampler(size, seed, shuffle=self.args.train_sampling_strategy == "random")
+        args = self.args
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        lengths = self._train_lengths()
+        if lengths is not None and len(lengths) != size:  # another dataset than `train_dataset`
+            lengths = self._sample_lengths(dataset)
+        return EpochSampler(size, seed, shuffle=args.train_sampling_strategy == "random", lengths=lengths,
+                            group_size=args.per_device_train_batch_size * args.gradient_accumulation_steps)
 
     def _get_eval_sampler(self, eval_dataset: Any) -> Sampler | None:
         """Evaluation order: this process's contiguous, unpadded block of the dataset (None if unsized)."""
@@ -293,7 +334,7 @@ class TransformerDataModule(pl.LightningDataModule):
         drop_last = self.args.dataloader_drop_last
         if isinstance(sampler, EpochSampler):
             return WindowBatchSampler(len(dataset), batch_size, 1, sampler.seed, sampler.shuffle, drop_last, world,
-                                      rank)
+                                      rank, lengths=sampler.lengths, group_size=sampler.group_size)
         if sampler is None:
             sampler = range(len(dataset))
         return OrderBatchSampler(sampler, batch_size, drop_last, world, rank)
