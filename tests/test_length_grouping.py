@@ -120,7 +120,9 @@ def test_the_length_column_decides_even_when_remove_unused_columns_drops_it(tmp_
     data = data.remove_columns("length").add_column("length", claimed)
     trainer, seen = train(tmp_path / "out", data, max_steps=1)
     assert trainer.datamodule.train_lengths == claimed
-    assert "length" not in trainer.datamodule.train_dataset.column_names  # dropped afterwards, as HF drops it
+    # the loader drops it afterwards, as HF's does; the dataset itself stays as given (HF's `train_dataset` too)
+    assert "length" not in trainer.get_train_dataloader().dataset.column_names
+    assert "length" in trainer.train_dataset.column_names
     assert seen[0] == hf_order(claimed, 4, 7, 0)[:2]
     measured, _ = train(tmp_path / "measured", token_rows().remove_columns("length"), max_steps=1)
     assert measured.datamodule.train_lengths == token_rows()["length"]
