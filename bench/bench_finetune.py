@@ -16,8 +16,8 @@ weights in every runner (fixed seed).
   padded), `flat` (random order, `DataCollatorWithFlattening`: no padding at all). Reported: real (non-padding)
   tokens per second and the gain over `random`.
 - `--part compile`: full fine-tuning of the model on fixed-length data through `ours`, eager vs `torch_compile=True`
-  (inductor, its on-disk caches off so the compile is a cold one). Reported: the first update's time (compiling
-  happens there) and the steady updates/s after the warm-up (speed-up).
+  (inductor, its on-disk caches off and a fresh cache folder per run, so the compile is a cold one). Reported: the
+  first update's time (compiling happens there) and the steady updates/s after the warm-up (speed-up).
 
 Timing is `common.py`'s (steady rate over the updates after the warm-up, `StepTimer` at each update's end). The
 variants of a repeat run interleaved, in an order rotated every repeat, or with `--lockstep` in separate processes
@@ -46,6 +46,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (  # noqa: E402
     SEED,
+    ContentionMeter,
     RunResult,
     StepTimer,
     add_common_flags,
@@ -209,10 +210,14 @@ def compile_run(variant: str, steps: int, warmup: int, output_dir: str) -> RunRe
 
         inductor.fx_graph_cache = False  # a cold compile: what a first run pays
         inductor.autotune_local_cache = False
+        # The C++ kernels inductor builds are also cached on disk (by source hash) whatever `fx_graph_cache` says:
+        # without a fresh cache folder per run, a second repeat reuses the first one's kernels (44 s -> 15 s here).
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(output_dir, "inductor-cache")
     extra = {"torch_compile": True} if variant == "compiled" else {}
     result, timer = _train_ours(variant, llama(lora=False), fixed_rows(steps * BATCH), steps, warmup, output_dir,
                                 **extra)
-    result.extra.update(first_update_s=timer.times[0] - timer.starts[0])
+    result.extra.update(first_update_s=timer.times[0] - timer.starts[0],
+                        slowest_timed_update_s=max(timer._durations(warmup)))
     return result
 
 
@@ -236,7 +241,10 @@ def run_part(part: str, opts: argparse.Namespace) -> dict[str, list[RunResult]]:
         partials = [_bind(runners[name], steps, warmup) for name in order]
         if opts.lockstep:
             wait_for_quiet(opts.max_others, opts.quiet_wait)
-            got = run_lockstep(partials, opts.threads)
+            with ContentionMeter(children=True) as meter:  # the whole repeat, runner processes counted as ours
+                got = run_lockstep(partials, opts.threads)
+            for result in got:
+                result.others_share = meter.others_share
         else:
             got = [run_isolated(p, opts.threads, opts.quiet_wait, opts.max_others) for p in partials]
         for name, result in zip(order, got):
