@@ -69,6 +69,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.trainer.overrides": 0,
     # L1: torch / transformers helpers
     "hf_lightning.args.readme_map": 1,
+    "hf_lightning.callbacks.tokens_seen": 1,
     "hf_lightning.callbacks.train_log": 1,
     "hf_lightning.checkpointing.adapters": 1,
     "hf_lightning.checkpointing.distributed": 1,

@@ -46,6 +46,7 @@ from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import HFEvaluator
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
 from hf_lightning.callbacks.loop_steps import HFLoopSteps
+from hf_lightning.callbacks.tokens_seen import InputTokensSeen
 from hf_lightning.callbacks.train_log import (
     FlopsCounter,
     TrainLossTracker,
@@ -98,6 +99,7 @@ class HFTrainerFlow(HFLoopSteps):
         self.loss = TrainLossTracker(args.logging_nan_inf_filter)
         self.neftune = NEFTune(args.neftune_noise_alpha)
         self.flos = FlopsCounter()
+        self.tokens = InputTokensSeen(str(args.include_num_input_tokens_seen))  # normalised
         self.resume_from_checkpoint: str | bool | None = None
         self._eval_listeners: list[HFEvaluationListener] = []
         self._epoch_index = 0
@@ -219,6 +221,7 @@ class HFTrainerFlow(HFLoopSteps):
             self._restorer.restore_trainer_state(self, trainer, self.plan.max_steps, self.plan.num_train_epochs)
         self.loss.start(pl_module.device, trainer.global_step)
         self.flos.current = 0.0
+        self.tokens.start(self.state)
         self._start_steps(trainer, pl_module)
         self._announce_training(trainer, flow_model(pl_module), self._restorer.position if self._restorer else None)
         self.handler.optimizer = trainer.optimizers[0] if trainer.optimizers else None
@@ -279,6 +282,9 @@ class HFTrainerFlow(HFLoopSteps):
         window = [batch] if isinstance(batch, Mapping) else list(batch)
         self.loss.add(update.micro_losses, self.state.global_step, update.label_tokens)
         self.count_flos(flow_model(pl_module), window)
+        self.tokens.add_window(self.state, window, flow_model(pl_module),
+                               getattr(self.handler.processing_class, "pad_token_id", None), trainer.strategy,
+                               pl_module.device)
         # every earlier window of the epoch is full, so this also holds after a mid-epoch resume
         micro_done = batch_idx * self.args.gradient_accumulation_steps + len(window)
         self.state.global_step = trainer.global_step

@@ -22,6 +22,7 @@ from hf_lightning.callbacks.best_model import BestModelTracker
 from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import EvaluationHooks
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
+from hf_lightning.callbacks.tokens_seen import InputTokensSeen
 from hf_lightning.callbacks.train_log import FlopsCounter, TrainLossTracker, UpdateReport, tensorboard_tag
 from hf_lightning.contracts import HFLoopHooks, flow_model
 from hf_lightning.data.windows import is_sized, num_examples
@@ -48,6 +49,7 @@ class HFLoopSteps(EvaluationHooks):
     best: BestModelTracker
     loss: TrainLossTracker
     flos: FlopsCounter
+    tokens: InputTokensSeen
     owner: HFLoopHooks | None = None
     ignore_keys_for_eval: list[str] | None = None
     _train_start: float = 0.0
@@ -155,17 +157,18 @@ class HFLoopSteps(EvaluationHooks):
         """HF's `Trainer.log`: the owner's when there is one, else `record_log` (not named `log`: Lightning sets
         `log` on every callback to the module's)."""
         if self.owner is None:
-            self.record_log(trainer, logs)
+            self.record_log(trainer, logs, start_time)
         elif start_time is not None:  # HF passes `start_time` for the training-loss entry only
             self.owner.log(logs, start_time)
         else:
             self.owner.log(logs)
 
-    def record_log(self, trainer: pl.Trainer | None, logs: dict[str, Any]) -> None:
-        """The built-in `Trainer.log` (T:4181-4203): add `epoch`, append to `log_history` with `step`, `on_log`, write
-        to the Lightning loggers with HF's TensorBoard tag names."""
+    def record_log(self, trainer: pl.Trainer | None, logs: dict[str, Any], start_time: float | None = None) -> None:
+        """The built-in `Trainer.log` (T:4181-4203): add `epoch` and `num_input_tokens_seen` (tokens_seen.py), append
+        to `log_history` with `step`, `on_log`, write to the Lightning loggers with HF's TensorBoard tag names."""
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
+        self.tokens.annotate(logs, self.state, start_time)
         self.state.log_history.append({**logs, "step": self.state.global_step})
         self.hf_event("on_log", logs=logs)
         numeric = {

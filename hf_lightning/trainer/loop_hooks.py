@@ -84,7 +84,7 @@ class LoopHooks:
     # ----- the loop's methods -----
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """HF's `log`: add `epoch`, append to `state.log_history`, call the callbacks' `on_log`, write to loggers."""
-        self.flow.record_log(self.lightning_trainer, logs)
+        self.flow.record_log(self.lightning_trainer, logs, start_time)
 
     def _maybe_log_save_evaluate(
         self, tr_loss: Any, grad_norm: Any, model: nn.Module, trial: Any, epoch: float,
