@@ -202,13 +202,13 @@ def test_conversion_accepts_hf_none_and_json_scheduler_kwargs(tmp_path):
 def test_conversion_lists_every_unsupported_field_in_one_error(tmp_path):
     hf = transformers.TrainingArguments(
         output_dir=str(tmp_path), eval_use_gather_object=True, use_liger_kernel=True, debug="underflow_overflow",
-        include_num_input_tokens_seen=True, learning_rate=1e-3,
+        save_on_each_node=True, learning_rate=1e-3,
     )
     with pytest.raises(ValueError) as info:
         from_hf_training_arguments(hf)
     message = str(info.value)
     for fragment in ("`eval_use_gather_object`=True", "`use_liger_kernel`=True", "`debug`=",
-                     "`include_num_input_tokens_seen`='all'", "gather Python objects", "DebugUnderflowOverflow"):
+                     "`save_on_each_node`=True", "gather Python objects", "DebugUnderflowOverflow"):
         assert fragment in message
     assert message.count("\n  * ") == 4  # one line per field, each saying what to do instead
     assert "learning_rate" not in message  # supported fields are never reported

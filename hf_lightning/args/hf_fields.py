@@ -66,8 +66,16 @@ def normalise_hf_fields(args: TrainingArguments, issues: list[str]) -> None:
         args.torch_compile_backend = "inductor"
     if args.disable_tqdm is None:  # HF: off unless transformers logs less than warnings
         args.disable_tqdm = logging.getLogger("transformers").getEffectiveLevel() > logging.WARN
-    if isinstance(args.include_num_input_tokens_seen, bool):
-        args.include_num_input_tokens_seen = "all" if args.include_num_input_tokens_seen else "no"
+    tokens_seen = args.include_num_input_tokens_seen
+    if isinstance(tokens_seen, str) and tokens_seen.lower() in ("true", "false"):  # a command line's spelling
+        tokens_seen = tokens_seen.lower() == "true"
+    if isinstance(tokens_seen, bool):
+        tokens_seen = "all" if tokens_seen else "no"
+    args.include_num_input_tokens_seen = tokens_seen
+    # HF documents these three and counts every other string like "all" (T:2711-2740); a typo is refused here
+    if tokens_seen not in ("all", "non_padding", "no"):
+        issues.append(f"`include_num_input_tokens_seen`={tokens_seen!r} is not valid; allowed: all, non_padding, no, "
+                      "True, False.")
     if not args.debug:  # "" and [] both mean no debug feature, as in HF
         args.debug = ""
     if args.eval_strategy != "no":

@@ -23,7 +23,6 @@ UNSUPPORTED: dict[str, str] = {
     "tf32": "set `torch.backends.cuda.matmul.allow_tf32` (or `torch.set_float32_matmul_precision`) yourself",
     "use_liger_kernel": "apply the Liger kernels to the model yourself",
     "liger_kernel_config": "apply the Liger kernels to the model yourself",
-    "include_num_input_tokens_seen": "count tokens in a callback yourself",
     "project": _TRACKIO,
     "trackio_space_id": _TRACKIO,
     "trackio_bucket_id": _TRACKIO,
@@ -58,6 +57,9 @@ DIFFERENCES: dict[str, str] = {
             "there (Lightning would switch to bf16); `trainer.precision` / `lightning_kwargs[\"precision\"]` wins",
     "use_cpu": "sets Lightning `accelerator=\"cpu\"`",
     "disable_tqdm": "switches Lightning's progress bar",
+    "include_num_input_tokens_seen": "`all`, `non_padding`, `no`, True, False only (HF counts any other string like "
+                                     "`all`; a typo is refused here); the count is reduced once per update, not per "
+                                     "micro-batch",
     "report_to": "default `tensorboard` (HF: `none`); `tensorboard`, `csv` (ours), `wandb`, `mlflow`, `comet_ml` "
                  "become Lightning loggers fed HF's log entries at HF's steps (a missing package is one error "
                  "naming it); "
