@@ -81,6 +81,7 @@ TIERS = {
     "test_seq2seq_parity.py": "parity",
     "test_seq2seq_eval_loss.py": "parity",
     "test_tensorboard.py": "parity",
+    "test_tokens_seen.py": "parity",
     "test_train_parity.py": "parity",
     "test_trainer_attributes.py": "parity",
     "test_checkpoint.py": "e2e",
@@ -113,11 +114,12 @@ TIERS = {
     "test_ddp.py": "distributed",
     "test_evaluation_ddp.py": "distributed",
     "test_generation_ddp.py": "distributed",
+    "test_tokens_seen_ddp.py": "distributed",
 }
 """The tier of each test file."""
 
 DISTRIBUTED = {
-    "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py",
+    "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py", "test_tokens_seen_ddp.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
     "test_faults.py::test_under_ddp_a_busy_output_dir_stops_every_rank",
     "test_cli.py::test_ddp_fit_from_the_command_line",
