@@ -114,3 +114,4 @@ def test_count_input_tokens_follows_hfs_rule(caplog):
         assert count_input_tokens({"input_ids": ids}, "input_ids", "non_padding", None) == 6  # HF's fallback
     assert "falling back to counting all tokens" in caplog.text
     assert count_input_tokens({"pixel_values": ids}, "input_ids", "all", None) is None
+    assert count_input_tokens((ids, ids), "input_ids", "all", None) is None

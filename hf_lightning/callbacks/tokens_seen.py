@@ -23,13 +23,13 @@ __all__ = ["InputTokensSeen", "count_input_tokens"]
 log = logging.getLogger(__name__)
 
 
-def count_input_tokens(batch: Mapping[str, Any], main_input: str, mode: str, pad_token_id: int | None
-                       ) -> torch.Tensor | int | None:
-    """The input tokens of one micro-batch under `mode` (`all` / `non_padding`), None if `main_input` is absent.
+def count_input_tokens(batch: Any, main_input: str, mode: str, pad_token_id: int | None) -> torch.Tensor | int | None:
+    """The input tokens of one micro-batch under `mode` (`all` / `non_padding`), None if `main_input` is absent (or
+    the micro-batch is not a mapping of named inputs).
 
     When `non_padding` cannot tell padding apart, every token is counted, with HF's warning (HF logs it for every
     micro-batch, so do we)."""
-    ids = batch.get(main_input)
+    ids = batch.get(main_input) if isinstance(batch, Mapping) else None
     if ids is None or not hasattr(ids, "numel"):
         return None
     if mode == "non_padding":
@@ -63,7 +63,7 @@ class InputTokensSeen:
         """At `train()` start, after a resume restored the state: this call's tokens/s counts from here (T:1642)."""
         self.initial = state.num_input_tokens_seen
 
-    def add_window(self, state: Any, window: Sequence[Mapping[str, Any]], model: Any, pad_token_id: int | None,
+    def add_window(self, state: Any, window: Sequence[Any], model: Any, pad_token_id: int | None,
                    strategy: Any, device: torch.device) -> None:
         """Add one update's input tokens of every process to `state.num_input_tokens_seen`.
 
