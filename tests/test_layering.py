@@ -178,7 +178,7 @@ LAZY = {
     "hf_lightning.args.process": DEFERRED_UPWARD["hf_lightning.args.process"][1],
     "hf_lightning.args.report_to": DEFERRED_UPWARD["hf_lightning.args.report_to"][1],
     "hf_lightning.args.hf_fields": "kept as written by the arguments code",
-    "hf_lightning.data.datamodule": "`datasets` (pandas, pyarrow) only to shard an iterable dataset across processes",
+    "hf_lightning.data.sampling": "`datasets` (pandas, pyarrow) only to shard an iterable dataset across processes",
     "hf_lightning.hf_messages": "HF's notebook progress bar needs IPython: imported only inside a notebook",
     "hf_lightning.prediction_writer": "pyarrow only for the per-sample table",
     "hf_lightning.hp_search": "optuna (an extra) only when a search runs",

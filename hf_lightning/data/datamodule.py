@@ -39,13 +39,14 @@ from hf_lightning.data.collate import (
     remove_unused_columns,
     signature_columns,
 )
-from hf_lightning.data.length_grouping import sample_lengths
+from hf_lightning.data.length_grouping import refuse_unsized, sample_lengths
 from hf_lightning.data.sampling import (
     ContiguousShardSampler,
     EpochSampler,
     OrderBatchSampler,
     WindowBatchSampler,
     dataset_length,
+    split_by_node,
 )
 from hf_lightning.data.windows import EagerWindows, EpochLoader, LazyWindow, WindowStream, is_sized
 
@@ -144,12 +145,7 @@ class TransformerDataModule(pl.LightningDataModule):
     def _sample_lengths(self, dataset: Any) -> list[int]:
         """`group_by_length`'s lengths (`length_grouping.sample_lengths`); an unsized dataset is refused, where HF
         warns and reads it in its own order (T:1075-1085)."""
-        if isinstance(dataset, IterableDataset):
-            raise ValueError(
-                "train_sampling_strategy='group_by_length' needs a map-style train dataset; an IterableDataset has "
-                "no lengths to group by and is read in its own order. Use train_sampling_strategy='random', or a "
-                "map-style dataset."
-            )
+        refuse_unsized(dataset)
         names = getattr(self.processing_class, "model_input_names", None)
         return sample_lengths(dataset, self.args.length_column_name, names[0] if names else "input_ids")
 
@@ -315,7 +311,7 @@ class TransformerDataModule(pl.LightningDataModule):
         drop_last = self.args.dataloader_drop_last
         if isinstance(dataset, IterableDataset):
             if is_training and world > 1:
-                dataset = self._split_by_node(dataset, world, rank)
+                dataset = split_by_node(dataset, world, rank)
             loader_class = EpochLoader if is_training else DataLoader
             return loader_class(dataset, batch_size=batch_size, collate_fn=collate, drop_last=drop_last, **kwargs)
         sampler = sampler_fn(dataset) if sampler_fn is not None else None
@@ -338,20 +334,6 @@ class TransformerDataModule(pl.LightningDataModule):
         if sampler is None:
             sampler = range(len(dataset))
         return OrderBatchSampler(sampler, batch_size, drop_last, world, rank)
-
-    @staticmethod
-    def _split_by_node(dataset: Any, world: int, rank: int) -> Any:
-        """A `datasets.IterableDataset` split across processes by node (a torch one cannot be)."""
-        # `datasets` (with pandas and pyarrow) only for this case: importing the data module stays light
-        from datasets import IterableDataset as HFIterable
-        from datasets.distributed import split_dataset_by_node
-
-        if not isinstance(dataset, HFIterable):
-            raise ValueError(
-                "A torch IterableDataset cannot be sharded across processes by hf_lightning; use a "
-                "`datasets.IterableDataset` or a map-style dataset for `train_dataset` under DDP."
-            )
-        return split_dataset_by_node(dataset, rank=rank, world_size=world)
 
     # ----- Lightning's loaders -----
     def train_loader(self) -> Any:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-__all__ = ["length_grouped_order", "sample_lengths"]
+__all__ = ["length_grouped_order", "refuse_unsized", "sample_lengths"]
 
 
 def sample_lengths(dataset: Any, length_column: str, model_input_name: str) -> list[int]:
@@ -60,3 +60,17 @@ def length_grouped_order(lengths: Sequence[int], group_batch_size: int, seed: in
     generator = torch.Generator()
     generator.manual_seed(seed + epoch)
     return [int(i) for i in get_length_grouped_indices(list(lengths), group_batch_size, generator=generator)]
+
+
+def refuse_unsized(dataset: Any) -> None:
+    """Refuse `group_by_length` over an `IterableDataset`, where HF warns and reads it in its own order (T:1075-1085).
+
+    Raises:
+        ValueError: `dataset` is a torch `IterableDataset` (a `datasets` one included).
+    """
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        raise ValueError(
+            "train_sampling_strategy='group_by_length' needs a map-style train dataset; an IterableDataset has "
+            "no lengths to group by and is read in its own order. Use train_sampling_strategy='random', or a "
+            "map-style dataset."
+        )

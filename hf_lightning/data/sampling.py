@@ -31,7 +31,7 @@ from hf_lightning.data.length_grouping import length_grouped_order
 
 __all__ = [
     "ContiguousShardSampler", "EpochSampler", "OrderBatchSampler", "WindowBatchSampler", "dataset_length",
-    "epoch_order", "shard_batches",
+    "epoch_order", "shard_batches", "split_by_node",
 ]
 
 
@@ -295,3 +295,21 @@ class ContiguousShardSampler(Sampler[int]):
         if self.order is None:
             return iter(range(self.start, self.stop))
         return iter([int(i) for i in self.order][self.start:self.stop])
+
+
+def split_by_node(dataset: Any, world: int, rank: int) -> Any:
+    """A `datasets.IterableDataset` split across processes by node (a torch one cannot be).
+
+    Raises:
+        ValueError: `dataset` is a torch `IterableDataset`, not a `datasets` one.
+    """
+    # `datasets` (with pandas and pyarrow) only for this case: importing the data modules stays light
+    from datasets import IterableDataset as HFIterable
+    from datasets.distributed import split_dataset_by_node
+
+    if not isinstance(dataset, HFIterable):
+        raise ValueError(
+            "A torch IterableDataset cannot be sharded across processes by hf_lightning; use a "
+            "`datasets.IterableDataset` or a map-style dataset for `train_dataset` under DDP."
+        )
+    return split_dataset_by_node(dataset, rank=rank, world_size=world)
