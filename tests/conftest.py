@@ -7,13 +7,16 @@ Every test gets one tier marker from its file (`TIERS`), plus `distributed` / `s
   rule against HF's own implementation of it.
 - `e2e`: whole runs through the public entry points (facade, CLI, notebooks, quickstart, resume, checkpoints).
 - `distributed`: spawns 2 real processes (gloo on CPU); a test is marked by `DISTRIBUTED` or by its decorator.
-- `slow`: the long end-to-end runs (notebooks, quickstart, processes killed mid-save), by `SLOW`.
+- `slow`: the long end-to-end runs (notebooks, quickstart, processes killed mid-save, the heaviest script and fault
+  runs), by `SLOW`. What is neither slow nor distributed is the fast tier; keep it under 3 minutes on 2 idle cores
+  with `-n 2` (pytest-xdist): a new test that takes more than a few seconds goes to `SLOW` when a quicker test of
+  the same behaviour stays in the fast tier.
 - `gpu`: needs a CUDA device (skipped without one).
 
 How to run (README "Tests"):
 
     python -m pytest -q                                        # everything (what .ci/run runs)
-    python -m pytest -m "not slow and not distributed" -q      # the fast tier, for development
+    python -m pytest -m "not slow and not distributed" -n 2 -q  # the fast tier (about 2 min on 2 idle cores)
     python -m pytest -m unit -q                                # one tier
     python -m pytest -m slow -q                                # only the long runs
 
@@ -137,6 +140,14 @@ SLOW = {
     "test_faults.py::test_two_runs_started_together_never_mix",
     "test_readme_examples.py::test_bash_blocks_run_exactly_as_written",
     "test_compile.py::test_the_default_inductor_backend_trains_like_eager",
+    # the heaviest single-process runs (5 to 27 s each on an idle 2-core machine), kept out of the fast tier: each
+    # behaviour they cover has a quicker test there (locks, faults, example parity, README python blocks, CLI configs)
+    "test_configs_learn.py",
+    "test_faults.py::test_sigkill_during_saves_and_rotations_short",
+    "test_faults.py::test_a_second_run_on_a_busy_output_dir_is_refused_naming_the_first",
+    "test_examples.py::test_rerunning_a_command_into_its_output_dir_resumes_as_hf",
+    "test_examples.py::test_resume_from_checkpoint_continues_the_run",
+    "test_readme_examples.py::test_python_blocks_run_as_written",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 
