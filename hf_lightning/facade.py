@@ -33,7 +33,7 @@ from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.data.sampling import dataset_length
 from hf_lightning.evaluation import EVAL_LOSS_WEIGHTINGS, EvalRequest
-from hf_lightning.hf_messages import console_callback, logger
+from hf_lightning.hf_messages import MAX_STEPS_OVERRIDE, console_callback, logger
 from hf_lightning.hp_search import HyperparameterSearchMixin
 from hf_lightning.lightning_trainer import (
     build_flow,
@@ -191,6 +191,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
             model = self.call_model_init()
         _check_arguments(self.args, train_dataset, eval_dataset, compute_metrics, eval_loss_weighting, optimizers,
                          optimizer_cls_and_kwargs, model_init)
+        if self.args.max_steps > 0 and self.args.num_train_epochs > 0:
+            logger.info(MAX_STEPS_OVERRIDE)
         self.eval_loss_weighting = eval_loss_weighting
         self.processing_class = processing_class
         self.compute_metrics = compute_metrics
