@@ -300,13 +300,24 @@ class ContentionMeter:
     """How much of the machine *other* processes used while a block ran: `(machine busy - ours) / (wall * cores)`.
 
     0 means the benchmark had the machine to itself; 0.5 on 2 cores means others kept one core busy throughout.
+    With `children=True`, "ours" also counts the CPU time of child processes the block started and waited for
+    (the runner processes of `lockstep.run_lockstep`, joined before it returns).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, children: bool = False) -> None:
         self.others_share: float | None = None
+        self.children = children
+
+    def _ours(self) -> float:
+        if not self.children:
+            return time.process_time()
+        import resource
+
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + usage.ru_utime + usage.ru_stime
 
     def __enter__(self) -> ContentionMeter:
-        self._busy, self._ours, self._wall = _busy_cpu_seconds(), time.process_time(), time.perf_counter()
+        self._busy, self._ours_start, self._wall = _busy_cpu_seconds(), self._ours(), time.perf_counter()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -314,7 +325,7 @@ class ContentionMeter:
         if busy is None or self._busy is None:
             return
         wall = time.perf_counter() - self._wall
-        ours = time.process_time() - self._ours
+        ours = self._ours() - self._ours_start
         self.others_share = max(0.0, (busy - self._busy - ours) / (wall * (os.cpu_count() or 1)))
 
 

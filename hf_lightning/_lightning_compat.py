@@ -13,8 +13,9 @@ Why `lightning>=2.6,<2.7` (pyproject.toml): the names used below (`_TrainingEpoc
 `_LoggerConnector._first_loop_iter`, `_EvaluationLoop._combined_loader`, `_TrainingEpochLoop._batches_that_stepped` /
 `_restarting`, the progress trackers' counters, `_AcceleratorConnector.use_distributed_sampler`,
 `LightningModule._trainer`, `lightning.pytorch.utilities.imports._RICH_AVAILABLE`, the `rank_zero` logger names, the
-`_pytree` module, and torch's `Optimizer._step_supports_amp_scaling` that Lightning reads too) are private and may
-change in any minor release. Raise the upper bound only after tests/test_lightning_compat.py passes on the new series.
+`_pytree` module, `DDPStrategy._ddp_kwargs` / `_process_group_backend` / `_timeout`, and torch's
+`Optimizer._step_supports_amp_scaling` that Lightning reads too) are private and may change in any minor release.
+Raise the upper bound only after tests/test_lightning_compat.py passes on the new series.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ __all__ = [
     "rich_progress_bar_available",
     "reload_validation_data",
     "run_validation_now",
+    "set_ddp_options",
     "set_loop_position",
     "set_step_budget",
     "uses_distributed_sampler",
@@ -217,3 +219,16 @@ def ignore_internal_deprecation_warnings() -> None:
     raises them (the same warning from the user's code still shows). Installs process-wide warning filters."""
     for message, module in _INTERNAL_DEPRECATIONS:
         warnings.filterwarnings("ignore", message=message, category=FutureWarning, module=module)
+
+
+def set_ddp_options(strategy: Any, ddp_kwargs: dict[str, Any], backend: str | None, timeout: Any) -> None:
+    """Give the `DDPStrategy` Lightning chose by itself (`strategy="auto"` with several processes) HF's DDP options.
+
+    Lightning builds that strategy with its defaults; its constructor arguments are kept in `_ddp_kwargs` (read when
+    the model is wrapped), `_process_group_backend` and `_timeout` (read when the process group starts), all before
+    `fit` runs. `backend` None keeps Lightning's choice for the device.
+    """
+    strategy._ddp_kwargs = {**strategy._ddp_kwargs, **ddp_kwargs}
+    if backend is not None:
+        strategy._process_group_backend = backend
+    strategy._timeout = timeout

@@ -14,6 +14,10 @@ is removed by name, so every other message and warning still reaches the user:
   (`_lightning_compat.ignore_internal_deprecation_warnings`);
 - Lightning's "predict returned None if it was on purpose, ignore this warning..." is dropped: `predict_step`
   returns None by design (predictions are gathered by `HFTrainerFlow`, as HF's `predict` does);
+- DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it." is
+  dropped: with deepspeed installed, every checkpoint's `save_pretrained` imports it (accelerate's
+  `extract_model_from_parallel`), and on a CPU run that does not use DeepSpeed the line is about nothing the run
+  does (a DeepSpeed strategy needs a GPU, where the line does not appear);
 - transformers' "Writing model shards" progress bars are switched off while a checkpoint is written
   (`checkpointing/io.py` `quiet_save_progress`): they broke the training bar at every save;
 - the progress bar (`callbacks/progress_bar.py`) shows updates, the training loss and the latest evaluation's
@@ -38,7 +42,10 @@ _BANNER_PREFIXES = ("GPU available:", "TPU available:", "HPU available:", "LOCAL
 _DROPPED = (
     re.compile(r"💡 Tip: .*litlogger"),
     re.compile(r"`Trainer\.fit` stopped: `max_steps=\d+` reached\."),
+    re.compile(r"^Setting accelerator to CPU\. If you have GPU or other accelerator, we were unable to detect it\."),
 )
+_DEEPSPEED_LOGGER = "DeepSpeed"
+"""The logger of `deepspeed.utils.logging` (its accelerator detection logs through it)."""
 _IGNORED_WARNINGS = (r"predict returned None if it was on purpose",)
 _RUNTIME_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second")
 
@@ -66,7 +73,7 @@ _FILTER = _LightningInfoFilter()
 
 def install_console_filters() -> None:
     """Install the filters of the module docstring (idempotent; called whenever a `lightning.Trainer` is built)."""
-    for logger in rank_zero_loggers():
+    for logger in [*rank_zero_loggers(), logging.getLogger(_DEEPSPEED_LOGGER)]:
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
     for message in _IGNORED_WARNINGS:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers.trainer_pt_utils import find_batch_size, nested_detach, nested_numpify
+from transformers.trainer_pt_utils import nested_detach, nested_numpify
 from transformers.trainer_utils import EvalPrediction, speed_metrics
 
 from hf_lightning.evaluation import (
@@ -36,7 +36,7 @@ from hf_lightning.evaluation import (
     concat_padded,
     prefix_metrics,
 )
-from hf_lightning.loss import count_label_tokens
+from hf_lightning.loss import count_label_tokens, count_samples
 from hf_lightning.metrics import EvalBatch, as_streaming_metrics
 
 __all__ = ["EvalAccumulator", "EvaluationRun"]
@@ -102,7 +102,7 @@ class EvalAccumulator:
     def add(self, batch: Mapping[str, Any], step: EvalStep) -> None:
         """Record one batch's `prediction_step` output."""
         loss, logits, labels = step.loss, step.logits, step.labels
-        batch_size = find_batch_size(batch) or 1
+        batch_size = count_samples(batch)  # the sequences of a padding-free batch, not its one row
         self.num_batches += 1
         self.num_samples += batch_size
         if loss is not None:

@@ -15,12 +15,12 @@ import inspect
 import json
 import os
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ProgressBar
 from torch import nn
-from transformers import set_seed
 from transformers.trainer_utils import PredictionOutput, TrainOutput
 from transformers.utils import logging as hf_logging
 
@@ -33,13 +33,21 @@ from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.data.sampling import dataset_length
 from hf_lightning.evaluation import EVAL_LOSS_WEIGHTINGS, EvalRequest
-from hf_lightning.hf_messages import console_callback, logger
+from hf_lightning.hf_messages import MAX_STEPS_OVERRIDE, console_callback, logger
 from hf_lightning.hp_search import HyperparameterSearchMixin
-from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, is_hf_callback, split_callbacks
+from hf_lightning.lightning_trainer import (
+    build_flow,
+    build_lightning_trainer,
+    fit_with_batch_search,
+    is_hf_callback,
+    split_callbacks,
+)
 from hf_lightning.metrics import is_streaming_metric
 from hf_lightning.module import TransformerModule
+from hf_lightning.parallel.checkpoint import gather_full_weights
 from hf_lightning.resume.find import resolve_resume
 from hf_lightning.script_api import ScriptApiMixin
+from hf_lightning.seeding import seed_as_hf
 from hf_lightning.trainer.data_hooks import DataHooks
 from hf_lightning.trainer.loop_hooks import LoopHooks
 from hf_lightning.trainer.overrides import METRIC_SOURCES, check_overrides, deepspeed_refusals, overridden_methods
@@ -178,7 +186,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
                              "model files are written by your save_model while training waits, so the save would not "
                              "run in the background. Use save_async=False, or remove the save_model override.")
         hf_logging.set_verbosity(self.args.get_process_log_level())  # as HF's Trainer.__init__ does
-        set_seed(self.args.seed)
+        seed_as_hf(self.args)  # `enable_full_determinism` with `full_determinism`, as HF
         if (problem := output_dir_problem(self.args.resolved_output_dir)) is not None:
             raise ValueError(problem)  # here, not at the first save after `save_steps` updates
         self.model_init = model_init
@@ -188,6 +196,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
             model = self.call_model_init()
         _check_arguments(self.args, train_dataset, eval_dataset, compute_metrics, eval_loss_weighting, optimizers,
                          optimizer_cls_and_kwargs, model_init)
+        if self.args.max_steps > 0 and self.args.num_train_epochs > 0:
+            logger.info(MAX_STEPS_OVERRIDE)
         self.eval_loss_weighting = eval_loss_weighting
         self.processing_class = processing_class
         self.compute_metrics = compute_metrics
@@ -201,7 +211,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
         self.datamodule.loader_owner = self
         self._eval_dataset = eval_dataset
         hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
-        self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs)
+        self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs, model)
         # One progress bar: HF's console (its log dicts printed by its printer, or written above its progress bar),
         # unless `lightning_kwargs` / `callbacks` ask for Lightning's bar (callbacks/progress_bar.py) instead
         lightning_callbacks = [*self._lightning_callbacks, *_as_list(self._trainer_kwargs)]
@@ -301,15 +311,16 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
         self.is_in_train = True
         try:
             if self.model_init is not None:
-                set_seed(self.args.seed)  # as HF, before building the model (T:1484-1492)
+                seed_as_hf(self.args)  # as HF, before building the model (T:1484-1492)
                 model = self.call_model_init(self._trial)  # the trial during `hyperparameter_search` (hp_search.py)
                 self.module = self._build_module(model)  # a fresh optimizer and scheduler (T:1489)
                 self.flow.handler.model = model
             resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
             self.flow.ignore_keys_for_eval = ignore_keys_for_eval
-            # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path
-            return self.flow.fit(self._lightning_trainer(), self.module, self.datamodule,
-                                 resume_from_checkpoint=resume)
+            # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path; with
+            # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch (batch_search.py)
+            return fit_with_batch_search(self.args, resume, lambda: self.flow.fit(
+                self._lightning_trainer(), self.module, self.datamodule, resume_from_checkpoint=resume))
         finally:
             self.is_in_train = False
             self.flow.ignore_keys_for_eval = None
@@ -364,4 +375,6 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
         is_zero = trainer is None or trainer.is_global_zero
         if is_zero:
             logger.info(f"Saving model checkpoint to {folder}")
-        save_final_model(self.model, folder, self.processing_class, self.passed_args, is_global_zero=is_zero)
+        gather = partial(gather_full_weights, trainer.strategy) if trainer is not None else None  # FSDP, ZeRO-3
+        save_final_model(self.model, folder, self.processing_class, self.passed_args, is_global_zero=is_zero,
+                         gather=gather)

@@ -1,12 +1,12 @@
 """The messages `transformers.Trainer` logs, with its words, through its logger (`transformers.trainer`, INFO).
 
 An HF user sees them as in HF (e.g. with `log_level="info"`, or `transformers.logging.set_verbosity_info()`):
-the "***** Running training *****" header (T:1618-1628), the resume lines (T:1630-1638) and "Loading model from ..."
-(T:3659), the evaluation header (T:2949-2954), "Saving model checkpoint to ..." (T:4141), "Training completed..."
-(T:1995), "Loading best model from ... (score: ...)." (T:3737), "Deleting older checkpoint [...] due to
-args.save_total_limit" (T:2027, the final cleanup only: HF's rotation during training logs nothing). The log dicts
-printed to the console come from HF's own `PrinterCallback` / `ProgressCallback` (`console_callback`), which the
-`Trainer` facade installs as HF does (T:599).
+"max_steps is given, ..." at construction (T:727), the "***** Running training *****" header (T:1618-1628), the
+resume lines (T:1630-1638) and "Loading model from ..." (T:3659), the evaluation header (T:2949-2954), "Saving
+model checkpoint to ..." (T:4141), "Training completed..." (T:1995), "Loading best model from ... (score: ...)."
+(T:3737), "Deleting older checkpoint [...] due to args.save_total_limit" (T:2027, the final cleanup only: HF's
+rotation during training logs nothing). The log dicts printed to the console come from HF's own `PrinterCallback` /
+`ProgressCallback` (`console_callback`), which the `Trainer` facade installs as HF does (T:599).
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ __all__ = ["console_callback", "evaluation_header", "logger", "resume_lines", "t
 
 logger = hf_logging.get_logger("transformers.trainer")
 """HF's Trainer logger: a `transformers` user's logging settings apply to these messages as to HF's."""
+
+MAX_STEPS_OVERRIDE = "max_steps is given, it will override any value given in num_train_epochs"
+"""Logged at construction when both are set (T:726-727)."""
 
 TRAINING_COMPLETED = "\n\nTraining completed. Do not forget to share your model on huggingface.co/models =)\n\n"
 

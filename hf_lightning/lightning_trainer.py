@@ -7,18 +7,27 @@ so a behaviour cannot exist in one of them only.
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ProgressBar
 from transformers import TrainerCallback
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.parallel import StrategyRequest
+from hf_lightning.batch_search import run_with_batch_search
 from hf_lightning.callbacks.flow import HFTrainerFlow
 from hf_lightning.callbacks.progress_bar import progress_bar
 from hf_lightning.console import install_console_filters
+from hf_lightning.device_cache import empty_device_cache
+from hf_lightning.parallel.strategies import adopt_ddp_options, build_strategy
 
-__all__ = ["is_hf_callback", "split_callbacks", "build_flow", "build_lightning_trainer"]
+__all__ = ["is_hf_callback", "split_callbacks", "build_flow", "build_lightning_trainer", "fit_with_batch_search"]
+
+T = TypeVar("T")
 
 
 def is_hf_callback(callback: Any) -> bool:
@@ -44,9 +53,10 @@ def build_lightning_trainer(
 ) -> pl.Trainer:
     """`lightning.Trainer` with the flow first, then the user's callbacks (also those in `trainer_kwargs`).
 
-    `trainer_kwargs` is the output of `args.to_lightning.lightning_trainer_kwargs`. Unless a progress bar is given
-    or disabled, hf_lightning's bar is added (`callbacks/progress_bar.py`); `console.install_console_filters` keeps
-    the output to the bar, the summary and real warnings.
+    `trainer_kwargs` is the output of `args.to_lightning.lightning_trainer_kwargs`; its `StrategyRequest` (HF's
+    strategy fields) becomes a fresh Lightning strategy here, one per trainer. Unless a progress bar is given or
+    disabled, hf_lightning's bar is added (`callbacks/progress_bar.py`); `console.install_console_filters` keeps the
+    output to the bar, the summary and real warnings.
     """
     install_console_filters()
     kwargs = dict(trainer_kwargs)
@@ -55,4 +65,37 @@ def build_lightning_trainer(
     callbacks = [flow, *lightning_callbacks, *extra]
     if kwargs.get("enable_progress_bar", True) and not any(isinstance(cb, ProgressBar) for cb in callbacks):
         callbacks.append(progress_bar())
-    return pl.Trainer(callbacks=callbacks, **kwargs)
+    request = kwargs.get("strategy")
+    if isinstance(request, StrategyRequest):
+        kwargs["strategy"] = build_strategy(request)
+    trainer = pl.Trainer(callbacks=callbacks, **kwargs)
+    if isinstance(request, StrategyRequest):
+        adopt_ddp_options(trainer.strategy, request)
+    return trainer
+
+
+def fit_with_batch_search(args: TrainingArguments, resume: str | bool | None, fit: Callable[[], T]) -> T:
+    """`fit()` once, or with `auto_find_batch_size` again from the start with a smaller per-device batch after each
+    out-of-memory error (`batch_search.py`). `fit` must build a fresh `lightning.Trainer` on every call.
+
+    `args.per_device_train_batch_size` holds the size being tried during the runs (the data module, the state and
+    DeepSpeed read it) and gets the user's value back afterwards; `state.train_batch_size` records the size that fit.
+    A resumed run starts from the checkpoint's `train_batch_size`, as HF's.
+    """
+    if not args.auto_find_batch_size:
+        return fit()
+    start = args.per_device_train_batch_size
+    state_file = os.path.join(resume, "trainer_state.json") if isinstance(resume, str) else None
+    if state_file is not None and os.path.isfile(state_file):
+        with open(state_file) as f:
+            start = json.load(f).get("train_batch_size") or start
+    original = args.per_device_train_batch_size
+
+    def attempt(batch_size: int) -> T:
+        args.per_device_train_batch_size = batch_size
+        return fit()
+
+    try:
+        return run_with_batch_search(attempt, start, lambda: empty_device_cache(collect_garbage=True))
+    finally:
+        args.per_device_train_batch_size = original

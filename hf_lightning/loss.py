@@ -1,14 +1,17 @@
 """Loss helpers of the HF Trainer: label counting for `num_items_in_batch`, model introspection, loss extraction.
 
-- `model_accepts_loss_kwargs` (T:515-528) and `loss_shifts_labels` (T:543-545) inspect the model once.
+- `model_accepts_loss_kwargs` (T:515-528) and `loss_shifts_labels` (T:543-545) inspect the model once (the
+  transformers model inside compile / DDP / PEFT wrappers, as HF: `model_wrappers.unwrap_model`).
 - `count_label_tokens` is HF's `_get_num_items_in_batch` for one micro-batch (T:2281-2359): `labels != -100`, over
   `labels[..., 1:]` for causal-LM losses, or `shift_labels` when the collator provides it.
+- `count_samples` is the number of samples of a batch, padding-free (flattened) batches included.
 - `loss_from_outputs` is the tail of `Trainer.compute_loss` (T:2194-2200), with HF's error naming the output keys.
 """
 
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,24 +19,20 @@ import torch
 from torch import nn
 from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.trainer_pt_utils import LabelSmoother, find_batch_size
+
+from hf_lightning.model_wrappers import unwrap_model
 
 __all__ = [
     "count_label_tokens",
+    "count_samples",
     "is_causal_lm",
+    "label_smoother",
     "loss_from_outputs",
     "loss_shifts_labels",
     "model_accepts_loss_kwargs",
     "unwrap_model",
 ]
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The user's model inside DDP / compile wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
 
 
 def model_accepts_loss_kwargs(model: nn.Module) -> bool:
@@ -76,6 +75,21 @@ def count_label_tokens(inputs: Mapping[str, Any], shift: bool) -> torch.Tensor |
     return labels.ne(-100).sum()
 
 
+def count_samples(batch: Mapping[str, Any]) -> int:
+    """The samples in one collated batch: its first dimension (HF's `find_batch_size`), except for a padding-free
+    batch (`DataCollatorWithFlattening`: one row of concatenated sequences whose `position_ids` restart at 0 at each
+    sequence), which holds as many samples as sequences. HF weights an eval batch's loss by
+    `per_device_eval_batch_size` samples (the last one by the rest of the dataset, T:2998-3000), which is the number
+    of sequences in a flattened batch too; 1 per row would weigh a batch of 4 sequences like one of 3.
+    """
+    position_ids = batch.get("position_ids")
+    main = next((v for v in batch.values() if torch.is_tensor(v) and v.dim() >= 1), None)
+    if torch.is_tensor(position_ids) and position_ids.dim() == 2 and position_ids.shape[0] == 1 \
+            and main is not None and main.shape[0] == 1:
+        return max(int(position_ids.eq(0).sum()), 1)
+    return int(find_batch_size(dict(batch)) or 1)
+
+
 def loss_from_outputs(outputs: Any, inputs: Mapping[str, Any]) -> torch.Tensor:
     """`outputs["loss"]` (dict-like) or `outputs[0]` (tuple); HF's error when a dict output has no loss."""
     if isinstance(outputs, Mapping) and "loss" not in outputs:
@@ -95,3 +109,15 @@ def loss_from_outputs(outputs: Any, inputs: Mapping[str, Any]) -> torch.Tensor:
             f"{','.join(inputs.keys())}; check `label_names` and that the dataset has a label column."
         )
     return loss
+
+
+def label_smoother(model: nn.Module, factor: float) -> LabelSmoother | None:
+    """HF's `LabelSmoother` for `label_smoothing_factor`, or None (no smoothing, or a multi-label classifier, where
+    HF's smoother does not apply: disabled with a warning)."""
+    if not factor:
+        return None
+    if getattr(getattr(model, "config", None), "problem_type", None) == "multi_label_classification":
+        warnings.warn("Label smoothing is not compatible with multi-label classification; disabled.", UserWarning,
+                      stacklevel=3)
+        return None
+    return LabelSmoother(epsilon=factor)

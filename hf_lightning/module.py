@@ -16,26 +16,32 @@ The module implements `hf_lightning.contracts.FlowModule`: `HFTrainerFlow` ends 
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping
-from contextlib import nullcontext
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch.strategies import ParallelStrategy
 from torch import nn
-from torch.optim.lr_scheduler import LRScheduler
-from transformers.trainer_pt_utils import LabelSmoother
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import attached_trainer, callbacks_of, grad_scaler, optimizer_unscales_itself
+from hf_lightning.activation_checkpointing import enable_activation_checkpointing
 from hf_lightning.args import TrainingArguments
 from hf_lightning.contracts import TrainingStepListener, TrainingStepOutput
 from hf_lightning.data.collate import find_label_names
+from hf_lightning.device_cache import should_empty_cache
 from hf_lightning.eval_run import EvalAccumulator
 from hf_lightning.evaluation import EvalRequest, EvalSettings, EvalStep
-from hf_lightning.loss import loss_shifts_labels, model_accepts_loss_kwargs
+from hf_lightning.loss import label_smoother, loss_shifts_labels, model_accepts_loss_kwargs
+from hf_lightning.model_wrappers import without_compile
 from hf_lightning.module_hooks import HFHooksModule, WindowContext
+from hf_lightning.parallel.runtime import (
+    clip_by_strategy,
+    configure_model_for_strategy,
+    deepspeed_step_report,
+    micro_batch_context,
+    steps_like_a_scheduler,
+)
+from hf_lightning.torch_compile import model_to_call
 
 __all__ = ["TransformerModule"]
 
@@ -91,8 +97,8 @@ class TransformerModule(HFHooksModule):
         if not isinstance(model, nn.Module):
             raise TypeError(f"`model` must be a torch.nn.Module (a PreTrainedModel), got {type(model).__name__}.")
         self.automatic_optimization = False
-        self.model = model
         self.args = args if args is not None else TrainingArguments()
+        self.model = without_compile(model)  # what is saved, loaded and inspected (HF's `Trainer.model`)
         self.compute_loss_func = compute_loss_func
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
@@ -110,48 +116,40 @@ class TransformerModule(HFHooksModule):
         self.shift_labels = loss_shifts_labels(model)
         """Whether the model's loss predicts `labels[..., 1:]` (label tokens are counted accordingly)."""
         self.label_names = self.args.label_names if self.args.label_names is not None else find_label_names(model)
-        self.label_smoother = self._make_label_smoother()
+        self.label_smoother = label_smoother(self.model, self.args.label_smoothing_factor)
         config = getattr(model, "config", None)  # any nn.Module is accepted; only HF models have a config
         if config is not None and hasattr(config, "use_cache"):
             config.use_cache = self.args.use_cache  # HF 5 forces args.use_cache onto the config (T:645-646)
-        if self.args.gradient_checkpointing:
-            enable = getattr(model, "gradient_checkpointing_enable", None)  # a PreTrainedModel (or PEFT) method
-            if not callable(enable):
-                raise ValueError(
-                    f"`gradient_checkpointing`=True needs a model with `gradient_checkpointing_enable()` (a "
-                    f"transformers PreTrainedModel); {type(model).__name__} has none. Set gradient_checkpointing=False "
-                    "or enable checkpointing in the model yourself."
-                )
-            enable()
+        enable_activation_checkpointing(self.model, self.args)
+        # HF's `model_wrapped` (see the property), kept out of the registered modules: it shares `model`'s parameters
+        self.__dict__["_compiled"] = model_to_call(model, self.args)
         self._epoch_stop_requested = False
         self._grad_norm: torch.Tensor | None = None
         self._trainable: list[nn.Parameter] | None = None
         self._step_listeners: list[TrainingStepListener] = []
         self._eval_request = EvalRequest()
 
-    def _make_label_smoother(self) -> LabelSmoother | None:
-        if not self.args.label_smoothing_factor:
-            return None
-        if getattr(getattr(self.model, "config", None), "problem_type", None) == "multi_label_classification":
-            warnings.warn("Label smoothing is not compatible with multi-label classification; disabled.", UserWarning,
-                          stacklevel=3)
-            return None
-        return LabelSmoother(epsilon=self.args.label_smoothing_factor)
-
     @override
     def forward(self, **inputs: Any) -> Any:
         """Calls the wrapped model."""
-        return self.model(**inputs)
+        return self.model_wrapped(**inputs)
+
+    @property
+    def model_wrapped(self) -> nn.Module:
+        """HF's `model_wrapped`, what the steps call: the compiled model when compiling, else `model`."""
+        compiled = self.__dict__.get("_compiled")
+        return compiled if compiled is not None and without_compile(compiled) is self.model else self.model
 
     def _normalisation(self, window: list[Mapping[str, Any]]) -> tuple[torch.Tensor | None, WindowContext]:
         """`(num_items_in_batch, the update's WindowContext)`: the window's label tokens and whether the loss is
         already normalised over the window."""
+        empty_cache = should_empty_cache(self.trainer.global_step, self.args.torch_empty_cache_steps)
         if len(window) == 1 and self._plain_model_loss and self.trainer.world_size == 1:
             # One micro-batch on one process: the token-weighted window mean is the model's own mean loss, so
             # skip the count and the rescale (they cost a few kernels per update on small models).
-            return None, WindowContext(1, True)
+            return None, WindowContext(1, True, empty_cache)
         num_items = self.hooks._get_num_items_in_batch(window, self.device)
-        return num_items, WindowContext(len(window), self.loss_is_scaled(num_items))
+        return num_items, WindowContext(len(window), self.loss_is_scaled(num_items), empty_cache)
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> TrainingStepOutput:
@@ -168,7 +166,6 @@ class TransformerModule(HFHooksModule):
             raise TypeError(f"TransformerModule steps one optimizer; configure_optimizers returned {len(optimizer)}.")
         micro_losses: list[torch.Tensor] = []
         strategy = self.trainer.strategy
-        block_sync = strategy.block_backward_sync if isinstance(strategy, ParallelStrategy) else nullcontext
         self._grad_norm = None
         hooks = self.hooks
 
@@ -177,9 +174,9 @@ class TransformerModule(HFHooksModule):
             for i, micro in enumerate(window):
                 last = i == len(window) - 1
                 self._micro_index = i
-                # Gradients are all-reduced once per update: skip the sync on every micro-batch but the last.
-                with block_sync() if not last else nullcontext():
-                    loss = hooks.training_step(self.model, dict(micro), num_items)
+                # Gradients are all-reduced once per update: no sync on every micro-batch but the last.
+                with micro_batch_context(strategy, last):
+                    loss = hooks.training_step(self.model_wrapped, dict(micro), num_items)
                 # HF logs what `training_step` returns (with a process-global count: the share times the world
                 # size, averaged over processes at log time, which is the global mean)
                 micro_losses.append(torch.as_tensor(loss).detach().reshape(()))
@@ -196,18 +193,17 @@ class TransformerModule(HFHooksModule):
         else:
             learning_rate = self._current_lr(optimizer, scheduler)
         skipped = scaler is not None and scaler.get_scale() < scale_before
+        engine_report = deepspeed_step_report(strategy)  # DeepSpeed clips and skips inside its step
+        if engine_report is not None:
+            self._grad_norm, skipped = engine_report  # type: ignore[assignment]  # a float or a tensor
         self._step_skipped = skipped
         # a plateau scheduler is stepped after evaluations, on the eval metric (callbacks/best_model.py)
-        if isinstance(scheduler, LRScheduler) and not skipped and not self._is_plateau(scheduler):
-            scheduler.step()
+        if steps_like_a_scheduler(scheduler) and not skipped:
+            scheduler.step()  # type: ignore[union-attr]  # checked by steps_like_a_scheduler
         optimizer.zero_grad()
         stacked = torch.stack(micro_losses)
         return {"loss": stacked.sum(), "micro_losses": stacked, "grad_norm": self._grad_norm,
                 "learning_rate": learning_rate, "label_tokens": num_items}
-
-    @staticmethod
-    def _is_plateau(scheduler: Any) -> bool:
-        return isinstance(scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 
     def current_learning_rate(self) -> float:
         """HF's `_get_learning_rate`: the scheduler's last LR (a plateau scheduler: the optimizer's)."""
@@ -215,7 +211,7 @@ class TransformerModule(HFHooksModule):
 
     def _current_lr(self, optimizer: Any, scheduler: Any) -> float:
         """The LR the update just used (HF reads it after `optimizer.step()`, before `scheduler.step()`)."""
-        if isinstance(scheduler, LRScheduler) and not self._is_plateau(scheduler):
+        if steps_like_a_scheduler(scheduler):
             return float(scheduler.get_last_lr()[0])
         return float(optimizer.param_groups[0]["lr"])
 
@@ -227,7 +223,10 @@ class TransformerModule(HFHooksModule):
         # true gradients now
         if scaler is not None and optimizer_unscales_itself(optimizer):
             scaler.unscale_(optimizer)
-        if self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:
+        handled, norm = clip_by_strategy(self.trainer.strategy, self.args.max_grad_norm)  # FSDP1, DeepSpeed
+        if handled:
+            self._grad_norm = norm
+        elif self.args.max_grad_norm is not None and self.args.max_grad_norm > 0:
             # `clip_grad_norm_` itself skips parameters without a gradient
             self._grad_norm = torch.nn.utils.clip_grad_norm_(self._trainable_params(), self.args.max_grad_norm)
         else:
@@ -274,6 +273,12 @@ class TransformerModule(HFHooksModule):
             self._epoch_stop_requested = False
             return -1
         return None
+
+    @override
+    def configure_model(self) -> None:
+        """Under a `ModelParallelStrategy` (e.g. from HF's `fsdp`): FSDP2 sharding per layer, then the root
+        (`parallel/runtime.py`). Call `super().configure_model()` when overriding it for something else."""
+        configure_model_for_strategy(self, self.model)
 
     @override
     def on_fit_start(self) -> None:
@@ -348,7 +353,8 @@ class TransformerModule(HFHooksModule):
     def _eval_step(self, batch: Mapping[str, Any], is_prediction: bool) -> EvalStep:
         self._window = WindowContext()
         loss_only = self.prediction_loss_only(is_prediction)
-        return EvalStep(*self.hooks.prediction_step(self.model, dict(batch), loss_only, self._eval_request.ignore_keys))
+        model, ignore_keys = self.model_wrapped, self._eval_request.ignore_keys
+        return EvalStep(*self.hooks.prediction_step(model, dict(batch), loss_only, ignore_keys))
 
     @override
     def validation_step(  # type: ignore[override]  # Lightning types step outputs as tensors / mappings

@@ -38,6 +38,7 @@ from torch import nn
 
 from hf_lightning._lightning_compat import attached_trainer
 from hf_lightning.args import TrainingArguments
+from hf_lightning.device_cache import empty_device_cache
 from hf_lightning.evaluation import hf_prediction_step
 from hf_lightning.loss import count_label_tokens, is_causal_lm, loss_from_outputs
 from hf_lightning.optim import build_scheduler, optimizer_cls_and_kwargs, parameter_groups
@@ -59,10 +60,12 @@ class WindowContext:
     Attributes:
         size: the micro-batches of the update (HF's `current_gradient_accumulation_steps`).
         scaled: whether `compute_loss` already normalises over the window (else the loss is divided by `size`).
+        empty_cache: `torch_empty_cache_steps` says this update empties the device cache (after each forward pass).
     """
 
     size: int = 1
     scaled: bool = True
+    empty_cache: bool = False
 
 
 class HFHooksModule(pl.LightningModule):
@@ -221,6 +224,8 @@ class HFHooksModule(pl.LightningModule):
             inputs = hooks._prepare_inputs(inputs)
             with hooks.compute_loss_context_manager():
                 loss = hooks.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+            if self._window.empty_cache:  # HF: after the forward pass, before the backward pass (device_cache.py)
+                empty_device_cache()
             if not self._window.scaled:
                 loss = loss / self._window.size
             self.manual_backward(loss)

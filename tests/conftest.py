@@ -7,13 +7,16 @@ Every test gets one tier marker from its file (`TIERS`), plus `distributed` / `s
   rule against HF's own implementation of it.
 - `e2e`: whole runs through the public entry points (facade, CLI, notebooks, quickstart, resume, checkpoints).
 - `distributed`: spawns 2 real processes (gloo on CPU); a test is marked by `DISTRIBUTED` or by its decorator.
-- `slow`: the long end-to-end runs (notebooks, quickstart, processes killed mid-save), by `SLOW`.
+- `slow`: the long end-to-end runs (notebooks, quickstart, processes killed mid-save, the heaviest script and fault
+  runs), by `SLOW`. What is neither slow nor distributed is the fast tier; keep it under 3 minutes on 2 idle cores
+  with `-n 2` (pytest-xdist): a new test that takes more than a few seconds goes to `SLOW` when a quicker test of
+  the same behaviour stays in the fast tier.
 - `gpu`: needs a CUDA device (skipped without one).
 
 How to run (README "Tests"):
 
     python -m pytest -q                                        # everything (what .ci/run runs)
-    python -m pytest -m "not slow and not distributed" -q      # the fast tier, for development
+    python -m pytest -m "not slow and not distributed" -n 2 -q  # the fast tier (about 2 min on 2 idle cores)
     python -m pytest -m unit -q                                # one tier
     python -m pytest -m slow -q                                # only the long runs
 
@@ -47,9 +50,13 @@ TIERS = {
     "test_units.py": "unit",
     "test_where_things_live.py": "unit",
     "test_best_metric_check.py": "parity",
+    "test_activation_checkpointing.py": "parity",
     "test_callback_events.py": "parity",
     "test_checkpoint_rotation.py": "parity",
+    "test_compile.py": "parity",
     "test_data.py": "parity",
+    "test_strategies.py": "parity",
+    "test_deepspeed_config.py": "parity",
     "test_early_stopping.py": "parity",
     "test_examples.py": "parity",
     "test_eval_parity.py": "parity",
@@ -57,6 +64,8 @@ TIERS = {
     "test_hf_console.py": "parity",
     "test_grad_accumulation.py": "parity",
     "test_hp_search.py": "parity",
+    "test_fp16_on_cpu.py": "parity",
+    "test_length_grouping.py": "parity",
     "test_module.py": "parity",
     "test_numerics.py": "parity",
     "test_optim.py": "parity",
@@ -66,12 +75,18 @@ TIERS = {
     "test_overrides_parity.py": "parity",
     "test_resume_hf_interchange.py": "parity",
     "test_rng_order_parity.py": "parity",
+    "test_padding_free.py": "parity",
+    "test_neftune.py": "parity",
+    "test_peft.py": "parity",
+    "test_frozen_layers.py": "parity",
+    "test_run_options.py": "parity",
     "test_schedule_parity.py": "parity",
     "test_script_api.py": "parity",
     "test_seq2seq_parity.py": "parity",
     "test_seq2seq_eval_loss.py": "parity",
     "test_tensorboard.py": "parity",
-    "test_tokens_logged.py": "parity",
+    "test_tokens_seen.py": "parity",
+    "test_throughput.py": "e2e",
     "test_train_parity.py": "parity",
     "test_async_save.py": "e2e",
     "test_trainer_attributes.py": "parity",
@@ -81,10 +96,12 @@ TIERS = {
     "test_cli_checks.py": "e2e",
     "test_configs_learn.py": "e2e",
     "test_console_output.py": "e2e",
+    "test_cli_peft.py": "e2e",
     "test_evaluation.py": "e2e",
     "test_faults.py": "e2e",
     "test_final_save.py": "e2e",
     "test_generation_decoder_only.py": "e2e",
+    "test_gpu.py": "e2e",
     "test_notebook_generation.py": "e2e",
     "test_notebooks.py": "e2e",
     "test_permissions.py": "e2e",
@@ -105,13 +122,13 @@ TIERS = {
     "test_evaluation_ddp.py": "distributed",
     "test_generation_ddp.py": "distributed",
     "test_stream_resume_ddp.py": "distributed",
-    "test_tokens_logged_ddp.py": "distributed",
+    "test_tokens_seen_ddp.py": "distributed",
 }
 """The tier of each test file."""
 
 DISTRIBUTED = {
     "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py", "test_stream_resume_ddp.py",
-    "test_tokens_logged_ddp.py",
+    "test_tokens_seen_ddp.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
     "test_async_save.py::test_save_async_is_refused_under_fsdp2_before_training",
     "test_faults.py::test_under_ddp_a_busy_output_dir_stops_every_rank",
@@ -119,6 +136,7 @@ DISTRIBUTED = {
     "test_final_save.py::test_cli_fit_saves_the_gathered_model_under_fsdp2",
     "test_readme_examples.py::test_bash_blocks_run_in_order_with_few_updates",  # the README's DDP line
     "test_readme_examples.py::test_bash_blocks_run_exactly_as_written",
+    "test_length_grouping.py::test_two_processes_train_on_their_shards_of_the_grouped_order",
 }
 """Files, or `file::test` names, whose tests spawn 2 processes."""
 
@@ -128,6 +146,15 @@ SLOW = {
     "test_faults.py::test_sigkill_during_saves_and_rotations_many",
     "test_faults.py::test_two_runs_started_together_never_mix",
     "test_readme_examples.py::test_bash_blocks_run_exactly_as_written",
+    "test_compile.py::test_the_default_inductor_backend_trains_like_eager",
+    # the heaviest single-process runs (5 to 27 s each on an idle 2-core machine), kept out of the fast tier: each
+    # behaviour they cover has a quicker test there (locks, faults, example parity, README python blocks, CLI configs)
+    "test_configs_learn.py",
+    "test_faults.py::test_sigkill_during_saves_and_rotations_short",
+    "test_faults.py::test_a_second_run_on_a_busy_output_dir_is_refused_naming_the_first",
+    "test_examples.py::test_rerunning_a_command_into_its_output_dir_resumes_as_hf",
+    "test_examples.py::test_resume_from_checkpoint_continues_the_run",
+    "test_readme_examples.py::test_python_blocks_run_as_written",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 

@@ -78,3 +78,22 @@ class RecordingDataset(TorchDataset):
     def __getitem__(self, index: int) -> dict:
         self.seen.append(int(index))
         return self.rows[int(index)]
+
+
+VOLATILE_LOG_KEYS = ("runtime", "per_second", "train_loss", "total_flos")
+"""Log keys that differ between equal runs: timings, and the train summary's values (they cover one `train()` call)."""
+
+
+def stable_log(trainer, after: int = 0) -> list[dict]:
+    """The trainer's log entries after step `after`, without the train summary and the `VOLATILE_LOG_KEYS`."""
+    return [{k: v for k, v in e.items() if not any(word in k for word in VOLATILE_LOG_KEYS)}
+            for e in trainer.state.log_history if e["step"] > after and "train_runtime" not in e]
+
+
+def assert_logs_close(got: list[dict], want: list[dict], rel: float = 1e-5) -> None:
+    """The same non-empty sequence of log entries (same keys), values equal to `rel` (runs of two trainers)."""
+    import pytest
+
+    assert [sorted(e) for e in got] == [sorted(e) for e in want] and got
+    for a, b in zip(got, want):
+        assert a == pytest.approx(b, rel=rel), b["step"]

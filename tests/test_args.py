@@ -81,7 +81,8 @@ def test_save_strategy_best_needs_a_metric():
         (dict(eval_strategy="bogus"), ["eval_strategy", "'bogus'", "no, steps, epoch"]),
         (dict(logging_strategy="always"), ["logging_strategy", "'always'"]),
         (dict(save_strategy="sometimes"), ["save_strategy", "'sometimes'", "best"]),
-        (dict(train_sampling_strategy="group_by_length"), ["train_sampling_strategy", "'group_by_length'", "random"]),
+        (dict(train_sampling_strategy="batch_rebalance"), ["train_sampling_strategy", "'batch_rebalance'", "random",
+                                                           "group_by_length"]),
         (dict(optim="bogus"), ["optim", "'bogus'", "adamw_torch_fused", "adafactor"]),
         (dict(optim="adamw_8bit"), ["optim", "'adamw_8bit'"]),  # valid for HF, not built here: still named
         (dict(lr_scheduler_type="greedy"), ["lr_scheduler_type", "'greedy'", "linear"]),
@@ -200,16 +201,16 @@ def test_conversion_accepts_hf_none_and_json_scheduler_kwargs(tmp_path):
 
 def test_conversion_lists_every_unsupported_field_in_one_error(tmp_path):
     hf = transformers.TrainingArguments(
-        output_dir=str(tmp_path), neftune_noise_alpha=5.0, full_determinism=True, torch_empty_cache_steps=3,
-        learning_rate=1e-3,
+        output_dir=str(tmp_path), eval_use_gather_object=True, use_liger_kernel=True, debug="underflow_overflow",
+        save_on_each_node=True, learning_rate=1e-3,
     )
     with pytest.raises(ValueError) as info:
         from_hf_training_arguments(hf)
     message = str(info.value)
-    for fragment in ("`neftune_noise_alpha`=5.0", "`full_determinism`=True", "`torch_empty_cache_steps`=3",
-                     "enable_full_determinism"):
+    for fragment in ("`eval_use_gather_object`=True", "`use_liger_kernel`=True", "`debug`=",
+                     "`save_on_each_node`=True", "gather Python objects", "DebugUnderflowOverflow"):
         assert fragment in message
-    assert message.count("\n  * ") == 3  # one line per field, each saying what to do instead
+    assert message.count("\n  * ") == 4  # one line per field, each saying what to do instead
     assert "learning_rate" not in message  # supported fields are never reported
 
 
@@ -220,9 +221,9 @@ def test_facade_converts_hf_arguments(tmp_path):
     trainer = hf_lightning.Trainer(model=tiny_bert(), args=hf, train_dataset=classification_dataset(n=8))
     assert isinstance(trainer.args, TrainingArguments)
     assert trainer.args.learning_rate == 1e-3 and trainer.args.max_steps == 2
-    with pytest.raises(ValueError, match="neftune_noise_alpha"):
+    with pytest.raises(ValueError, match="use_liger_kernel"):
         hf_lightning.Trainer(
-            model=tiny_bert(), args=transformers.TrainingArguments(output_dir=str(tmp_path), neftune_noise_alpha=1.0)
+            model=tiny_bert(), args=transformers.TrainingArguments(output_dir=str(tmp_path), use_liger_kernel=True)
         )
 
 

@@ -206,7 +206,7 @@ def test_save_async_is_refused_under_fsdp2_before_training(tmp_path):
     done = subprocess.run([sys.executable, str(script), "resume", str(tmp_path), "fsdp2-async", str(result)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "save_async=True is not supported for a sharded (FSDP2) model" in json.loads(result.read_text())["error"]
+    assert "save_async=True is not supported for a sharded model (FSDP2, FSDP or DeepSpeed)" in json.loads(result.read_text())["error"]
     assert not list((tmp_path / "full").glob("checkpoint-*"))
 
 

@@ -75,13 +75,21 @@ def test_sigkill_mid_save_leaves_no_valid_looking_folder_and_loses_nothing(tmp_p
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2", "ddp-async"])
+STRATEGIES = {"ddp": "DDPStrategy", "hf-ddp": "DDPStrategy", "fsdp2": "HFFSDP2Strategy",
+              "fsdp2-plain": "ModelParallelStrategy", "fsdp2-subclass": "ModelParallelStrategy", "ddp-async": "DDPStrategy"}
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_two_process_save_and_exact_resume(tmp_path, strategy):
+    """Under DDP (ours or from HF's `ddp_*`) and FSDP2 (from HF's `fsdp`, a plain `ModelParallelStrategy` sharded by
+    the default policy, or a user's own `configure_model`): HF-layout checkpoints with the gathered full weights, and
+    an exact resume from a mid-epoch checkpoint."""
     result = tmp_path / "result.json"
     proc = _run("resume", str(tmp_path), strategy, str(result), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-4000:]
     data = json.loads(result.read_text())
-    assert data["world_size"] == 2 and data["sharded"] == (strategy == "fsdp2")
+    sharded = strategy.startswith("fsdp2")
+    assert data["world_size"] == 2 and data["sharded"] == sharded and data["strategy"] == STRATEGIES[strategy]
     full, resumed = data["full"], data["resumed"]
     assert [e[0] for e in _losses(full)] == [1, 2, 3, 4, 5, 6]
     assert _losses(resumed, after=4) == _losses(full, after=4)  # bit-identical continuation
@@ -91,7 +99,6 @@ def test_two_process_save_and_exact_resume(tmp_path, strategy):
     # one RNG file per rank (HF's names), shared files once, written by rank 0
     assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "trainer_state.json", "scheduler.pt"} <= files
     assert "rng_state.pth" not in files
-    sharded = strategy == "fsdp2"
     assert ("optimizer_sharded" in files) == sharded and ("optimizer.pt" in files) == (not sharded)
     # the full (gathered) weights were saved with save_pretrained, loadable in one process
     from transformers import AutoModelForCausalLM

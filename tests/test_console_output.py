@@ -24,6 +24,7 @@ NOISE = [
     "LeafSpec",                                   # a deprecation Lightning 2.6 triggers under torch 2.13
     "`Trainer.fit` stopped: `max_steps=",         # every fit stops there
     "predict returned None",                      # predict_step returns None by design
+    "Setting accelerator to CPU",                 # DeepSpeed's detection, imported by every save_pretrained
 ]
 
 
@@ -119,3 +120,27 @@ def test_filters_drop_only_what_they_name(caplog):
     assert messages.count("HPU available: False, using: 0 HPUs") <= 1
     with pytest.warns(UserWarning, match="a real problem"):
         warnings.warn("a real problem", UserWarning)
+
+
+_DEEPSPEED_DETECTION = (
+    "import sys\n"
+    "if sys.argv[1] == 'filtered':\n"
+    "    from hf_lightning.console import install_console_filters\n"
+    "    install_console_filters()\n"
+    "from deepspeed.accelerator import get_accelerator\n"
+    "print('accelerator:', get_accelerator().device_name())\n"
+)
+
+
+@pytest.mark.parametrize("mode", ["filtered", "plain"])
+def test_deepspeeds_cpu_detection_line_is_dropped_once_filters_are_installed(mode):
+    """With deepspeed installed, every checkpoint's `save_pretrained` imports it (accelerate's
+    `extract_model_from_parallel`): its "Setting accelerator to CPU" line broke the training bar of CPU runs. The
+    plain case shows the line exists, so the filtered case can fail."""
+    pytest.importorskip("deepspeed")
+    env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}  # detection, not a choice
+    result = subprocess.run([sys.executable, "-c", _DEEPSPEED_DETECTION, mode], capture_output=True, text=True,
+                            env=env, cwd=REPO, check=True)
+    output = result.stdout + result.stderr
+    assert "accelerator: cpu" in output
+    assert ("Setting accelerator to CPU" in output) == (mode == "plain"), output[-2000:]

@@ -349,3 +349,22 @@ def test_eval_shards_cover_the_dataset_once_and_are_never_empty():
                 assert all(shards), (n, world, batch_size, shards)
                 if -(-n // batch_size) >= world:
                     assert all(shard[0] % batch_size == 0 for shard in shards)
+
+
+def test_split_by_node_shards_a_datasets_stream_and_refuses_a_torch_one():
+    """Under DDP an iterable train set is split by node: a `datasets` stream is, a torch one is refused by name."""
+    import datasets
+    import torch
+
+    from hf_lightning.data.sampling import split_by_node
+
+    stream = datasets.Dataset.from_dict({"x": list(range(8))}).to_iterable_dataset(num_shards=2)
+    parts = [[row["x"] for row in split_by_node(stream, world=2, rank=rank)] for rank in (0, 1)]
+    assert sorted(parts[0] + parts[1]) == list(range(8)) and parts[0] and parts[1]
+
+    class Plain(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    with pytest.raises(ValueError, match="torch IterableDataset cannot be sharded"):
+        split_by_node(Plain(), world=2, rank=0)

@@ -16,17 +16,19 @@ import pytest
 SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
 
 
-def _run(tmp_path: Path, devices: int, batch: int) -> dict:
-    out = tmp_path / f"out{devices}.json"
-    subprocess.run([sys.executable, str(SCRIPT), str(out), str(devices), str(batch)], check=True, cwd=tmp_path,
+def _run(tmp_path: Path, devices: int, batch: int, mode: str = "ddp") -> dict:
+    out = tmp_path / f"out{devices}-{mode}.json"
+    subprocess.run([sys.executable, str(SCRIPT), str(out), str(devices), str(batch), mode], check=True, cwd=tmp_path,
                    capture_output=True, timeout=600)
     return json.loads(out.read_text())
 
 
-@pytest.mark.distributed
-def test_ddp_matches_single_process(tmp_path: Path) -> None:
-    single = _run(tmp_path, devices=1, batch=8)
-    ddp = _run(tmp_path, devices=2, batch=4)
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> dict:
+    return _run(tmp_path_factory.mktemp("single"), devices=1, batch=8)
+
+
+def _assert_same_run(single: dict, ddp: dict) -> None:
     strip = {"eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "train_runtime",
              "train_samples_per_second", "train_steps_per_second"}
     assert len(single["log_history"]) == len(ddp["log_history"])
@@ -38,3 +40,30 @@ def test_ddp_matches_single_process(tmp_path: Path) -> None:
     evals = [e for e in ddp["log_history"] if "eval_n" in e]
     assert evals and all(e["eval_n"] == 21 for e in evals)
     np.testing.assert_allclose(np.array(ddp["predictions"]), np.array(single["predictions"]), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.distributed
+def test_ddp_matches_single_process(tmp_path: Path, single: dict) -> None:
+    _assert_same_run(single, _run(tmp_path, devices=2, batch=4))
+
+
+@pytest.mark.distributed
+def test_hf_ddp_arguments_reach_the_ddp_strategy_lightning_chooses(tmp_path: Path, single: dict) -> None:
+    """No strategy given, 2 devices: Lightning's own DDPStrategy, with HF's `ddp_*` options (and the same run)."""
+    ddp = _run(tmp_path, devices=2, batch=4, mode="hf-ddp")
+    assert ddp["strategy"] == "DDPStrategy"
+    assert ddp["ddp_kwargs"] == {"find_unused_parameters": False, "bucket_cap_mb": 1, "broadcast_buffers": False,
+                                 "static_graph": True}
+    assert ddp["timeout_s"] == 600
+    _assert_same_run(single, ddp)
+
+
+@pytest.mark.distributed
+def test_hf_fsdp_argument_shards_per_layer_with_fsdp2_and_matches_single_process(tmp_path: Path, single: dict
+                                                                                  ) -> None:
+    """`fsdp="full_shard auto_wrap"`: FSDP2 through ModelParallelStrategy, every BertLayer and the root sharded by
+    the default policy (no `configure_model` of the user's); the updates and metrics are the single process's."""
+    fsdp = _run(tmp_path, devices=2, batch=4, mode="hf-fsdp2")
+    assert fsdp["strategy"] == "HFFSDP2Strategy"
+    assert fsdp["sharded"] == ["FSDPBertForSequenceClassification", "FSDPBertLayer"]
+    _assert_same_run(single, fsdp)

@@ -59,12 +59,13 @@ def run(trainer_cls, args_cls, folder, resume=None, epochs=2, **extra):
 
 def hf_run(folder, **kwargs):
     return run(transformers.Trainer, transformers.TrainingArguments, folder,
-               args={"use_cpu": True, "disable_tqdm": kwargs.pop("disable_tqdm", True)}, **kwargs)
+               args={"use_cpu": True, "disable_tqdm": kwargs.pop("disable_tqdm", True), **kwargs.pop("args", {})},
+               **kwargs)
 
 
 def our_run(folder, **kwargs):
     return run(hf_lightning.Trainer, hf_lightning.TrainingArguments, folder,
-               args={"disable_tqdm": kwargs.pop("disable_tqdm", True)},
+               args={"disable_tqdm": kwargs.pop("disable_tqdm", True), **kwargs.pop("args", {})},
                lightning_kwargs={"accelerator": "cpu", "logger": False}, **kwargs)
 
 
@@ -93,6 +94,16 @@ def test_training_resume_and_best_model_messages_are_hfs(tmp_path):
         "  Fast-forwarding the dataloader past 1 epochs and 0 batches to resume from the exact training state.",
     ]
     assert our_out == hf_out
+
+
+def test_max_steps_with_epochs_logs_hfs_override_line(tmp_path):
+    """`max_steps` with `num_train_epochs` (HF's default 3 included): HF says at construction which one wins."""
+    hf_lines, _, _ = hf_run(str(tmp_path / "hf"), args={"max_steps": 2, "save_strategy": "no", "eval_strategy": "no",
+                                                       "load_best_model_at_end": False})
+    our_lines, _, _ = our_run(str(tmp_path / "ours"), args={"max_steps": 2, "save_strategy": "no",
+                                                            "eval_strategy": "no", "load_best_model_at_end": False})
+    assert our_lines == hf_lines
+    assert our_lines[0] == "max_steps is given, it will override any value given in num_train_epochs"
 
 
 def test_progress_bar_over_the_updates_with_the_log_dicts_above_it(tmp_path):

@@ -272,8 +272,8 @@ def test_rank_zero_loggers_carry_lightnings_info_messages():
     recorder = _Recorder()
     loggers = compat.rank_zero_loggers()
     for logger in loggers:
-        # first in line: an earlier fit in this process may have installed the console's filter, which shows the
-        # banner once per process and would drop it before a filter added after it
+        # first in line: hf_lightning's console filter (installed by any earlier fit in this process) drops a
+        # device banner it has shown once, and a filter returning False stops the filters after it
         logger.filters.insert(0, recorder)
     try:
         pytorch_info("from lightning.pytorch")

@@ -26,8 +26,8 @@ HubStrategyName = Literal["end", "every_save", "checkpoint", "all_checkpoints"]
 LogLevelName = Literal["detail", "debug", "info", "warning", "error", "critical", "passive"]
 """transformers' log level names (`logging.get_log_levels_dict()`) plus `passive` (leave the level as it is)."""
 
-SAMPLING_STRATEGIES = ("random", "sequential")
-"""The `train_sampling_strategy` values we build; `group_by_length` and `batch_rebalance` are rejected."""
+SAMPLING_STRATEGIES = ("random", "sequential", "group_by_length")
+"""The `train_sampling_strategy` values we build; `batch_rebalance` is rejected."""
 
 def default_optimizer() -> str:
     """HF's default `optim` (TA:800-806): the fused AdamW from torch 2.8 on, plain AdamW before (read from the

@@ -19,13 +19,6 @@ from hf_lightning.args.support import UNSUPPORTED, unsupported_problem
 
 __all__ = ["from_hf_training_arguments"]
 
-# Unsupported fields HF fills in from another one (TA:1533-1545, TA:1608-1616): named only with their source.
-_DERIVED = {
-    "torch_compile_backend": "torch_compile",
-    "gradient_checkpointing_kwargs": "activation_checkpointing_kwargs",
-}
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, enum.Enum):
         return value.value
@@ -44,17 +37,13 @@ def from_hf_training_arguments(hf_args: Any) -> TrainingArguments:
     ours = {f.name for f in dataclasses.fields(TrainingArguments) if f.init}
     init_fields = [f for f in dataclasses.fields(hf_args) if f.init and f.name in ours]
     supported = {f.name: getattr(hf_args, f.name) for f in init_fields if f.name not in UNSUPPORTED}
-    # The reference gets the same supported fields, so values HF derives from them in `__post_init__` (e.g.
-    # `torch_compile_backend` from `torch_compile`) are compared like for like.
+    # The reference gets the same supported fields, so values HF derives from them in `__post_init__` are compared
+    # like for like.
     with warnings.catch_warnings():  # e.g. HF's FutureWarning for the `gradient_checkpointing` alias: not the user's
         warnings.simplefilter("ignore")
         reference = type(hf_args)(**supported)
     set_values = {name: _plain(getattr(hf_args, name)) for name in UNSUPPORTED if name in ours}
     reference_values = {name: _plain(getattr(reference, name)) for name in set_values}
-    changed = {name for name in set_values if set_values[name] != reference_values[name]}
-    for name, source in _DERIVED.items():
-        if name in changed and source in changed:
-            reference_values[name] = set_values[name]
     problem = unsupported_problem(set_values, reference_values)
     if problem:
         raise ValueError("These transformers." + problem.removeprefix("these "))

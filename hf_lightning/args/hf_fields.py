@@ -6,6 +6,7 @@ Called first by `validation.normalise_and_check`; appends problems to its list, 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import warnings
@@ -30,19 +31,39 @@ def _defaults(args: TrainingArguments) -> dict[str, Any]:
     return out
 
 
+def _parse_json_dict(args: TrainingArguments, name: str, issues: list[str]) -> None:
+    """HF parses a dict field given as a string that starts with `{` as JSON (TA:1524-1531)."""
+    value = getattr(args, name)
+    if not (isinstance(value, str) and value.startswith("{")):
+        return
+    try:
+        setattr(args, name, json.loads(value))
+    except json.JSONDecodeError:
+        issues.append(f"`{name}`={value!r} is not a JSON object.")
+
+
 def normalise_hf_fields(args: TrainingArguments, issues: list[str]) -> None:
     """HF TA:1515-1600 for the fields hf_lightning keeps as HF does, then one problem for unsupported fields set."""
     if args.output_dir is None:
         args.output_dir = "trainer_output"  # HF 5's default
     args.output_dir = os.path.expanduser(args.output_dir)
-    # `gradient_checkpointing` is HF's deprecated alias of `activation_checkpointing`: the new name wins when set,
+    for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
+        _parse_json_dict(args, name, issues)
+    # `gradient_checkpointing*` are HF's deprecated aliases of `activation_checkpointing*`: the new name wins when set,
     # and afterwards both hold the same value (HF TA:1533-1545, with its FutureWarning)
-    if args.activation_checkpointing is None and args.gradient_checkpointing is not None:
-        warnings.warn("`gradient_checkpointing` is deprecated and will be removed in v6. Use "
-                      "`activation_checkpointing` instead.", FutureWarning, stacklevel=4)
-        args.activation_checkpointing = args.gradient_checkpointing
-    args.activation_checkpointing = bool(args.activation_checkpointing)
-    args.gradient_checkpointing = args.activation_checkpointing
+    for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                     ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+        if getattr(args, new) is None and getattr(args, old) is not None:
+            warnings.warn(f"`{old}` is deprecated and will be removed in v6. Use `{new}` instead.", FutureWarning,
+                          stacklevel=4)
+            setattr(args, new, getattr(args, old))
+        setattr(args, old, getattr(args, new))
+    args.activation_checkpointing = args.gradient_checkpointing = bool(args.activation_checkpointing)
+    # a compile mode or backend turns compiling on, which defaults to the inductor backend (HF TA:1620-1629)
+    if (args.torch_compile_mode is not None or args.torch_compile_backend is not None) and not args.torch_compile:
+        args.torch_compile = True
+    if args.torch_compile and args.torch_compile_backend is None:
+        args.torch_compile_backend = "inductor"
     if args.disable_tqdm is None:  # HF: off unless transformers logs less than warnings
         args.disable_tqdm = logging.getLogger("transformers").getEffectiveLevel() > logging.WARN
     tokens_seen = args.include_num_input_tokens_seen

@@ -20,22 +20,9 @@ _TRACKIO = "trackio has no Lightning logger: pass a Lightning logger in `lightni
 
 UNSUPPORTED: dict[str, str] = {
     "optim_target_modules": "GaLore / APOLLO optimizers are not built; pass your own `optimizers=(optimizer, None)`",
-    "bf16_full_eval": "cast the model to bfloat16 yourself before `evaluate()`",
-    "fp16_full_eval": "cast the model to float16 yourself before `evaluate()`",
     "tf32": "set `torch.backends.cuda.matmul.allow_tf32` (or `torch.set_float32_matmul_precision`) yourself",
-    "activation_checkpointing_kwargs": "call `model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)` "
-                                       "yourself",
-    "gradient_checkpointing_kwargs": "call `model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=...)` "
-                                     "yourself",
-    "torch_compile": "compile the model yourself (`torch.compile(model)`) before passing it",
-    "torch_compile_backend": "compile the model yourself (`torch.compile(model, backend=...)`)",
-    "torch_compile_mode": "compile the model yourself (`torch.compile(model, mode=...)`)",
     "use_liger_kernel": "apply the Liger kernels to the model yourself",
     "liger_kernel_config": "apply the Liger kernels to the model yourself",
-    "neftune_noise_alpha": "add NEFTune noise with a forward hook on the embeddings yourself",
-    "torch_empty_cache_steps": "call `torch.cuda.empty_cache()` from a callback yourself",
-    "auto_find_batch_size": "choose `per_device_train_batch_size` yourself (Lightning's `BatchSizeFinder` does not "
-                            "know HF's accumulation)",
     "project": _TRACKIO,
     "trackio_space_id": _TRACKIO,
     "trackio_bucket_id": _TRACKIO,
@@ -50,23 +37,11 @@ UNSUPPORTED: dict[str, str] = {
     "hub_strategy": _HUB,
     "hub_always_push": _HUB,
     "hub_revision": _HUB,
-    "full_determinism": "call `transformers.enable_full_determinism(seed)` yourself before building the model",
     "accelerator_config": "no accelerate: Lightning owns devices; set them in `lightning_kwargs`",
     "parallelism_config": _STRATEGY,
     "dataloader_multiprocessing_context": "pass `DataLoader`s with your own `multiprocessing_context` (override "
                                           "`train_dataloader`)",
     "dataloader_in_order": "batches are always yielded in order",
-    "length_column_name": "length-grouped sampling is not implemented (`train_sampling_strategy` is `random` or "
-                          "`sequential`)",
-    "ddp_find_unused_parameters": f"{_STRATEGY}, e.g. `DDPStrategy(find_unused_parameters=True)`",
-    "ddp_bucket_cap_mb": f"{_STRATEGY}, e.g. `DDPStrategy(bucket_cap_mb=...)`",
-    "ddp_broadcast_buffers": f"{_STRATEGY}, e.g. `DDPStrategy(broadcast_buffers=False)`",
-    "ddp_static_graph": f"{_STRATEGY}, e.g. `DDPStrategy(static_graph=True)`",
-    "ddp_backend": f"{_STRATEGY}, e.g. `DDPStrategy(process_group_backend=\"gloo\")`",
-    "ddp_timeout": f"{_STRATEGY}, e.g. `DDPStrategy(timeout=datetime.timedelta(seconds=...))`",
-    "fsdp": f"{_STRATEGY}: `\"fsdp\"` / `FSDPStrategy(...)`, or FSDP2 with `ModelParallelStrategy`",
-    "fsdp_config": f"{_STRATEGY}: `FSDPStrategy(...)` takes these settings",
-    "deepspeed": f"{_STRATEGY}: `DeepSpeedStrategy(config=...)`",
     "debug": "not implemented (underflow/overflow detection: `transformers.debug_utils.DebugUnderflowOverflow`)",
     "skip_memory_metrics": "memory metrics are not collected (Lightning's `DeviceStatsMonitor` reports memory)",
 }
@@ -78,9 +53,13 @@ DIFFERENCES: dict[str, str] = {
     "gradient_accumulation_steps": "the loss is token-normalised for every model (HF skips it for BERT-like models)",
     "bf16": "becomes Lightning `precision=\"bf16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` "
             "wins",
-    "fp16": "becomes Lightning `precision=\"16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` wins",
+    "fp16": "becomes Lightning `precision=\"16-mixed\"`; on the CPU it trains in float32 with a warning, as HF does "
+            "there (Lightning would switch to bf16); `trainer.precision` / `lightning_kwargs[\"precision\"]` wins",
     "use_cpu": "sets Lightning `accelerator=\"cpu\"`",
     "disable_tqdm": "switches Lightning's progress bar",
+    "include_num_input_tokens_seen": "`all`, `non_padding`, `no`, True, False only (HF counts any other string like "
+                                     "`all`; a typo is refused here); the count is reduced once per update, not per "
+                                     "micro-batch",
     "report_to": "default `tensorboard` (HF: `none`); `tensorboard`, `csv` (ours), `wandb`, `mlflow`, `comet_ml` "
                  "become Lightning loggers fed HF's log entries at HF's steps (a missing package is one error "
                  "naming it); "
@@ -88,9 +67,26 @@ DIFFERENCES: dict[str, str] = {
                  "`lightning_kwargs[\"logger\"]` replaces them; the arguments and model config are not sent as "
                  "hyperparameters (HF's callbacks send them)",
     "run_name": "the logger's run name (TensorBoard / CSV: the version folder under `runs/` / `csv/`)",
-    "train_sampling_strategy": "`random` and `sequential`; `group_by_length` and `batch_rebalance` raise an error",
+    "train_sampling_strategy": "`random`, `sequential`, `group_by_length` (its order seeded per epoch like `random`, "
+                               "so resumes are exact; evaluation keeps dataset order); `batch_rebalance` raises an "
+                               "error",
+    "torch_compile": "evaluations during and after `train()` also run the compiled model (HF's run uncompiled); "
+                     "`remove_unused_columns` inspects the model inside a compiled one (README, \"Compiling\")",
+    "length_column_name": "read before `remove_unused_columns` drops it (HF drops it first and measures the inputs)",
     "resume_from_checkpoint": "`train()` also reads it when called without `resume_from_checkpoint` (HF's Trainer "
                               "leaves it to scripts)",
+    "fsdp": "becomes a Lightning strategy: FSDP2 (`ModelParallelStrategy`, sharded per layer by default) or FSDP1 "
+            "(`FSDPStrategy`, CUDA); a strategy in `lightning_kwargs` / `trainer.strategy` wins (README, 'Swapping "
+            "strategies')",
+    "fsdp_config": "checkpoints always hold the gathered full weights, whatever `state_dict_type`; FSDP2 mixed "
+                   "precision is Lightning's autocast (README, 'Swapping strategies')",
+    "deepspeed": "Lightning's `DeepSpeedStrategy` (CUDA) with HF's `\"auto\"` values filled; ZeRO-3 checkpoints always "
+                 "hold gathered weights",
+    "ddp_static_graph": "gradients sync on every micro-batch of a window (Lightning's static-graph flush needs it)",
+    "ddp_find_unused_parameters": "applies to the `DDPStrategy` Lightning chooses; a strategy you pass keeps its own "
+                                  "options (warned)",
+    "auto_find_batch_size": "`args.per_device_train_batch_size` is back to your value after `train()`; "
+                            "`state.train_batch_size` holds the size that fit",
 }
 """Supported fields that behave differently from HF, and how (the README map prints these)."""
 

@@ -2,19 +2,24 @@
 
 Lightning owns devices, strategies, precision and loggers; hf_lightning owns the step budget, accumulation,
 clipping and the validation cadence (one Lightning batch is one optimizer update). Settings of Lightning that would
-fight ours are rejected with the HF argument to use instead.
+fight ours are rejected with the HF argument to use instead. HF's strategy fields (`fsdp`, `deepspeed`, `ddp_*`)
+become a `StrategyRequest` under `"strategy"`, which `lightning_trainer.build_lightning_trainer` turns into a fresh
+Lightning strategy for every run (`parallel/strategies.py`); a strategy in `lightning_kwargs` wins, with a warning
+when HF strategy fields are set too.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.parallel import strategy_fields_set
 from hf_lightning.args.process import check_process_group, launcher_trainer_kwargs
 from hf_lightning.args.report_to import build_loggers
 
-__all__ = ["lightning_trainer_kwargs", "OWNED_BY_HF_ARGS"]
+__all__ = ["fp16_precision", "lightning_trainer_kwargs", "OWNED_BY_HF_ARGS"]
 
 OWNED_BY_HF_ARGS = {
     "accumulate_grad_batches": "gradient_accumulation_steps",
@@ -29,8 +34,12 @@ OWNED_BY_HF_ARGS = {
 """lightning.Trainer options that the HF arguments decide; passing them raises an error naming the HF argument."""
 
 
-def lightning_trainer_kwargs(args: TrainingArguments, lightning_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+def lightning_trainer_kwargs(
+    args: TrainingArguments, lightning_kwargs: dict[str, Any] | None, model: Any = None
+) -> dict[str, Any]:
     """`lightning.Trainer(**kwargs)` for these arguments; `lightning_kwargs` wins for everything Lightning owns.
+
+    `model` decides HF's defaults that depend on it (DDP's `find_unused_parameters`, the FSDP layer classes).
 
     Raises:
         ValueError: `lightning_kwargs` sets an option the HF arguments decide (the message names both), or a
@@ -55,10 +64,51 @@ def lightning_trainer_kwargs(args: TrainingArguments, lightning_kwargs: dict[str
         kwargs["accelerator"] = "cpu"
     if args.bf16:
         kwargs["precision"] = "bf16-mixed"
-    elif args.fp16:
-        kwargs["precision"] = "16-mixed"
+    elif args.fp16 and "precision" not in user:
+        kwargs["precision"] = fp16_precision(args, user)
     if "logger" not in user:
         kwargs["logger"] = build_loggers(args)
-    kwargs.update(launcher_trainer_kwargs(os.environ, user))  # `torchrun script.py`: one DDP run, as HF's
+    # `torchrun script.py`: one run over the launcher's processes, as HF's; its "ddp" gives way to HF's strategy
+    # fields below (Lightning's "auto" is DDP over those devices, with HF's `ddp_*` options)
+    kwargs.update(launcher_trainer_kwargs(os.environ, user))
+    if user.get("strategy", "auto") == "auto":
+        from hf_lightning.parallel.strategies import strategy_request
+
+        user.pop("strategy", None)
+        kwargs["strategy"] = strategy_request(args, model)
+    elif strategy_fields_set(args):
+        warnings.warn(
+            f"The Lightning strategy {user['strategy']!r} was given, so these TrainingArguments fields are not used: "
+            f"{', '.join(strategy_fields_set(args))} (README, 'Swapping strategies').", UserWarning, stacklevel=3,
+        )
     kwargs.update(user)
     return kwargs
+
+
+def _runs_on_cpu(args: TrainingArguments, user: dict[str, Any]) -> bool:
+    """Whether Lightning will train on the CPU: `accelerator="cpu"` (or `use_cpu`), or "auto" without a GPU."""
+    accelerator = user.get("accelerator", "cpu" if args.use_cpu else "auto")
+    if not isinstance(accelerator, str):  # an Accelerator instance
+        return type(accelerator).__name__ == "CPUAccelerator"
+    if accelerator != "auto":
+        return accelerator == "cpu"
+    import torch
+
+    return not (torch.cuda.is_available() or torch.backends.mps.is_available())
+
+
+def fp16_precision(args: TrainingArguments, user: dict[str, Any]) -> str:
+    """Lightning's precision for `fp16=True`: "16-mixed", except on the CPU, where HF trains in float32.
+
+    accelerate has no float16 autocast on the CPU: with `fp16=True` it enables neither autocast nor a grad scaler
+    there (accelerate `accelerator.py`, `native_amp` stays False), so `transformers.Trainer` trains in float32,
+    silently. Lightning would switch to "bf16-mixed" instead (with a warning): another numeric result. We train in
+    float32 as HF, and say so.
+    """
+    if not _runs_on_cpu(args, user):
+        return "16-mixed"
+    warnings.warn(
+        "fp16=True on the CPU: training in float32, as transformers.Trainer does there (no float16 autocast on the "
+        "CPU). For mixed precision on the CPU use bf16=True.", UserWarning, stacklevel=3,
+    )
+    return "32-true"

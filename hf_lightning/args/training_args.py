@@ -99,29 +99,30 @@ class TrainingArguments(ProcessLayoutMixin):
     fp16: bool = False
     """Train with float16 autocast and a grad scaler (Lightning `precision="16-mixed"`)."""
     bf16_full_eval: bool = False
-    """Not supported (evaluate in pure bfloat16): must stay False."""
+    """Evaluate and predict with the model cast to bfloat16 (no autocast), as HF."""
     fp16_full_eval: bool = False
-    """Not supported (evaluate in pure float16): must stay False."""
+    """Evaluate and predict with the model cast to float16 (no autocast), as HF."""
     tf32: bool | None = None
     """Not supported (TF32 matmuls): must stay None; set `torch.backends` flags yourself."""
 
     # --- Activation checkpointing ---
     activation_checkpointing: bool | None = field(default=None, metadata=_BARE_FLAG)
-    """Recompute activations in the backward pass to save memory (`model.gradient_checkpointing_enable()`)."""
+    """Recompute activations in the backward pass to save memory (`model.activation_checkpointing_enable()`)."""
     activation_checkpointing_kwargs: dict[str, Any] | str | None = None
-    """Not supported (kwargs for `gradient_checkpointing_enable`): must stay None."""
+    """Keyword arguments for `torch.utils.checkpoint` (e.g. `{"use_reentrant": false}`), plus `every_n_layers` and
+    `offload`; a dict or a JSON string."""
     gradient_checkpointing: bool | None = field(default=None, metadata=_BARE_FLAG)
     """HF's deprecated alias of `activation_checkpointing` (used when that one is not set)."""
     gradient_checkpointing_kwargs: dict[str, Any] | str | None = None
-    """Not supported (alias of `activation_checkpointing_kwargs`): must stay None."""
+    """HF's deprecated alias of `activation_checkpointing_kwargs` (used when that one is not set)."""
 
     # --- Compilation and kernels ---
     torch_compile: bool = False
-    """Not supported (`torch.compile` the model): must stay False; compile the model yourself."""
+    """Compile the model the training and evaluation steps call with `torch.compile` (checkpoints stay plain)."""
     torch_compile_backend: str | None = None
-    """Not supported (`torch.compile` backend): must stay None."""
+    """`torch.compile` backend (setting it turns `torch_compile` on; default `inductor`)."""
     torch_compile_mode: str | None = None
-    """Not supported (`torch.compile` mode): must stay None."""
+    """`torch.compile` mode, e.g. `reduce-overhead`, `max-autotune` (setting it turns `torch_compile` on)."""
     use_liger_kernel: bool = False
     """Not supported (Liger kernels): must stay False."""
     liger_kernel_config: dict[str, bool] | None = None
@@ -131,11 +132,11 @@ class TrainingArguments(ProcessLayoutMixin):
     use_cache: bool = False
     """Value forced onto `model.config.use_cache` (HF 5 sets False: the KV cache is useless in training)."""
     neftune_noise_alpha: float | None = None
-    """Not supported (NEFTune embedding noise): must stay None."""
+    """NEFTune: uniform noise of this scale on the input embeddings while training (not in evaluation)."""
     torch_empty_cache_steps: int | None = None
-    """Not supported (periodic `empty_cache`): must stay None."""
+    """Empty the accelerator's memory cache every this many updates (after the update's forward passes, as HF)."""
     auto_find_batch_size: bool = False
-    """Not supported (batch size search on OOM): must stay False."""
+    """On an out-of-memory error, halve the per-device train batch size and start training again (as HF)."""
 
     # --- Logging ---
     logging_strategy: IntervalStrategyName = "steps"
@@ -244,7 +245,7 @@ class TrainingArguments(ProcessLayoutMixin):
 
     # --- Reproducibility ---
     full_determinism: bool = False
-    """Not supported (deterministic algorithms everywhere): must stay False."""
+    """Deterministic algorithms everywhere (`transformers.enable_full_determinism(seed)` instead of `set_seed`)."""
     seed: int = 42
     """Random seed set at the start of training (model init with `model_init`, dropout, shuffling)."""
     data_seed: int | None = None
@@ -278,31 +279,34 @@ class TrainingArguments(ProcessLayoutMixin):
     label_names: list[str] | None = None
     """Input keys holding the labels; defaults to the model's `forward` parameters containing `label`."""
     train_sampling_strategy: SamplingStrategyName = "random"
-    """Order of training samples: `random` (seeded by `data_seed` or `seed`, and the epoch) or `sequential`."""
+    """Order of training samples: `random` (seeded by `data_seed` or `seed`, and the epoch), `sequential`, or
+    `group_by_length` (batches of similar lengths, longest first, seeded like `random`)."""
     length_column_name: str = "length"
-    """Not supported (length-grouped sampling): must stay `length`."""
+    """Column with precomputed sample lengths for `group_by_length` (else the main input's length is measured)."""
 
-    # --- DDP (not supported here: a Lightning strategy decides) ---
+    # --- DDP (Lightning's DDPStrategy when Lightning runs several processes; README "Swapping strategies") ---
     ddp_find_unused_parameters: bool | None = None
-    """Not supported: use `DDPStrategy(find_unused_parameters=...)`; must stay None."""
+    """DDP `find_unused_parameters`; default: True unless activation checkpointing is on (HF's rule)."""
     ddp_bucket_cap_mb: int | None = None
-    """Not supported: use `DDPStrategy(bucket_cap_mb=...)`; must stay None."""
+    """DDP `bucket_cap_mb`."""
     ddp_broadcast_buffers: bool | None = None
-    """Not supported: use `DDPStrategy(broadcast_buffers=...)`; must stay None."""
+    """DDP `broadcast_buffers`."""
     ddp_static_graph: bool | None = None
-    """Not supported: use `DDPStrategy(static_graph=...)`; must stay None."""
+    """DDP `static_graph`."""
     ddp_backend: Literal["nccl", "gloo", "mpi", "xccl", "hccl", "cncl", "mccl"] | None = None
-    """Not supported: use `DDPStrategy(process_group_backend=...)`; must stay None."""
+    """The process-group backend (default: Lightning's for the device: nccl on CUDA, gloo on CPU)."""
     ddp_timeout: int = 1800
-    """Not supported: use `DDPStrategy(timeout=...)`; must stay 1800."""
+    """Timeout of the process group's collectives, in seconds."""
 
-    # --- FSDP and DeepSpeed (not supported here: a Lightning strategy decides) ---
+    # --- FSDP and DeepSpeed (Lightning strategies; README "Swapping strategies") ---
     fsdp: str | None = field(default=None, metadata=_BARE_FLAG)
-    """Not supported: use a Lightning FSDP strategy; must stay None."""
+    """FSDP: True, or HF's options `full_shard` / `shard_grad_op` / `hybrid_shard` / `no_shard` / `offload` /
+    `auto_wrap` (e.g. `"full_shard auto_wrap"`). FSDP2 by default (`fsdp_config["version"]`)."""
     fsdp_config: dict[str, Any] | str | None = None
-    """Not supported: use a Lightning FSDP strategy; must stay None."""
+    """FSDP settings (a dict or a JSON file): `version`, `reshard_after_forward`, `cpu_offload`, `auto_wrap_policy`,
+    `transformer_layer_cls_to_wrap`, `min_num_params`, `activation_checkpointing`, `cpu_ram_efficient_loading`..."""
     deepspeed: dict | str | None = None
-    """Not supported: use a Lightning DeepSpeed strategy; must stay None."""
+    """A DeepSpeed config (a dict or a JSON file); HF's `"auto"` values are filled from these arguments."""
 
     # --- Debugging ---
     debug: str | list[str] = ""

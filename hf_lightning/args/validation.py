@@ -16,6 +16,7 @@ from hf_lightning.args import choices
 from hf_lightning.args.choices import OPTIMIZER_NAMES, SAMPLING_STRATEGIES, SCHEDULER_NAMES
 from hf_lightning.args.field_types import check_field_types
 from hf_lightning.args.hf_fields import normalise_hf_fields
+from hf_lightning.args.parallel import strategy_problems
 
 TrainingArguments = Any
 """The dataclass these checks run for (`training_args.py` calls them); not imported here, it imports this module."""
@@ -117,9 +118,9 @@ def normalise_and_check(args: TrainingArguments) -> None:
     _check_choice(issues, "eval_strategy", args.eval_strategy, _choices("IntervalStrategyName"))
     _check_choice(issues, "logging_strategy", args.logging_strategy, _choices("IntervalStrategyName"))
     _check_choice(issues, "save_strategy", args.save_strategy, _choices("SaveStrategyName"))
-    if args.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
+    if args.train_sampling_strategy == "batch_rebalance":
         issues.append(f"`train_sampling_strategy`={args.train_sampling_strategy!r} is not supported by hf_lightning "
-                      f"(length-grouped sampling is not implemented); allowed: {', '.join(SAMPLING_STRATEGIES)}.")
+                      f"(token-balanced batches are not implemented); allowed: {', '.join(SAMPLING_STRATEGIES)}.")
     else:
         _check_choice(issues, "train_sampling_strategy", args.train_sampling_strategy, SAMPLING_STRATEGIES)
     _check_choice(issues, "optim", args.optim, OPTIMIZER_NAMES)
@@ -136,6 +137,13 @@ def normalise_and_check(args: TrainingArguments) -> None:
         issues.append(f"Got warmup_steps = {args.warmup_steps}, Expected value warmup_steps >= 0")
     if args.bf16 and args.fp16:
         issues.append("`bf16`=True and `fp16`=True: choose at most one mixed precision.")
+    if args.fp16_full_eval and args.bf16_full_eval:
+        issues.append("At most one of fp16 and bf16 can be True for full eval, but not both")  # HF's words
+    cache_steps = args.torch_empty_cache_steps
+    if cache_steps is not None and (isinstance(cache_steps, bool) or not isinstance(cache_steps, int)
+                                    or cache_steps <= 0):
+        issues.append(f"`torch_empty_cache_steps` must be an integer bigger than 0, got {cache_steps}.")
+    issues.extend(strategy_problems(args))  # fsdp / deepspeed / ddp_* as HF reads them (args/parallel.py)
     for name in args.include_for_metrics:
         if name not in ("inputs", "loss"):
             issues.append(f"`include_for_metrics` entry {name!r} is not valid; allowed: inputs, loss.")

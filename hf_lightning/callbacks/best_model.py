@@ -13,7 +13,6 @@ Rotation never deletes it: `checkpointing/rotation.py`.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -21,8 +20,8 @@ import numpy as np
 import torch
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.checkpointing.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 from hf_lightning.hf_messages import logger
-from hf_lightning.resume.find import WEIGHT_FILES
 from hf_lightning.resume.load import load_weights
 
 __all__ = ["BestModelTracker", "metric_key", "unreachable_best_metric"]
@@ -119,14 +118,15 @@ class BestModelTracker:
                                    f"{list(metrics)}.")
                 config.scheduler.step(metrics[key])
 
-    def load_best(self, model: Any, state: Any) -> None:
-        """`load_best_model_at_end` (T:2001-2003, 2280-2353): the best checkpoint's weights into `model`."""
+    def load_best(self, model: Any, state: Any, strategy: Any = None) -> None:
+        """`load_best_model_at_end` (T:2001-2003, 2280-2353): the best checkpoint's weights into `model` (sharded by
+        `strategy`, if any: FSDP, DeepSpeed ZeRO-3)."""
         folder = state.best_model_checkpoint
         if not self.args.load_best_model_at_end or folder is None:
             return
         logger.info(f"Loading best model from {folder} (score: {state.best_metric}).")  # T:3737
-        weights = next((Path(folder) / n for n in WEIGHT_FILES if (Path(folder) / n).is_file()), None)
+        weights = weights_file(folder)  # full weights, or a PEFT model's adapter
         if weights is None:
             raise FileNotFoundError(f"load_best_model_at_end: no weights file in {folder} (expected one of "
-                                    f"{list(WEIGHT_FILES)}).")
-        load_weights(model, weights, what="load_best_model_at_end")
+                                    f"{list(WEIGHT_FILES + ADAPTER_WEIGHT_FILES)}).")
+        load_weights(model, weights, what="load_best_model_at_end", strategy=strategy)

@@ -6,8 +6,9 @@ tracking: `best_model.py`).
   this run's temporary folders.
 - `save` is `Trainer._save_checkpoint` (T:3355-3422): point `best_model_checkpoint` at
   `checkpoint-<best_global_step>` if that folder exists, write `tmp-checkpoint-<step>-<run>` (rank 0 the shared
-  files, every rank its RNG file, all ranks the FSDP2 collectives), check, flush and rename it on rank 0 once all
-  ranks are done, then rotate with HF's rule on rank 0 after a barrier. Rotation deletes by renaming first.
+  files, every rank its RNG file, all ranks the FSDP and DeepSpeed collectives), check, flush and rename it on
+  rank 0 once all ranks are done, then rotate with HF's rule on rank 0 after a barrier. Rotation deletes by
+  renaming first.
 - With `save_async=True` the save step only captures the state in CPU memory (`checkpointing/content.py`) and a
   background thread writes, renames and rotates (`checkpointing/background.py`); the next save, the end of
   training and `end_run` wait for it first, so one save is in flight at most and its error surfaces here.
@@ -46,6 +47,12 @@ from hf_lightning.checkpointing.rotation import final_cleanup, select_for_deleti
 from hf_lightning.checkpointing.run_lock import RunLock
 from hf_lightning.contracts import ResumableTrainStream, flow_model
 from hf_lightning.hf_messages import logger as log
+from hf_lightning.parallel.checkpoint import (
+    gather_full_weights,
+    is_deepspeed,
+    optimizer_shard_owner,
+    save_engine_state,
+)
 
 __all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
 
@@ -132,10 +139,12 @@ class CheckpointSaver:
         if error is not None:
             raise error(message)
         self.run = run
-        if self.args.save_async and dist_state.is_sharded(flow_model(trainer.lightning_module)):
-            raise ValueError("save_async=True is not supported for a sharded (FSDP2) model: its weights are gathered "
-                             "and its optimizer written by collectives, which cannot run beside training. Use "
-                             "save_async=False.")
+        strategy = trainer.strategy
+        if self.args.save_async and (optimizer_shard_owner(strategy, flow_model(trainer.lightning_module))
+                                     is not None or is_deepspeed(strategy)):
+            raise ValueError("save_async=True is not supported for a sharded model (FSDP2, FSDP or DeepSpeed): its "
+                             "weights are gathered and its optimizer written by collectives, which cannot run beside "
+                             "training. Use save_async=False.")
 
     def end_run(self, trainer: pl.Trainer | None = None) -> None:
         """Wait for a save in flight (its error is not raised here: `wait` did, or an exception is on its way), then
@@ -195,14 +204,15 @@ class CheckpointSaver:
                epoch_ending: bool = False, skip_callbacks: Sequence[Any] = ()) -> None:
         """Write `tmp-checkpoint-<step>-<run>` from every rank, then rename it on rank 0 once all ranks are done.
 
-        Rank 0 writes the shared files, every rank its own RNG file; under FSDP2 the full weights are gathered and
-        the optimizer shards written by all ranks (collectives). Only the rename makes the folder a checkpoint. A
-        failed write (e.g. a full disk) removes the unfinished folder and raises `CheckpointWriteError`.
+        Rank 0 writes the shared files, every rank its own RNG file; under FSDP the full weights are gathered and
+        the optimizer shards written by all ranks, under DeepSpeed the engine's checkpoint (collectives,
+        `parallel/checkpoint.py`). Only the rename makes the folder a checkpoint. A failed write (e.g. a full disk)
+        removes the unfinished folder and raises `CheckpointWriteError`.
         """
         run = self._run_id()
         tmp = tmp_folder(self.output_dir, step, run)
         try:
-            self._write_files(trainer, pl_module, state, tmp, epoch_ending, skip_callbacks)
+            self._write_files(trainer, pl_module, state, step, tmp, epoch_ending, skip_callbacks)
         except CheckpointWriteError:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -210,7 +220,7 @@ class CheckpointSaver:
             finalize_checkpoint(self.output_dir, step, run, self.lock.check_held if self.lock else None,
                                 durable=self.durable)
 
-    def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, tmp: Path,
+    def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int, tmp: Path,
                      epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
         strategy = trainer.strategy
         if trainer.is_global_zero:
@@ -220,10 +230,12 @@ class CheckpointSaver:
         if self.save_model is not None:
             self.save_model(str(tmp))  # every rank, as HF's `_save_checkpoint` calls `save_model`
         content = self._capture(trainer, pl_module, state, epoch_ending, skip_callbacks, copy_state=False)
-        model = flow_model(pl_module)
-        optimizer = self._optimizer(trainer)
-        if not self.args.save_only_model and optimizer is not None and dist_state.is_sharded(model):
-            dist_state.save_sharded_optimizer(model, optimizer, tmp / SHARDED_OPTIMIZER_DIR)  # a collective
+        if not self.args.save_only_model:
+            model, optimizer, strategy = flow_model(pl_module), self._optimizer(trainer), trainer.strategy
+            owner = optimizer_shard_owner(strategy, model)
+            if owner is not None and optimizer is not None:
+                dist_state.save_sharded_optimizer(owner, optimizer, tmp / SHARDED_OPTIMIZER_DIR)  # a collective
+            save_engine_state(strategy, tmp, step)  # DeepSpeed: optimizer and master weights (every rank)
         write_content(content, tmp, self.args.save_only_model, self.durable)
         strategy.barrier("hf_lightning_save_written")
 
@@ -242,8 +254,8 @@ class CheckpointSaver:
         memory that training can no longer change (`copy_state=True`, written in the background)."""
         model = flow_model(pl_module)
         own_model_files = self.save_model is None  # else the overridden `save_model` wrote them (`_write_files`)
-        # collective under FSDP2, None otherwise
-        full_state = dist_state.full_model_state_dict(model) if own_model_files else None
+        # collective under FSDP / ZeRO-3, None otherwise
+        full_state = gather_full_weights(trainer.strategy, model) if own_model_files else None
         content = CheckpointContent(trainer.world_size, trainer.global_rank)
         keep = cpu_copy if copy_state else (lambda value: value)
         if trainer.is_global_zero:
@@ -259,7 +271,8 @@ class CheckpointSaver:
         if trainer.is_global_zero:
             scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
             scaler = grad_scaler(trainer)
-            if optimizer is not None and not dist_state.is_sharded(model):
+            whole = optimizer_shard_owner(trainer.strategy, model) is None and not is_deepspeed(trainer.strategy)
+            if optimizer is not None and whole:  # else sharded (`optimizer_sharded/`) or the engine's
                 content.optimizer = keep(optimizer.state_dict())
             content.scheduler = keep(scheduler.state_dict()) if scheduler is not None else None
             content.scaler = keep(scaler.state_dict()) if scaler is not None else None

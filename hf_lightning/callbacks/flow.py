@@ -46,7 +46,7 @@ from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import HFEvaluator
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
 from hf_lightning.callbacks.loop_steps import HFLoopSteps
-from hf_lightning.callbacks.tokens import TokenLogs
+from hf_lightning.callbacks.throughput import TokenLogs
 from hf_lightning.callbacks.train_log import (
     FlopsCounter,
     TrainLossTracker,
@@ -57,7 +57,9 @@ from hf_lightning.callbacks.train_log import (
 from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
 from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, flow_model, flow_module
 from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
+from hf_lightning.full_eval import cast_for_full_eval
 from hf_lightning.hf_messages import TRAINING_COMPLETED, logger
+from hf_lightning.neftune import NEFTune
 from hf_lightning.resume.load import CheckpointRestorer, start_fit
 from hf_lightning.threads import warn_if_oversubscribed
 
@@ -95,6 +97,7 @@ class HFTrainerFlow(HFLoopSteps):
         self.evaluator = HFEvaluator(self)
         self.plan: TrainingPlan | None = None
         self.loss = TrainLossTracker(args.logging_nan_inf_filter)
+        self.neftune = NEFTune(args.neftune_noise_alpha)
         self.flos = FlopsCounter()
         self.tokens = TokenLogs(args)
         self.resume_from_checkpoint: str | bool | None = None
@@ -137,6 +140,7 @@ class HFTrainerFlow(HFLoopSteps):
         metric_key_prefix: str = "eval", ckpt_path: str | None = None,
     ) -> EvaluationOutput:
         """HF's `evaluate()` with `trainer.validate`: every eval dataset's result (`.metrics`: HF's return value)."""
+        cast_for_full_eval(flow_model(module), self.args)  # bf16 / fp16_full_eval, outside training only (as HF)
         request = EvalRequest(metric_key_prefix, ignore_keys)
         return self.evaluator.evaluate(trainer, module, datamodule, request, ckpt_path)
 
@@ -145,6 +149,7 @@ class HFTrainerFlow(HFLoopSteps):
         metric_key_prefix: str = "test", ckpt_path: str | None = None,
     ) -> EvalResult:
         """HF's `predict()` with `trainer.predict`: the predictions, labels and metrics (`PredictionOutput`'s)."""
+        cast_for_full_eval(flow_model(module), self.args)
         request = EvalRequest(metric_key_prefix, ignore_keys, is_prediction=True)
         return self.evaluator.predict(trainer, module, datamodule, request, ckpt_path)
 
@@ -222,6 +227,7 @@ class HFTrainerFlow(HFLoopSteps):
         self.handler.optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self.handler.lr_scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
         self.handler.train_dataloader = datamodule_of(trainer).train_loader()
+        self.neftune.start(flow_model(pl_module))  # the embeddings' noise hook, while training only (T:1537-1538)
         self.hf_event("on_train_begin")
         if self.args.eval_on_start:
             # No plateau-scheduler step and no best-metric update for this one (T:1655-1656, 3294-3331).
@@ -340,16 +346,18 @@ class HFTrainerFlow(HFLoopSteps):
         self.tokens.summary(metrics, trainer.strategy, self.state.total_flos)
         self.hf_log(trainer, metrics)  # adds "epoch", as HF's `TrainOutput.metrics` has it
         self._summary = metrics
-        self.best.load_best(flow_model(pl_module), self.state)
+        self.best.load_best(flow_model(pl_module), self.state, trainer.strategy)
         self.saver.finish(trainer, self.state)
         self.hf_event("on_train_end")
         self._end_steps()
+        self.neftune.stop()
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._end_quiet_resume()
         self.saver.end_run(trainer)  # Lightning skips `teardown` after an exception
         self._end_steps()
+        self.neftune.stop()
 
     @override
     def state_dict(self) -> dict[str, Any]:

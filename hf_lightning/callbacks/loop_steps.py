@@ -22,7 +22,7 @@ from hf_lightning.callbacks.best_model import BestModelTracker
 from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import EvaluationHooks
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
-from hf_lightning.callbacks.tokens import TokenLogs
+from hf_lightning.callbacks.throughput import TokenLogs
 from hf_lightning.callbacks.train_log import FlopsCounter, TrainLossTracker, UpdateReport, tensorboard_tag
 from hf_lightning.contracts import HFLoopHooks, flow_model
 from hf_lightning.data.windows import is_sized, num_examples
@@ -164,9 +164,9 @@ class HFLoopSteps(EvaluationHooks):
             self.owner.log(logs)
 
     def record_log(self, trainer: pl.Trainer | None, logs: dict[str, Any], start_time: float | None = None) -> None:
-        """The built-in `Trainer.log` (T:4181-4203): add `epoch` (and the input tokens seen, with this call's tokens/s
-        when `start_time` is given), append to `log_history` with `step`, `on_log`, write to the Lightning loggers
-        with HF's TensorBoard tag names."""
+        """The built-in `Trainer.log` (T:4181-4203): add `epoch` and `num_input_tokens_seen` (tokens_seen.py; with this
+        call's tokens/s when `start_time` is given), append to `log_history` with `step`, `on_log`, write to the
+        Lightning loggers with HF's TensorBoard tag names."""
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
         self.tokens.annotate(logs, self.state, start_time)

@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 from hf_lightning.checkpointing.folders import checkpoint_folders
+from hf_lightning.checkpointing.weight_files import adapter_subfolders
 
 __all__ = ["DamagedCheckpointError", "damaged_file_error", "file_problem", "folder_problems",
            "previous_complete_checkpoint"]
@@ -81,13 +82,16 @@ def file_problem(path: str | Path) -> str | None:
 
 
 def folder_problems(folder: str | Path) -> dict[str, str]:
-    """`{file name: problem}` for every damaged file directly in `folder`."""
+    """`{file name: problem}` for every damaged file directly in `folder` or in a PEFT adapter's sub-folder (a named
+    adapter is saved in `<folder>/<adapter name>/`, `weight_files.py`; named `<adapter name>/<file>`)."""
+    folder = Path(folder)
     problems = {}
-    for path in sorted(Path(folder).iterdir()):
-        if path.is_file() and path.suffix in _CHECKED_SUFFIXES:
-            problem = file_problem(path)
-            if problem is not None:
-                problems[path.name] = problem
+    for directory in (folder, *adapter_subfolders(folder)):
+        for path in sorted(directory.iterdir()):
+            if path.is_file() and path.suffix in _CHECKED_SUFFIXES:
+                problem = file_problem(path)
+                if problem is not None:
+                    problems[str(path.relative_to(folder))] = problem
     return problems
 
 

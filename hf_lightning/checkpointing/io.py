@@ -40,6 +40,7 @@ from hf_lightning.checkpointing.folders import (
     tmp_folder,
 )
 from hf_lightning.checkpointing.permissions import apply_umask
+from hf_lightning.checkpointing.weight_files import weights_file
 
 __all__ = [
     "CHECKPOINT_PREFIX", "TMP_PREFIX", "LIGHTNING_STATE_NAME", "SHARDED_OPTIMIZER_DIR", "TRAINER_STATE_NAME",
@@ -207,12 +208,13 @@ def finalize_checkpoint(output_dir: str | Path, step: int, run: str, check_held:
     (`folders.replace_checkpoint`). `durable=False` skips the flushes (measuring their cost only).
 
     Raises:
-        FileNotFoundError: the temporary folder is missing or lacks its weights or `trainer_state.json`.
+        FileNotFoundError: the temporary folder is missing or lacks its weights (the model's or a PEFT adapter's)
+            or `trainer_state.json`.
     """
     output_dir = Path(output_dir)
     tmp = tmp_folder(output_dir, step, run)
     missing = [name for name in (TRAINER_STATE_NAME,) if not (tmp / name).is_file()]
-    if not any((tmp / name).is_file() for name in ("model.safetensors", "model.safetensors.index.json")):
+    if weights_file(tmp) is None:  # a PEFT model's checkpoint holds its adapter instead (weight_files.py)
         missing.append("model.safetensors")
     if not tmp.is_dir() or missing:
         raise FileNotFoundError(f"The checkpoint folder {tmp} is {'missing' if not tmp.is_dir() else 'incomplete'}"

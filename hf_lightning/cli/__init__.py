@@ -10,6 +10,7 @@ A config has these sections::
     hf_callbacks: [...]            # optional: transformers.TrainerCallback class paths (tasks/hf_callbacks.py)
     allow_code_from: [...]         # optional: your packages, from which config_class / auto_class / hf_callbacks
                                    # may be imported (by default a config imports transformers classes only)
+    peft: {...}                    # optional: a LoRA adapter, peft.LoraConfig fields (tasks/peft_config.py)
     eval_loss_weighting: samples   # optional: HF's eval_loss ("samples") or the per-token mean ("tokens")
 
 - `precheck`: the `task` / `args` / `model` / `data` sections checked before Lightning is imported.

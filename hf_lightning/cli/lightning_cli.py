@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import partial
 from typing import Any, Literal, NoReturn, Union
 
 import jsonargparse
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
-from transformers import set_seed
 from transformers.trainer_utils import PredictionOutput
 from typing_extensions import override
 
@@ -25,10 +25,13 @@ from hf_lightning.args.to_lightning import lightning_trainer_kwargs
 from hf_lightning.checkpointing.checks import output_dir_problem
 from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.checkpointing.run_lock import OutputDirLocked
-from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, split_callbacks
+from hf_lightning.checkpointing.weight_files import is_adapter_file, weights_file
+from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, fit_with_batch_search, split_callbacks
+from hf_lightning.parallel.checkpoint import gather_full_weights
 from hf_lightning.prediction_writer import write_predictions
 from hf_lightning.pretrained_source import check_pretrained_source, looks_like_path, missing_local_folder
 from hf_lightning.resume.find import existing_checkpoint_conflict, resolve_resume
+from hf_lightning.seeding import seed_as_hf
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 from hf_lightning.summary import fit_summary, logger_paths
 from hf_lightning.tasks import checks
@@ -36,6 +39,7 @@ from hf_lightning.tasks.datamodule import TaskDataModule, splits_for_stage
 from hf_lightning.tasks.generation import write_prediction_texts
 from hf_lightning.tasks.hf_callbacks import build_hf_callbacks
 from hf_lightning.tasks.loading import build_model, label_list_for, load_split, load_tokenizer
+from hf_lightning.tasks.peft_config import apply_peft
 from hf_lightning.tasks.registry import args_for_task, get_task, resolve, task_names
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 
@@ -145,6 +149,11 @@ class HFLightningCLI(LightningCLI):
             help="eval_loss as HF computes it ('samples': sample-weighted mean of batch means) or the mean over "
                  "every label token ('tokens'); the facade's `eval_loss_weighting`.",
         )
+        parser.add_argument(
+            "--peft", type=dict[str, Any] | None, default=None,
+            help="A LoRA adapter on the model: peft.LoraConfig fields, e.g. {r: 8, lora_alpha: 16, target_modules: "
+                 "[c_attn]} (task_type from the task). Needs the peft extra.",
+        )
         parser.add_class_arguments(ModelSpec, "model", instantiate=False, sub_configs=True)
         parser.add_class_arguments(DataSpec, "data", instantiate=False, sub_configs=True)
 
@@ -186,13 +195,16 @@ class HFLightningCLI(LightningCLI):
         if (problem := output_dir_problem(args.resolved_output_dir)) is not None:
             raise ValueError(problem.replace("output_dir=", "args.output_dir="))
         model_values = self._section("model")
+        adapter: str | None = None
         self.ckpt_for_lightning: str | None = self.config_init[sub].get("ckpt_path")
         if sub == "fit":
             self.ckpt_for_lightning = resolve_resume(args, self.ckpt_for_lightning)
             _check_output_dir(args, self.ckpt_for_lightning)  # the flow checks again at fit; here it is one line
         elif self.ckpt_for_lightning and os.path.isdir(self.ckpt_for_lightning):
-            # one of our checkpoint folders: it is a pretrained model directory
-            model_values.update(model_name_or_path=self.ckpt_for_lightning, config_class=None, config_kwargs={})
+            if (found := weights_file(self.ckpt_for_lightning)) is not None and is_adapter_file(found):
+                adapter = self.ckpt_for_lightning  # a PEFT checkpoint: the base from `model`, its adapter on top
+            else:  # one of our checkpoint folders: it is a pretrained model directory
+                model_values.update(model_name_or_path=self.ckpt_for_lightning, config_class=None, config_kwargs={})
             self.ckpt_for_lightning = None
         elif self.ckpt_for_lightning and self.ckpt_for_lightning not in ("best", "last", "hpc", "registry") \
                 and not os.path.isfile(self.ckpt_for_lightning):
@@ -200,7 +212,7 @@ class HFLightningCLI(LightningCLI):
         model_spec, data_spec = ModelSpec(**model_values), DataSpec(**self._section("data"))
         _check_sources(model_spec, data_spec)
         self.hf_args = args
-        set_seed(args.seed)
+        seed_as_hf(args)
         raw = {name: load_split(data_spec, name) for name in splits_for_stage(sub, args)}
         # data against model here, not inside fit: each mismatch is one error line (tasks/checks.py)
         checks.check_columns(task, data_spec, raw)
@@ -217,7 +229,8 @@ class HFLightningCLI(LightningCLI):
         checks.check_label_values(task, data_spec, raw, labels)
         label2id = {name: i for i, name in enumerate(labels)} if labels is not None else None
         allow_code_from = list(cfg.get("allow_code_from") or [])
-        model = build_model(model_spec, task, tokenizer, labels, allow_code_from)
+        model = apply_peft(build_model(model_spec, task, tokenizer, labels, allow_code_from), cfg.get("peft"),
+                           task.name, adapter)
         checks.check_lengths(task, data_spec, model.config)
         self.datamodule = TaskDataModule(task, data_spec, args, tokenizer, label2id, sub, raw=raw)
 
@@ -231,31 +244,44 @@ class HFLightningCLI(LightningCLI):
         hf_callbacks, lightning_callbacks = split_callbacks(callbacks if isinstance(callbacks, list) else [callbacks])
         hf_callbacks += build_hf_callbacks(cfg.get("hf_callbacks"), allow_code_from)
         try:
-            trainer_kwargs = lightning_trainer_kwargs(args, user)
+            trainer_kwargs = lightning_trainer_kwargs(args, user, model)
         except ValueError as err:
             raise ValueError(str(err).replace("lightning_kwargs", "trainer options").replace(
                 "TrainingArguments.", "args.")) from None
         self.flow = build_flow(args, hf_callbacks, tokenizer)
         self.flow.hf_init_end(model)
         save_config = SaveConfigCallback(self._parser(sub), self.config[sub], **self.save_config_kwargs)
-        self.trainer = build_lightning_trainer(self.flow, [*lightning_callbacks, save_config], trainer_kwargs)
+
+        def new_trainer() -> Any:  # a fresh one for each run (auto_find_batch_size may run fit again)
+            return build_lightning_trainer(self.flow, [*lightning_callbacks, save_config], trainer_kwargs)
+
+        self._new_trainer = new_trainer
+        self.trainer = new_trainer()
 
     # ----- subcommands -----
     def fit(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Train, save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`) and the
         train metrics to `<output_dir>/train_results.json` (HF scripts' `save_metrics("train", ...)`), then print
         the summary (`summary.fit_summary`)."""
-        # the flow restores an HF-layout checkpoint folder itself (resume/load.py), as in the facade
+        # the flow restores an HF-layout checkpoint folder itself (resume/load.py), as in the facade; with
+        # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch (batch_search.py)
+        attempts = iter([self.trainer])
+
+        def fit_once() -> Any:
+            self.trainer = next(attempts, None) or self._new_trainer()
+            resume = self.ckpt_for_lightning or False
+            return self.flow.fit(self.trainer, model, datamodule, resume_from_checkpoint=resume)
+
         try:
-            output = self.flow.fit(self.trainer, model, datamodule,
-                                   resume_from_checkpoint=self.ckpt_for_lightning or False)
+            output = fit_with_batch_search(self.hf_args, self.ckpt_for_lightning, fit_once)
         except OutputDirLocked as err:  # another run uses output_dir: one line (from one process), not a traceback
             if self.trainer.is_global_zero:
                 self._error(err)
             sys.exit(2)
         out = self.hf_args.resolved_output_dir
         save_final_model(model.model, out, datamodule.processing_class, self.hf_args,
-                         is_global_zero=self.trainer.is_global_zero)  # every process: the FSDP2 gather
+                         is_global_zero=self.trainer.is_global_zero,  # every process: the FSDP / ZeRO-3 gather
+                         gather=partial(gather_full_weights, self.trainer.strategy))
         if self.trainer.is_global_zero:
             with open(os.path.join(out, "train_results.json"), "w") as f:
                 json.dump(output.metrics, f, indent=2, default=float)

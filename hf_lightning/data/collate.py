@@ -3,7 +3,8 @@
 - `default_collator`: `DataCollatorWithPadding(processing_class)` for a tokenizer or sequence feature extractor,
   otherwise `default_data_collator` (T:562-568).
 - `signature_columns` / `remove_unused_columns`: the model's `forward` parameter names plus `label`, `label_ids` and
-  the label names (T:1179-1244); a `datasets.Dataset` loses the other columns, other datasets are filtered per item.
+  the label names (T:1179-1244; the transformers model's, inside PEFT and compile wrappers); a `datasets.Dataset`
+  loses the other columns, other datasets are filtered per item.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from torch import nn
 from transformers import DataCollatorWithPadding, PreTrainedTokenizerBase, default_data_collator
 from transformers.feature_extraction_sequence_utils import SequenceFeatureExtractor
 from transformers.utils import find_labels
+
+from hf_lightning.model_wrappers import unwrap_model
 
 __all__ = [
     "ColumnFilter",
@@ -36,12 +39,19 @@ def default_collator(processing_class: Any = None) -> Collator:
 
 
 def find_label_names(model: nn.Module) -> list[str]:
-    """`forward` parameters whose name contains "label" (plus QA start/end positions), as `transformers.find_labels`."""
-    return find_labels(type(model))
+    """`forward` parameters whose name contains "label" (plus QA start/end positions), as `transformers.find_labels`,
+    of the transformers model inside PEFT / compile wrappers (T:530-532)."""
+    return find_labels(type(unwrap_model(model)))
 
 
 def signature_columns(model: nn.Module, label_names: Sequence[str]) -> list[str]:
-    """Columns the model can take: its `forward` parameters plus `label`, `label_ids` and the label names."""
+    """Columns the model can take: its `forward` parameters plus `label`, `label_ids` and the label names.
+
+    The `forward` inspected is the transformers model's, inside PEFT (as HF, T:1179-1191) and `torch.compile` wrappers:
+    a compiled model's own `forward(*args, **kwargs)` names no column (HF inspects that one and drops every input
+    column of a model the user compiled; README "Compiling the model").
+    """
+    model = unwrap_model(model)
     forward = getattr(model, "forward", model)
     params = list(inspect.signature(forward).parameters)
     return list(dict.fromkeys([*params, "label", "label_ids", *label_names]))

@@ -24,7 +24,6 @@ from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 from transformers.trainer_utils import seed_worker
 from typing_extensions import override
@@ -39,6 +38,7 @@ from hf_lightning.data.collate import (
     remove_unused_columns,
     signature_columns,
 )
+from hf_lightning.data.length_grouping import train_sample_lengths
 from hf_lightning.data.sampling import (
     ContiguousShardSampler,
     EpochSampler,
@@ -46,15 +46,9 @@ from hf_lightning.data.sampling import (
     WindowBatchSampler,
     dataset_length,
 )
-from hf_lightning.data.stream_loader import (
-    WindowedStream,
-    is_resumable_stream,
-    is_stateful_loader,
-    resumable_train_stream,
-    stateful_loader,
-)
-from hf_lightning.data.stream_state import from_plain, to_plain
-from hf_lightning.data.windows import EpochLoader, LazyWindow, WindowStream, is_sized
+from hf_lightning.data.stream_loader import WindowedStream, iterable_loader, stream_windows
+from hf_lightning.data.stream_state import to_plain
+from hf_lightning.data.windows import EpochLoader, LazyWindow, WindowStream, is_sized, loader_options
 
 __all__ = ["TransformerDataModule", "ContiguousShardSampler"]
 
@@ -110,6 +104,10 @@ class TransformerDataModule(pl.LightningDataModule):
         """With `resume_position`: the saved position of an unsized train stream after those windows (or None)."""
         self.train_stream: WindowedStream | None = None
         """The windows of the current unsized train loader (None for a sized one)."""
+        self.train_lengths: list[int] | None = None
+        """The training samples' lengths, for `train_sampling_strategy="group_by_length"` (measured in `setup`)."""
+        self._lengths_of: Any = None
+        self._train_lengths()  # a bad length column is an error now, not at fit
 
     @staticmethod
     def _named(eval_dataset: Any) -> dict[str, Any] | None:
@@ -132,9 +130,24 @@ class TransformerDataModule(pl.LightningDataModule):
     # ----- column handling -----
     @override
     def setup(self, stage: str) -> None:
-        """Resolve the columns the model accepts (HF `remove_unused_columns`); every loader drops the others, as HF's
-        `_get_dataloader` does, and the datasets themselves stay as given (HF's `trainer.train_dataset` is too)."""
+        """Measure the training samples for `group_by_length` (once per train dataset), then resolve the columns the
+        model accepts (HF `remove_unused_columns`); every loader drops the others, as HF's `_get_dataloader` does, and
+        the datasets themselves stay as given (HF's `trainer.train_dataset` is too), so a length column is still
+        there to be read."""
+        self._train_lengths()
         self._resolve_columns()
+
+    def _train_lengths(self) -> list[int] | None:
+        """The train dataset's lengths for `group_by_length` (None for another order), measured once per dataset."""
+        if self.args.train_sampling_strategy != "group_by_length" or self.train_dataset is None:
+            return None
+        if self._lengths_of is not self.train_dataset:
+            self.train_lengths = self._sample_lengths(self.train_dataset)
+            self._lengths_of = self.train_dataset
+        return self.train_lengths
+
+    def _sample_lengths(self, dataset: Any) -> list[int]:
+        return train_sample_lengths(dataset, self.args.length_column_name, self.processing_class)
 
     def _resolve_columns(self) -> None:
         module = self.trainer.lightning_module if self.trainer is not None else None
@@ -159,6 +172,12 @@ class TransformerDataModule(pl.LightningDataModule):
         if stage == "fit":
             self._fit_loader = None
 
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        """A failed fit (Lightning skips `teardown` then) leaves no loader behind: `auto_find_batch_size` fits again
+        with a smaller batch and must get a new one."""
+        self._fit_loader = None
+
     # ----- distribution -----
     def _world(self) -> tuple[int, int]:
         trainer = self.trainer
@@ -173,16 +192,7 @@ class TransformerDataModule(pl.LightningDataModule):
         return trainer.world_size, trainer.global_rank
 
     def _loader_kwargs(self) -> dict[str, Any]:
-        args = self.args
-        kwargs: dict[str, Any] = {
-            "num_workers": args.dataloader_num_workers,
-            "pin_memory": args.dataloader_pin_memory and not args.use_cpu and torch.cuda.is_available(),
-        }
-        if args.dataloader_num_workers > 0:
-            kwargs["persistent_workers"] = args.dataloader_persistent_workers
-            if args.dataloader_prefetch_factor is not None:
-                kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
-        return kwargs
+        return loader_options(self.args)
 
     # ----- HF's dataloader methods (the built-ins; an `hf_lightning.Trainer` subclass may override them) -----
     def get_train_dataloader(self) -> DataLoader:
@@ -259,13 +269,19 @@ class TransformerDataModule(pl.LightningDataModule):
                                        loaders._get_eval_sampler)
 
     def _get_train_sampler(self, train_dataset: Any = None) -> Sampler | None:
-        """HF's training order (T:1071-1145): the seeded `seed + epoch` permutation, or sequential; None if unsized."""
+        """HF's training order (T:1071-1145): the seeded `seed + epoch` permutation, sequential, or length-grouped in
+        groups of `train_batch_size * gradient_accumulation_steps` (HF's `LengthGroupedSampler`); None if unsized."""
         dataset = train_dataset if train_dataset is not None else self.train_dataset
         size = dataset_length(dataset)
         if size is None:
             return None
-        seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-        return EpochSampler(size, seed, shuffle=self.args.train_sampling_strategy == "random")
+        args = self.args
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        lengths = self._train_lengths()
+        if lengths is not None and len(lengths) != size:  # another dataset than `train_dataset`
+            lengths = self._sample_lengths(dataset)
+        return EpochSampler(size, seed, shuffle=args.train_sampling_strategy == "random", lengths=lengths,
+                            group_size=args.per_device_train_batch_size * args.gradient_accumulation_steps)
 
     def _get_eval_sampler(self, eval_dataset: Any) -> Sampler | None:
         """Evaluation order: this process's contiguous, unpadded block of the dataset (None if unsized)."""
@@ -285,15 +301,8 @@ class TransformerDataModule(pl.LightningDataModule):
         kwargs = self._loader_kwargs()
         drop_last = self.args.dataloader_drop_last
         if isinstance(dataset, IterableDataset):
-            if is_training and world > 1:
-                dataset = self._split_by_node(dataset, world, rank)
-            if is_training and is_resumable_stream(dataset):
-                # a stream that reports its position: read through a `StatefulDataLoader` (O(1) resume, see
-                # `stream_loader.py`); any other is skipped by reading on resume, as HF does
-                return stateful_loader(resumable_train_stream(dataset), batch_size=batch_size, collate_fn=collate,
-                                       drop_last=drop_last, **kwargs)
-            loader_class = EpochLoader if is_training else DataLoader
-            return loader_class(dataset, batch_size=batch_size, collate_fn=collate, drop_last=drop_last, **kwargs)
+            return iterable_loader(dataset, is_training, world, rank, batch_size=batch_size, collate_fn=collate,
+                                   drop_last=drop_last, **kwargs)
         sampler = sampler_fn(dataset) if sampler_fn is not None else None
         if is_training:
             # HF seeds each worker from its base seed (`seed_worker`, T:1047-1050); collators draw there
@@ -310,24 +319,10 @@ class TransformerDataModule(pl.LightningDataModule):
         drop_last = self.args.dataloader_drop_last
         if isinstance(sampler, EpochSampler):
             return WindowBatchSampler(len(dataset), batch_size, 1, sampler.seed, sampler.shuffle, drop_last, world,
-                                      rank)
+                                      rank, lengths=sampler.lengths, group_size=sampler.group_size)
         if sampler is None:
             sampler = range(len(dataset))
         return OrderBatchSampler(sampler, batch_size, drop_last, world, rank)
-
-    @staticmethod
-    def _split_by_node(dataset: Any, world: int, rank: int) -> Any:
-        """A `datasets.IterableDataset` split across processes by node (a torch one cannot be)."""
-        # `datasets` (with pandas and pyarrow) only for this case: importing the data module stays light
-        from datasets import IterableDataset as HFIterable
-        from datasets.distributed import split_dataset_by_node
-
-        if not isinstance(dataset, HFIterable):
-            raise ValueError(
-                "A torch IterableDataset cannot be sharded across processes by hf_lightning; use a "
-                "`datasets.IterableDataset` or a map-style dataset for `train_dataset` under DDP."
-            )
-        return split_dataset_by_node(dataset, rank=rank, world_size=world)
 
     # ----- Lightning's loaders -----
     def train_loader(self) -> Any:
@@ -352,7 +347,9 @@ class TransformerDataModule(pl.LightningDataModule):
         loader = self._fit_train_loader()
         accumulation = self.args.gradient_accumulation_steps
         if not is_sized(loader):
-            return self._stream_windows(loader, accumulation)
+            self.train_stream = stream_windows(loader, accumulation, self.resume_position, self.resume_stream_position)
+            self.resume_position = self.resume_stream_position = None
+            return self.train_stream
         self.train_stream = None
         windows = WindowStream(loader, accumulation)
         if self.resume_position is not None:
@@ -360,21 +357,6 @@ class TransformerDataModule(pl.LightningDataModule):
             epoch, windows.skip = self.resume_position
             windows.set_epoch(epoch)
             self.resume_position = None
-        return windows
-
-    def _stream_windows(self, loader: Any, accumulation: int) -> WindowedStream:
-        """The windows of an unsized loader; a resumed one continues from its saved position when the loader can
-        restore one (`stream_loader.is_stateful_loader`), else it reads and drops the trained windows (as HF)."""
-        windows = WindowedStream(loader, accumulation, resumable=is_stateful_loader(loader))
-        self.train_stream = windows
-        if self.resume_position is not None:
-            epoch, done = self.resume_position
-            windows.set_epoch(epoch)
-            if done and self.resume_stream_position is not None and windows.resumable:
-                windows.start_at(done, from_plain(self.resume_stream_position))  # O(1): where the stream was
-            else:
-                windows.skip = done
-            self.resume_position = self.resume_stream_position = None
         return windows
 
     def train_stream_position(self, windows_done: int) -> Any:

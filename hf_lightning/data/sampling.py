@@ -5,7 +5,8 @@ pure function of `(seed, epoch, dataset size, batch size, world size, rank)`, so
 window of any epoch by slicing, without iterating the skipped data (O(1) in the number of skipped batches).
 
 - The permutation is `torch.randperm(n, generator=manual_seed(seed + epoch))`: what accelerate's
-  `SeedableRandomSampler` draws for the HF Trainer (seed = `data_seed` or `seed`).
+  `SeedableRandomSampler` draws for the HF Trainer (seed = `data_seed` or `seed`). With sample lengths
+  (`group_by_length`), HF's length grouping of that permutation (`length_grouping.py`).
 - Sharding across processes reproduces accelerate's `BatchSamplerShard` with `even_batches=True`: batch `i` goes to
   rank `i % world_size`, and the tail is completed with samples from the start so every rank has as many batches.
 - Windows hold `gradient_accumulation_steps` micro-batches; the last window of an epoch may be shorter (T:1862-1872).
@@ -20,15 +21,17 @@ dataset, or of another sampler's order).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
+from hf_lightning.data.length_grouping import length_grouped_order
+
 __all__ = [
     "ContiguousShardSampler", "EpochSampler", "OrderBatchSampler", "WindowBatchSampler", "dataset_length",
-    "epoch_order", "shard_batches",
+    "epoch_order", "shard_batches", "split_by_node",
 ]
 
 
@@ -109,6 +112,9 @@ class WindowBatchSampler(Sampler[list[int]]):
         drop_last: drop the last incomplete micro-batch of each epoch.
         world_size: number of processes.
         rank: this process.
+        lengths: the samples' lengths for `group_by_length` order (None: `shuffle` decides).
+        group_size: the samples per length group (default `batch_size * accumulation`, HF's
+            `train_batch_size * gradient_accumulation_steps`, T:1100-1105).
     """
 
     def __init__(
@@ -121,8 +127,12 @@ class WindowBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         world_size: int = 1,
         rank: int = 0,
+        lengths: Sequence[int] | None = None,
+        group_size: int | None = None,
     ) -> None:
         self.num_samples = num_samples
+        self.lengths = lengths
+        self.group_size = group_size if group_size is not None else batch_size * accumulation
         self.batch_size = batch_size
         self.accumulation = accumulation
         self.seed = seed
@@ -146,7 +156,8 @@ class WindowBatchSampler(Sampler[list[int]]):
 
     def microbatches(self, epoch: int | None = None) -> list[list[int]]:
         """This rank's micro-batches of `epoch` (default: the current one)."""
-        order = epoch_order(self.num_samples, self.seed, self.epoch if epoch is None else epoch, self.shuffle)
+        epoch = self.epoch if epoch is None else epoch
+        order = _order(self.num_samples, self.seed, epoch, self.shuffle, self.lengths, self.group_size)
         return shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last)
 
     def num_microbatches(self) -> int:
@@ -164,19 +175,33 @@ class WindowBatchSampler(Sampler[list[int]]):
             yield [i for batch in micro[w : w + self.accumulation] for i in batch]
 
 
+def _order(num_samples: int, seed: int, epoch: int, shuffle: bool, lengths: Sequence[int] | None,
+           group_size: int) -> list[int]:
+    """One epoch's order: length-grouped when `lengths` are given (`group_by_length`), else `epoch_order`."""
+    if lengths is not None:
+        return length_grouped_order(lengths, group_size, seed, epoch)
+    return epoch_order(num_samples, seed, epoch, shuffle)
+
+
 class EpochSampler(Sampler[int]):
-    """HF's default training order as a sampler: the `seed + epoch` permutation, or `range(n)` when not shuffling.
+    """HF's default training order as a sampler: the `seed + epoch` permutation, `range(n)` when not shuffling, or
+    the `group_by_length` order of that permutation (HF's `LengthGroupedSampler`) when `lengths` are given.
 
     Args:
         num_samples: dataset length.
         seed: the shuffle seed (`data_seed` or `seed`).
         shuffle: random (HF "random") or sequential order.
+        lengths: the samples' lengths for `group_by_length` order (None: `shuffle` decides).
+        group_size: the samples per length group (HF: `train_batch_size * gradient_accumulation_steps`).
     """
 
-    def __init__(self, num_samples: int, seed: int, shuffle: bool = True) -> None:
+    def __init__(self, num_samples: int, seed: int, shuffle: bool = True, lengths: Sequence[int] | None = None,
+                 group_size: int = 1) -> None:
         self.num_samples = num_samples
         self.seed = seed
         self.shuffle = shuffle
+        self.lengths = lengths
+        self.group_size = group_size
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -186,7 +211,7 @@ class EpochSampler(Sampler[int]):
         return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
-        return iter(epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle))
+        return iter(_order(self.num_samples, self.seed, self.epoch, self.shuffle, self.lengths, self.group_size))
 
 
 class OrderBatchSampler(Sampler[list[int]]):
@@ -270,3 +295,21 @@ class ContiguousShardSampler(Sampler[int]):
         if self.order is None:
             return iter(range(self.start, self.stop))
         return iter([int(i) for i in self.order][self.start:self.stop])
+
+
+def split_by_node(dataset: Any, world: int, rank: int) -> Any:
+    """A `datasets.IterableDataset` split across processes by node (a torch one cannot be).
+
+    Raises:
+        ValueError: `dataset` is a torch `IterableDataset`, not a `datasets` one.
+    """
+    # `datasets` (with pandas and pyarrow) only for this case: importing the data modules stays light
+    from datasets import IterableDataset as HFIterable
+    from datasets.distributed import split_dataset_by_node
+
+    if not isinstance(dataset, HFIterable):
+        raise ValueError(
+            "A torch IterableDataset cannot be sharded across processes by hf_lightning; use a "
+            "`datasets.IterableDataset` or a map-style dataset for `train_dataset` under DDP."
+        )
+    return split_dataset_by_node(dataset, rank=rank, world_size=world)

@@ -24,9 +24,12 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from hf_lightning.data.windows import set_loader_epoch
+from hf_lightning.data.sampling import split_by_node
+from hf_lightning.data.stream_state import from_plain
+from hf_lightning.data.windows import EpochLoader, set_loader_epoch
 
-__all__ = ["WindowedStream", "is_resumable_stream", "is_stateful_loader", "resumable_train_stream", "stateful_loader"]
+__all__ = ["WindowedStream", "is_resumable_stream", "is_stateful_loader", "iterable_loader", "resumable_train_stream",
+           "stateful_loader", "stream_windows"]
 
 _KEPT_POSITIONS = 3  # the window being trained, the one prefetched by Lightning, and one spare
 
@@ -79,6 +82,36 @@ def stateful_loader(dataset: Any, **loader_kwargs: Any) -> DataLoader:
         # torchdata 0.11 calls torch's deprecated `set_vital` in every loader's constructor (harmless, torch >= 2.9)
         warnings.filterwarnings("ignore", message=".*set_vital.*")
         return StatefulDataLoader(dataset, **loader_kwargs)
+
+
+def iterable_loader(dataset: IterableDataset, is_training: bool, world: int, rank: int, **loader_kwargs: Any
+                    ) -> DataLoader:
+    """The loader of an `IterableDataset`. Training: each process reads its share (`split_by_node`), a stream that
+    reports its position through a `StatefulDataLoader` (O(1) resume), any other through an `EpochLoader` (skipped by
+    reading on resume, as HF does); evaluation: a plain `DataLoader`."""
+    if not is_training:
+        return DataLoader(dataset, **loader_kwargs)
+    if world > 1:
+        dataset = split_by_node(dataset, world, rank)
+    if is_resumable_stream(dataset):
+        return stateful_loader(resumable_train_stream(dataset), **loader_kwargs)
+    return EpochLoader(dataset, **loader_kwargs)
+
+
+def stream_windows(loader: Any, accumulation: int, resume_position: tuple[int, int] | None,
+                   saved_position: Any) -> WindowedStream:
+    """The windows of an unsized train loader; resumed at `resume_position` (`(epoch, windows done)`), it continues
+    from `saved_position` (the checkpoint's, plain) when the loader can restore one (`is_stateful_loader`), else it
+    reads and drops the trained windows (as HF)."""
+    windows = WindowedStream(loader, accumulation, resumable=is_stateful_loader(loader))
+    if resume_position is not None:
+        epoch, done = resume_position
+        windows.set_epoch(epoch)
+        if done and saved_position is not None and windows.resumable:
+            windows.start_at(done, from_plain(saved_position))  # O(1): where the stream was
+        else:
+            windows.skip = done
+    return windows
 
 
 class WindowedStream:

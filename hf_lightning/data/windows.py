@@ -26,15 +26,30 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Sampler
 from transformers.trainer_pt_utils import IterableDatasetShard
 
 __all__ = [
     "EpochLoader", "LazyWindow", "MicroBatchStream", "SkipBatchSampler", "WindowStream", "is_sized",
-    "num_examples", "set_loader_epoch", "start_after", "window_sizes",
+    "loader_options", "num_examples", "set_loader_epoch", "start_after", "window_sizes",
 ]
 
 _END = object()
+
+
+def loader_options(args: Any) -> dict[str, Any]:
+    """The `DataLoader` options of HF's `_get_dataloader` (T:1007-1069) from the training arguments: workers, pinned
+    memory (only with CUDA in use), persistent workers and prefetching (only with workers)."""
+    options: dict[str, Any] = {
+        "num_workers": args.dataloader_num_workers,
+        "pin_memory": args.dataloader_pin_memory and not args.use_cpu and torch.cuda.is_available(),
+    }
+    if args.dataloader_num_workers > 0:
+        options["persistent_workers"] = args.dataloader_persistent_workers
+        if args.dataloader_prefetch_factor is not None:
+            options["prefetch_factor"] = args.dataloader_prefetch_factor
+    return options
 
 
 def is_sized(loader: Any) -> bool:

@@ -28,14 +28,11 @@ from hf_lightning.checkpointing.io import (
     TRAINER_STATE_NAME,
     rng_file_name,
 )
+from hf_lightning.checkpointing.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 from hf_lightning.resume.same_run import argument_differences
 
 __all__ = ["CheckpointFiles", "check_checkpoint", "existing_checkpoint_conflict", "last_checkpoint",
            "list_checkpoint_steps", "replaced_checkpoints_notice", "resolve_checkpoint", "resolve_resume"]
-
-WEIGHT_FILES = (
-    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
-)
 
 
 def list_checkpoint_steps(folder: str | Path) -> dict[int, Path]:
@@ -61,6 +58,8 @@ class CheckpointFiles:
     scaler: Path | None
     rng: Path | None
     lightning_state: Path | None
+    engine_state: Path | None = None
+    """DeepSpeed's own checkpoint (`global_step<N>/` and `latest`, written under DeepSpeed, as HF's): the folder."""
 
 
 def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> CheckpointFiles:
@@ -77,10 +76,11 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
     where = f"resume_from_checkpoint={str(folder)!r}"
     if not folder.is_dir():
         raise FileNotFoundError(f"{where}: no such checkpoint folder.")
-    weights = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
+    weights = weights_file(folder)
     if weights is None:
         raise FileNotFoundError(
-            f"{where}: incomplete checkpoint, the model weights file is missing (expected one of {list(WEIGHT_FILES)})."
+            f"{where}: incomplete checkpoint, the model weights file is missing (expected one of "
+            f"{list(WEIGHT_FILES + ADAPTER_WEIGHT_FILES)})."
         )
     if not (folder / TRAINER_STATE_NAME).is_file():
         raise FileNotFoundError(f"{where}: incomplete checkpoint, {TRAINER_STATE_NAME} is missing.")
@@ -90,9 +90,10 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
 
     optimizer, scheduler = optional("optimizer.pt"), optional("scheduler.pt")
     sharded = optional(SHARDED_OPTIMIZER_DIR)
+    engine = folder if (folder / "latest").is_file() else None  # DeepSpeed's marker file
     if (optimizer or sharded) and scheduler is None:
         raise FileNotFoundError(f"{where}: incomplete checkpoint, scheduler.pt is missing (optimizer state exists).")
-    if scheduler and not (optimizer or sharded):
+    if scheduler and not (optimizer or sharded or engine):
         raise FileNotFoundError(f"{where}: incomplete checkpoint, optimizer.pt is missing (scheduler.pt exists).")
     training_state = [p.name for p in sorted(folder.glob("rng_state*.pth"))] + (
         [LIGHTNING_STATE_NAME] if (folder / LIGHTNING_STATE_NAME).exists() else [])
@@ -106,7 +107,7 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
     return CheckpointFiles(
         path=folder, weights=weights, optimizer=optimizer, sharded_optimizer=sharded, scheduler=scheduler,
         scaler=optional("scaler.pt"), rng=optional(rng_file_name(world_size, rank)),
-        lightning_state=optional(LIGHTNING_STATE_NAME),
+        lightning_state=optional(LIGHTNING_STATE_NAME), engine_state=engine,
     )
 
 

@@ -29,12 +29,21 @@ from torch import nn
 
 from hf_lightning._lightning_compat import datamodule_of, grad_scaler, restart_train_iterator
 from hf_lightning.checkpointing import distributed as dist_state
+from hf_lightning.checkpointing.adapters import load_adapter_checkpoint
 from hf_lightning.checkpointing.integrity import damaged_file_error
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME
 from hf_lightning.checkpointing.lightning_state import epoch_geometry, geometry_changes, restore_callback_states
 from hf_lightning.checkpointing.stream_position import read_stream_position
+from hf_lightning.checkpointing.weight_files import is_adapter_file
 from hf_lightning.contracts import FlowDataModule, ResumableTrainStream, flow_model
 from hf_lightning.hf_messages import logger as hf_logger
+from hf_lightning.parallel.checkpoint import (
+    full_shapes,
+    is_deepspeed,
+    load_engine_state,
+    load_full_weights,
+    optimizer_shard_owner,
+)
 from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
@@ -108,14 +117,23 @@ def weight_mismatches(model_shapes: dict[str, tuple[int, ...]], saved_shapes: di
     return problems
 
 
-def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_checkpoint") -> None:
-    """Load a checkpoint's weights into `model` (plain or FSDP2-sharded) after checking they belong to it.
+def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_checkpoint", strategy: Any = None
+                 ) -> None:
+    """Load a checkpoint's weights into `model` (plain, or sharded by `strategy`) after checking they belong to it.
+
+    A PEFT adapter file is loaded into the `PeftModel`'s adapter instead (`checkpointing/adapters.py`).
 
     Raises:
         ValueError: the checkpoint belongs to a different model (names the parameters whose shapes differ).
     """
+    if is_adapter_file(path):
+        load_adapter_checkpoint(model, path, what)
+        return
     saved = read_weights(path, what)
-    model_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    model_shapes = full_shapes(strategy, model)
+    if model_shapes is None:  # FSDP1: the shards do not know the shapes; torch checks them while loading
+        load_full_weights(strategy, model, saved)
+        return
     problems = weight_mismatches(model_shapes, {k: tuple(v.shape) for k, v in saved.items()})
     if problems:
         listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
@@ -123,7 +141,7 @@ def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_ch
     missing = sorted(set(model_shapes) - set(saved))
     if missing:
         log.info("Weights not in %s (kept as initialised, e.g. tied): %s", path, missing[:10])
-    dist_state.load_model_state(model, saved)
+    load_full_weights(strategy, model, saved)
 
 
 def _torch_load(path: Path) -> Any:
@@ -181,13 +199,23 @@ class CheckpointRestorer:
             raise ValueError(conflict)
         _say_replaced(trainer, self.args, global_step)
         model = flow_model(pl_module)
+        strategy = trainer.strategy
         hf_logger.info(f"Loading model from {self.path}.")  # HF's message (T:3659)
-        load_weights(model, files.weights)
+        if is_deepspeed(strategy):
+            # the engine's checkpoint holds the fp32 master weights with the optimizer; HF resumes from it only
+            if not load_engine_state(strategy, files.path):
+                raise ValueError(f"Can't find a valid checkpoint at {files.path} (DeepSpeed resumes from a checkpoint "
+                                 "written under DeepSpeed: `global_step<N>/` and `latest`).")
+        else:
+            load_weights(model, files.weights, strategy=strategy)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         optimizer = getattr(optimizer, "optimizer", optimizer)
-        if optimizer is not None and files.sharded_optimizer is not None:
-            read_file(files.sharded_optimizer, lambda p: dist_state.load_sharded_optimizer(model, optimizer, p))
-        elif optimizer is not None and files.optimizer is not None:
+        owner = optimizer_shard_owner(strategy, model)
+        if optimizer is None or is_deepspeed(strategy):
+            pass  # DeepSpeed: loaded with the engine's checkpoint above
+        elif files.sharded_optimizer is not None and owner is not None:
+            read_file(files.sharded_optimizer, lambda p: dist_state.load_sharded_optimizer(owner, optimizer, p))
+        elif files.optimizer is not None:
             optimizer.load_state_dict(_torch_load(files.optimizer))
         if files.scheduler is not None and trainer.lr_scheduler_configs:
             trainer.lr_scheduler_configs[0].scheduler.load_state_dict(_torch_load(files.scheduler))

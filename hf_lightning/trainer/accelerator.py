@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from hf_lightning._lightning_compat import grad_scaler
-from hf_lightning.loss import unwrap_model
+from hf_lightning.model_wrappers import without_compile
 
 __all__ = ["LightningAccelerator", "SUPPORTED"]
 
@@ -60,7 +60,7 @@ class LightningAccelerator:
     def unwrap_model(self, model: nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
                      ) -> nn.Module:
         """The model inside DDP / `torch.compile` wrappers."""
-        return unwrap_model(model)
+        return without_compile(model)  # DDP and compile wrappers (a PEFT model stays one, as in accelerate)
 
     def autocast(self, autocast_handler: Any = None) -> AbstractContextManager:
         """The precision plugin's autocast context (already active inside a training or evaluation step)."""

@@ -61,9 +61,10 @@ class LoopHooks:
 
     @property
     def model_wrapped(self) -> nn.Module:
-        """HF's `model_wrapped`: the model itself. (Lightning wraps the LightningModule, not the model, in DDP / FSDP:
-        that wrapper is `lightning_trainer.strategy.model`; see README "Subclassing the Trainer".)"""
-        return self.model
+        """HF's `model_wrapped`: the compiled model when compiling (`torch_compile`), else the model itself. (Lightning
+        wraps the LightningModule, not the model, in DDP / FSDP: that wrapper is `lightning_trainer.strategy.model`;
+        see README "Subclassing the Trainer".)"""
+        return self.module.model_wrapped
 
     @property
     def accelerator(self) -> LightningAccelerator:

@@ -6,10 +6,17 @@ Usage:
       update 4: KILL_POINT "files" (model files written, RNG / trainer_state not yet) or "rename" (the temporary
       folder is complete, the rename has not happened).
   python checkpoint_train.py resume OUT_DIR STRATEGY RESULT_JSON
-      STRATEGY "ddp", "ddp-async" (`save_async=True`) or "fsdp2" on 2 CPU processes (gloo): an uninterrupted run of
-      6 updates (save_total_limit=2), then a run resumed from its checkpoint-4 (mid-epoch) in another output
-      directory; rank 0 writes both log histories to RESULT_JSON. "fsdp2-async" writes the error `save_async=True`
-      gets under FSDP2 instead.
+      On 2 CPU processes (gloo): an uninterrupted run of 6 updates (save_total_limit=2), then a run resumed from its
+      checkpoint-4 (mid-epoch) in another output directory; rank 0 writes both log histories to RESULT_JSON.
+      STRATEGY: "ddp" (`lightning_kwargs["strategy"]="ddp"`), "hf-ddp" (HF's `ddp_*` arguments, Lightning chooses
+      DDP), "fsdp2" (HF's `fsdp="full_shard auto_wrap"`: FSDP2 sharded by the default policy), "fsdp2-plain" (a plain
+      `ModelParallelStrategy` given in `lightning_kwargs`, no `configure_model` of ours) or "fsdp2-subclass" (a user
+      subclass sharding in its own `configure_model`).
+      CUDA only (tests/test_gpu.py), on min(2, GPUs) devices: "gpu-fp16" (fp16 with the grad scaler), "gpu-bf16",
+      "gpu-fsdp1" (`fsdp_config={"version": 1}`), "gpu-fsdp2", "gpu-zero2" / "gpu-zero3" (`deepspeed=` with HF's
+      "auto" values), each with `full_determinism` (deterministic CUDA kernels).
+      A "-async" suffix ("ddp-async", "fsdp2-async") adds `save_async=True`; "fsdp2-async" writes the error it gets
+      (no checkpoint, no resume) to RESULT_JSON instead.
 """
 
 import json
@@ -79,20 +86,45 @@ def kill(out_dir: str, point: str) -> None:
     make_trainer(out_dir, {}).train()
 
 
+def _zero(stage: int) -> dict:
+    """An HF-style DeepSpeed config: every value the Trainer knows is "auto"."""
+    return {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto", "gradient_clipping": "auto",
+            "zero_optimization": {"stage": stage, "reduce_bucket_size": "auto"}}
+
+
+GPU_ARGS = {
+    "gpu-fp16": {"fp16": True}, "gpu-bf16": {"bf16": True},
+    "gpu-fsdp1": {"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 1}},
+    "gpu-fsdp2": {"fsdp": "full_shard auto_wrap"},
+    "gpu-zero2": {"deepspeed": _zero(2)}, "gpu-zero3": {"deepspeed": _zero(3)},
+}
+
+
 def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
-    fsdp2 = strategy_name.startswith("fsdp2")
-    module_class = FSDP2Module if fsdp2 else None
-    extra = {"save_async": True} if strategy_name.endswith("-async") else {}
+    asynchronous = strategy_name.endswith("-async")
+    strategy_name = strategy_name.removesuffix("-async")
+    extra = {"save_async": True} if asynchronous else {}
+    module_class = FSDP2Module if strategy_name == "fsdp2-subclass" else None
+    hf_args = {"fsdp2": {"fsdp": "full_shard auto_wrap"},
+               "hf-ddp": {"ddp_find_unused_parameters": False, "ddp_static_graph": True}}.get(strategy_name, {})
+    if strategy_name in GPU_ARGS:
+        hf_args = {**GPU_ARGS[strategy_name], "full_determinism": True}
 
     def kwargs() -> dict:  # a strategy object belongs to one Lightning trainer: a fresh one per run
-        if not fsdp2:
+        if strategy_name.startswith("gpu-"):
+            return {"accelerator": "gpu", "devices": min(2, torch.cuda.device_count())}
+        if strategy_name == "ddp":
             return {"devices": 2, "strategy": "ddp"}
-        from lightning.pytorch.strategies import ModelParallelStrategy
+        if strategy_name in ("fsdp2-plain", "fsdp2-subclass"):
+            from lightning.pytorch.strategies import ModelParallelStrategy
 
-        return {"devices": 2, "strategy": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}
+            return {"devices": 2, "strategy": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}
+        return {"devices": 2}  # the strategy comes from the HF arguments
 
-    full = make_trainer(os.path.join(out_dir, "full"), kwargs(), module_class, save_total_limit=2, **extra)
-    if strategy_name == "fsdp2-async":
+    full = make_trainer(os.path.join(out_dir, "full"), kwargs(), module_class, save_total_limit=2, **hf_args,
+                        **extra)
+    if asynchronous and strategy_name == "fsdp2":
         try:
             full.train()
         except ValueError as error:
@@ -100,13 +132,16 @@ def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
                 json.dump({"error": str(error)}, f)
         return
     full.train()
-    resumed = make_trainer(os.path.join(out_dir, "resumed"), kwargs(), module_class, model_seed=77, **extra)
+    resumed = make_trainer(os.path.join(out_dir, "resumed"), kwargs(), module_class, model_seed=77, **hf_args,
+                           **extra)
     resumed.train(resume_from_checkpoint=os.path.join(out_dir, "full", "checkpoint-4"))
     resumed.save_model(os.path.join(out_dir, "final_model"))  # a collective under FSDP2
     if resumed.lightning_trainer.is_global_zero:
         with open(result_json, "w") as f:
             json.dump({"full": full.state.log_history, "resumed": resumed.state.log_history,
                        "world_size": resumed.lightning_trainer.world_size,
+                       "strategy": type(resumed.lightning_trainer.strategy).__name__,
+                       "precision": str(resumed.lightning_trainer.precision),
                        "sharded": any(type(p).__name__ == "DTensor" for p in resumed.model.parameters())}, f)
 
 

@@ -1,8 +1,10 @@
 """Train a tiny BERT with `hf_lightning.Trainer` on 1 or 2 CPU processes and dump the log history as JSON.
 
 Run by tests/test_ddp.py as a subprocess (Lightning's `ddp` launcher re-executes this script for rank 1).
-Usage: python ddp_train.py OUT_JSON DEVICES PER_DEVICE_BATCH [tokens]
-("tokens": also `include_num_input_tokens_seen="all"` and `include_throughput=True`.)
+Usage: python ddp_train.py OUT_JSON DEVICES PER_DEVICE_BATCH [MODE]
+MODE: `ddp` (default: `lightning_kwargs={"strategy": "ddp"}`), `hf-ddp` (no strategy given: Lightning chooses DDP and
+gets HF's `ddp_*` options), `hf-fsdp2` (`fsdp="full_shard auto_wrap"`: FSDP2 with the default per-layer sharding),
+`tokens` (`ddp` with `include_num_input_tokens_seen="all"` and `include_throughput=True`).
 """
 
 import json
@@ -18,19 +20,26 @@ import hf_lightning  # noqa: E402
 
 def main() -> None:
     out_json, devices, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    extra = {"include_num_input_tokens_seen": "all", "include_throughput": True} if sys.argv[4:] == ["tokens"] else {}
+    mode = sys.argv[4] if len(sys.argv) > 4 else "ddp"
+    strategy_args = {
+        "ddp": {},
+        "tokens": {"include_num_input_tokens_seen": "all", "include_throughput": True},
+        "hf-ddp": {"ddp_find_unused_parameters": False, "ddp_bucket_cap_mb": 1, "ddp_broadcast_buffers": False,
+                   "ddp_static_graph": True, "ddp_timeout": 600},
+        "hf-fsdp2": {"fsdp": "full_shard auto_wrap", "fsdp_config": {"transformer_layer_cls_to_wrap": ["BertLayer"]}},
+    }[mode]
     args = hf_lightning.TrainingArguments(
         output_dir=os.path.join(os.path.dirname(out_json), f"run{devices}"), per_device_train_batch_size=batch,
         per_device_eval_batch_size=4, learning_rate=1e-3, max_steps=6, logging_steps=1, eval_strategy="steps",
         eval_steps=3, save_strategy="no", gradient_accumulation_steps=2, disable_tqdm=True, report_to="none",
-        optim="adamw_torch", max_grad_norm=1.0, **extra,
+        optim="adamw_torch", max_grad_norm=1.0, **strategy_args,
     )
 
     def metrics(pred):
         return {"accuracy": float((pred.predictions.argmax(-1) == pred.label_ids).mean()), "n": len(pred.label_ids)}
 
     kwargs = {"accelerator": "cpu", "devices": devices}
-    if devices > 1:
+    if devices > 1 and mode in ("ddp", "tokens"):
         kwargs["strategy"] = "ddp"
     trainer = hf_lightning.Trainer(
         model=tiny_bert(), args=args, train_dataset=classification_dataset(64),
@@ -38,10 +47,17 @@ def main() -> None:
     )
     trainer.train()
     prediction = trainer.predict(classification_dataset(21, seed=1))
+    strategy = trainer.lightning_trainer.strategy
+    timeout = getattr(strategy, "_timeout", None)
     if trainer.lightning_trainer.is_global_zero:
         with open(out_json, "w") as f:
             json.dump({"log_history": trainer.state.log_history,
-                       "predictions": prediction.predictions.tolist()}, f)
+                       "predictions": prediction.predictions.tolist(),
+                       "strategy": type(strategy).__name__,
+                       "ddp_kwargs": getattr(strategy, "_ddp_kwargs", None),
+                       "timeout_s": timeout.total_seconds() if timeout is not None else None,
+                       "sharded": sorted({type(m).__name__ for m in trainer.model.modules()
+                                          if type(m).__name__.startswith("FSDP")})}, f)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,12 @@
-"""Input tokens trained on: HF's `include_num_input_tokens_seen`, and our throughput (`tokens_per_second`, `mfu`).
+"""Our throughput in the logs (`include_throughput`): `tokens_per_second` and `mfu` per training entry, and what
+the flow calls for all input-token logging.
 
-- `count_input_tokens` is HF's `Trainer._track_num_input_tokens` rule for one micro-batch (T:2709-2740): `all` counts
-  every element of the model's main input, `non_padding` the ones of `attention_mask` (else the positions that are
-  not the tokenizer's pad token, else all of them, with HF's warning).
-- `InputTokensSeen` keeps `state.num_input_tokens_seen` as HF does: summed over processes after every update, in every
-  log entry, and in training entries with this `train()` call's `train_runtime` / `train_tokens_per_second`
-  (`Trainer.log`, T:4195-4199).
-- `TokenLogs` is what the flow calls: both of the above, each only when its argument asks for it.
-- `Throughput` is ours (`include_throughput`): the non-padding input tokens of all processes per second over each
-  logging window (evaluation time left out), and `mfu`: the window's model FLOPs (`6 * tokens * non-embedding
-  parameters`, HF's `floating_point_ops`, summed over processes) over the window's time and the devices' peak.
+- `Throughput`: the non-padding input tokens of all processes per second over each logging window (evaluation time
+  left out), and `mfu`: the window's model FLOPs (`6 * tokens * non-embedding parameters`, HF's
+  `floating_point_ops`, summed over processes) over the window's time and the devices' peak; the totals at the end.
+  Tokens are counted with HF's rule (`tokens_seen.count_input_tokens`), the one counting rule of the package.
+- `TokenLogs`: HF's `include_num_input_tokens_seen` (`tokens_seen.InputTokensSeen`) and `Throughput`, each a no-op
+  unless its argument asks for it.
 """
 
 from __future__ import annotations
@@ -20,41 +17,20 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from transformers.trainer_utils import speed_metrics
 
+from hf_lightning.callbacks.tokens_seen import InputTokensSeen, count_input_tokens
 from hf_lightning.peak_flops import peak_flops, precision_kind
 
-__all__ = ["InputTokensSeen", "Throughput", "TokenLogs", "count_input_tokens", "device_peak_flops"]
+__all__ = ["Throughput", "TokenLogs", "device_peak_flops"]
 
 log = logging.getLogger(__name__)
 
 
-def count_input_tokens(batch: Mapping[str, Any], main_input: str, mode: str, pad_token_id: int | None,
-                       on_fallback: Callable[[], None] | None = None) -> torch.Tensor | int | None:
-    """The input tokens of one micro-batch under `mode` (`all` / `non_padding`), None if `main_input` is absent.
-
-    When `non_padding` cannot tell padding apart, every token is counted and `on_fallback` is called (default: HF's
-    warning, which HF logs for every micro-batch)."""
-    ids = batch.get(main_input)
-    if ids is None or not hasattr(ids, "numel"):
-        return None
-    if mode == "non_padding":
-        mask = batch.get("attention_mask")
-        if mask is not None:
-            return mask.sum()
-        if pad_token_id is not None:
-            return (ids != pad_token_id).sum()
-        if on_fallback is None:
-            log.warning("Could not determine method to count non-padding tokens, falling back to counting all tokens.")
-        else:
-            on_fallback()
-    return int(ids.numel())
-
-
-def _window_tokens(window: Sequence[Mapping[str, Any]], main_input: str, mode: str, pad_token_id: int | None,
-                   device: torch.device, on_fallback: Callable[[], None] | None = None) -> torch.Tensor | None:
-    """The window's token count on `device` (no host sync), None when no micro-batch has the main input."""
-    counts = [count_input_tokens(micro, main_input, mode, pad_token_id, on_fallback) for micro in window]
+def _window_tokens(window: Sequence[Mapping[str, Any]], main_input: str, pad_token_id: int | None,
+                   device: torch.device, on_fallback: Callable[[], None]) -> torch.Tensor | None:
+    """The window's non-padding token count on `device` (no host sync), None when no micro-batch has the main
+    input."""
+    counts = [count_input_tokens(micro, main_input, "non_padding", pad_token_id, on_fallback) for micro in window]
     present = [c for c in counts if c is not None]
     if not present:
         return None
@@ -66,43 +42,6 @@ def _sum_over_processes(strategy: Any, value: torch.Tensor) -> int:
     if strategy is not None:
         value = strategy.reduce(value, reduce_op="sum")
     return int(value.item())
-
-
-class InputTokensSeen:
-    """HF's `include_num_input_tokens_seen` bookkeeping for one run.
-
-    Args:
-        mode: `all` or `non_padding` (`no` never builds one).
-    """
-
-    def __init__(self, mode: str) -> None:
-        self.mode = mode
-        self.initial = 0
-        self._warned = False
-
-    def start(self, state: Any) -> None:
-        """At `train()` start (after a resume restored the state): this call's tokens are counted from here."""
-        self.initial = state.num_input_tokens_seen
-
-    def add_window(self, state: Any, window: Sequence[Mapping[str, Any]], model: Any, pad_token_id: int | None,
-                   strategy: Any, device: torch.device) -> None:
-        """Add one update's input tokens of every process to `state.num_input_tokens_seen` (one reduction)."""
-        main_input = getattr(model, "main_input_name", "input_ids")
-        count = _window_tokens(window, main_input, self.mode, pad_token_id, device)
-        if count is None:
-            if not self._warned:
-                self._warned = True
-                log.warning("Tried to track the number of tokens seen, however the current model is not configured "
-                            "properly to know what item is the input. To fix this, add a `main_input_name` "
-                            "attribute to the model class you are using.")
-            return
-        state.num_input_tokens_seen += _sum_over_processes(strategy, count)
-
-    def annotate(self, logs: dict[str, Any], state: Any, start_time: float | None) -> None:
-        """HF `Trainer.log`: the count in every entry; in training entries also this call's runtime and tokens/s."""
-        logs["num_input_tokens_seen"] = state.num_input_tokens_seen
-        if start_time is not None:
-            logs.update(speed_metrics("train", start_time, num_tokens=state.num_input_tokens_seen - self.initial))
 
 
 class Throughput:
@@ -132,7 +71,7 @@ class Throughput:
     def add_window(self, window: Sequence[Mapping[str, Any]], model: Any, pad_token_id: int | None) -> None:
         """Add one update's non-padding input tokens of this process (on device, no host sync)."""
         assert self._tokens is not None
-        count = _window_tokens(window, getattr(model, "main_input_name", "input_ids"), "non_padding", pad_token_id,
+        count = _window_tokens(window, getattr(model, "main_input_name", "input_ids"), pad_token_id,
                                self._tokens.device, self._fallback_warning)
         if count is not None:
             self._tokens += count
@@ -211,14 +150,12 @@ class TokenLogs:
 
     def __init__(self, args: Any) -> None:
         self.args = args
-        mode = args.include_num_input_tokens_seen
-        self.seen = InputTokensSeen(mode) if mode != "no" else None
+        self.seen = InputTokensSeen(str(args.include_num_input_tokens_seen))  # normalised: all / non_padding / no
         self.throughput: Throughput | None = None
 
     def start(self, state: Any, device: torch.device, precision: str, world_size: int) -> None:
         """At `train()` start, after a resume restored `state`."""
-        if self.seen is not None:
-            self.seen.start(state)
+        self.seen.start(state)
         self.throughput = None
         if self.args.include_throughput:
             peak = device_peak_flops(self.args.peak_flops_per_device, device, precision)
@@ -228,8 +165,7 @@ class TokenLogs:
     def add_window(self, state: Any, window: Sequence[Mapping[str, Any]], model: Any, pad_token_id: int | None,
                    strategy: Any, device: torch.device) -> None:
         """After each update, before HF's `on_step_end` (so callbacks see the new `num_input_tokens_seen`)."""
-        if self.seen is not None:
-            self.seen.add_window(state, window, model, pad_token_id, strategy, device)
+        self.seen.add_window(state, window, model, pad_token_id, strategy, device)
         if self.throughput is not None:
             self.throughput.add_window(window, model, pad_token_id)
 
@@ -240,8 +176,7 @@ class TokenLogs:
 
     def annotate(self, logs: dict[str, Any], state: Any, start_time: float | None) -> None:
         """HF's additions to every entry (`Trainer.log`)."""
-        if self.seen is not None:
-            self.seen.annotate(logs, state, start_time)
+        self.seen.annotate(logs, state, start_time)
 
     def exclude(self, seconds: float) -> None:
         """An evaluation took `seconds` of the current logging window."""

@@ -1,25 +1,19 @@
-"""Input tokens in the logs: HF's `include_num_input_tokens_seen` (against the real `transformers.Trainer`) and our
-`include_throughput` (`tokens_per_second`, `mfu`, and their totals at the end)."""
+"""Our `include_throughput` (`tokens_per_second`, `mfu`, and their totals at the end), counted with HF's rule for
+`include_num_input_tokens_seen` (whose parity with `transformers.Trainer` is tests/test_tokens_seen.py)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-import transformers
 
 import hf_lightning
-from hf_lightning.callbacks.tokens import Throughput, count_input_tokens
+from hf_lightning.callbacks.throughput import Throughput
 from hf_lightning.peak_flops import peak_flops, precision_kind
 from helpers import lm_dataset, tiny_gpt2
 
 LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
-TIMED = ("train_runtime", "train_tokens_per_second", "tokens_per_second", "mfu", "train_mfu",
-         "eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "train_samples_per_second",
-         "train_steps_per_second")
 
 
 def _common(**overrides) -> dict:
@@ -37,53 +31,6 @@ def _ours(out: Path, model=None, train=None, resume=None, **overrides) -> hf_lig
         lightning_kwargs=dict(LIGHTNING_KWARGS))
     trainer.train(resume_from_checkpoint=resume)
     return trainer
-
-
-def _hf(out: Path, **overrides) -> transformers.Trainer:
-    trainer = transformers.Trainer(
-        model=tiny_gpt2(), args=transformers.TrainingArguments(output_dir=str(out), use_cpu=True, **_common(**overrides)),
-        train_dataset=lm_dataset(n=40), eval_dataset=lm_dataset(n=8, seed=1))
-    trainer.train()
-    return trainer
-
-
-def _shape(history: list[dict]) -> list[tuple]:
-    """Each entry's keys (timed values left out by value, kept by name) and its token count."""
-    return [(sorted(e), e.get("num_input_tokens_seen")) for e in history]
-
-
-@pytest.mark.parametrize("value", ["all", "non_padding", True, False, "no"])
-def test_num_input_tokens_seen_matches_hfs_log_history(tmp_path, value, one_thread):
-    """Padded causal-LM rows, GA=2, evaluations: every entry of HF's log_history (training, evaluation, summary) has
-    the same keys as ours, and `num_input_tokens_seen` has HF's value in each (`all`: padding included)."""
-    hf = _hf(tmp_path / "hf", include_num_input_tokens_seen=value)
-    ours = _ours(tmp_path / "ours", include_num_input_tokens_seen=value)
-    assert _shape(ours.state.log_history) == _shape(hf.state.log_history)
-    assert ours.state.num_input_tokens_seen == hf.state.num_input_tokens_seen
-    if value in ("no", False):
-        assert hf.state.num_input_tokens_seen == 0
-    else:
-        training = [e for e in ours.state.log_history if "loss" in e]
-        assert all("train_tokens_per_second" in e and "train_runtime" in e for e in training)
-
-
-def test_num_input_tokens_seen_is_checkpointed_and_resumed(tmp_path, one_thread):
-    full = _ours(tmp_path / "full", include_num_input_tokens_seen="non_padding", save_strategy="steps", save_steps=2)
-    saved = json.loads((tmp_path / "full" / "checkpoint-2" / "trainer_state.json").read_text())
-    assert saved["num_input_tokens_seen"] == next(e["num_input_tokens_seen"] for e in full.state.log_history
-                                                  if e["step"] == 2)
-    resumed = _ours(tmp_path / "resumed", model=tiny_gpt2(seed=5), include_num_input_tokens_seen="non_padding",
-                    resume=str(tmp_path / "full" / "checkpoint-2"))
-    assert [e["num_input_tokens_seen"] for e in resumed.state.log_history] == [
-        e["num_input_tokens_seen"] for e in full.state.log_history]
-    shutil.rmtree(tmp_path / "full")
-
-
-def test_an_unknown_include_num_input_tokens_seen_value_is_refused():
-    """HF counts any string but `no` / `non_padding` like `all`; a typo is an error here."""
-    with pytest.raises(ValueError, match="include_num_input_tokens_seen.*non-padding.*allowed: all, non_padding, no"):
-        hf_lightning.TrainingArguments(include_num_input_tokens_seen="non-padding")
-    assert hf_lightning.TrainingArguments(include_num_input_tokens_seen="true").include_num_input_tokens_seen == "all"
 
 
 def test_throughput_values_follow_tokens_and_flops(tmp_path, one_thread):
@@ -115,10 +62,10 @@ def test_no_mfu_without_a_known_peak(tmp_path, one_thread):
 
 def test_the_window_leaves_evaluation_time_out(monkeypatch):
     """The arithmetic of one window, on a controlled clock: 2 s of which 1.5 s evaluating, 100 tokens: 200 tokens/s."""
-    import hf_lightning.callbacks.tokens as tokens
+    import hf_lightning.callbacks.throughput as throughput
 
     clock = iter([10.0, 12.0])
-    monkeypatch.setattr(tokens.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(clock))
     meter = Throughput(peak_flops=1e3, world_size=2)
     meter.start(torch.device("cpu"), total_flos=50.0)
     meter.add_window([{"input_ids": torch.ones(2, 60), "attention_mask": torch.ones(2, 60)[:, :50]}], None, None)
@@ -131,22 +78,12 @@ def test_throughput_says_once_that_it_counts_every_token(caplog):
     (HF's `include_num_input_tokens_seen` repeats its warning at every micro-batch; that one is kept as HF's)."""
     meter = Throughput(peak_flops=None, world_size=1)
     meter.start(torch.device("cpu"), total_flos=0.0)
-    with caplog.at_level("WARNING", logger="hf_lightning.callbacks.tokens"):
+    with caplog.at_level("WARNING", logger="hf_lightning.callbacks.throughput"):
         for _ in range(3):
             meter.add_window([{"input_ids": torch.ones(2, 5)}, {"input_ids": torch.ones(2, 5)}], None, None)
     assert [r.getMessage() for r in caplog.records if "counts every input token" in r.getMessage()] != []
     assert len(caplog.records) == 1
     assert meter.summary(None, total_flos=0.0, runtime=1.0)["train_tokens_per_second"] == 60.0
-
-
-def test_count_input_tokens_follows_hfs_rule():
-    ids = torch.tensor([[5, 6, 0], [7, 0, 0]])
-    assert count_input_tokens({"input_ids": ids}, "input_ids", "all", 0) == 6
-    assert int(count_input_tokens({"input_ids": ids, "attention_mask": (ids != 0).long()}, "input_ids",
-                                  "non_padding", None)) == 3
-    assert int(count_input_tokens({"input_ids": ids}, "input_ids", "non_padding", 0)) == 3  # by the pad token
-    assert count_input_tokens({"input_ids": ids}, "input_ids", "non_padding", None) == 6  # HF's fallback
-    assert count_input_tokens({"pixel_values": ids}, "input_ids", "all", None) is None
 
 
 @pytest.mark.parametrize("name, precision, tf32, expected", [

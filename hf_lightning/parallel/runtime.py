@@ -1,0 +1,101 @@
+"""What one optimizer update does differently under each strategy (called by `TransformerModule`).
+
+- `configure_model_for_strategy`: under a `ModelParallelStrategy` (ours from `fsdp=...`, or a plain one the user
+  chose), shard the model with FSDP2 per layer (`parallel/fsdp2.py`): no `configure_model` of one's own is needed.
+- `micro_batch_context`: the gradient sync of a micro-batch. DDP / FSDP skip it on every micro-batch but the last
+  (`block_backward_sync`); DeepSpeed is told the accumulation boundary instead, as accelerate does for HF
+  (`engine.set_gradient_accumulation_boundary`), because its engine reduces and steps by that flag. DDP with
+  `static_graph` (`ddp_static_graph`) syncs every micro-batch: Lightning 2.6 flushes the static graph's first
+  reduction after the first backward of a manual-optimisation step (`DDPStrategy.post_backward`), which fails when
+  that backward ran without sync (a reducer assertion); the gradients are the same, with more communication.
+- `clip_by_strategy`: FSDP1 clips with the root's `clip_grad_norm_` (the norm over every shard); DeepSpeed clips
+  inside `engine.step()` with the config's `gradient_clipping` (HF's `max_grad_norm`), so the norm is read after
+  the step (`deepspeed_step_report`), as HF reads `get_global_grad_norm()`.
+- `steps_like_a_scheduler`: DeepSpeed's own schedulers (a `scheduler` section) are stepped like torch's.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.strategies import (
+    DeepSpeedStrategy,
+    FSDPStrategy,
+    ModelParallelStrategy,
+    ParallelStrategy,
+    Strategy,
+)
+from torch import nn
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+from hf_lightning.args.parallel import FSDPSettings
+from hf_lightning.checkpointing.distributed import is_sharded
+from hf_lightning.parallel.fsdp2 import shard_model
+from hf_lightning.parallel.strategies import HFFSDP2Strategy
+
+__all__ = ["configure_model_for_strategy", "micro_batch_context", "clip_by_strategy", "deepspeed_step_report",
+           "steps_like_a_scheduler"]
+
+
+def configure_model_for_strategy(module: pl.LightningModule, model: nn.Module) -> None:
+    """FSDP2 per-layer sharding of `model` under a `ModelParallelStrategy` (once: a sharded model is left alone).
+
+    Raises:
+        ValueError: a `ModelParallelStrategy` with a tensor-parallel axis (that needs a `configure_model` of its own).
+    """
+    strategy = module.trainer.strategy
+    if not isinstance(strategy, ModelParallelStrategy) or is_sharded(model):
+        return
+    mesh = strategy.device_mesh
+    if mesh["tensor_parallel"].size() > 1:
+        raise ValueError(
+            f"ModelParallelStrategy with tensor_parallel_size={mesh['tensor_parallel'].size()}: the default sharding "
+            "is FSDP2 only. Pass `ModelParallelStrategy(data_parallel_size=<processes>, tensor_parallel_size=1)`, "
+            "or subclass TransformerModule and apply tensor parallelism in `configure_model`."
+        )
+    # ours carries HF's fsdp_config; a plain ModelParallelStrategy gets the defaults
+    settings = strategy.fsdp_settings if isinstance(strategy, HFFSDP2Strategy) else FSDPSettings()
+    shard_model(model, mesh["data_parallel"], settings)
+
+
+def micro_batch_context(strategy: Strategy, last: bool) -> AbstractContextManager[Any]:
+    """The context of one micro-batch's backward pass; `last`: the window's last micro-batch (gradients sync)."""
+    if isinstance(strategy, DeepSpeedStrategy):
+        strategy.deepspeed_engine.set_gradient_accumulation_boundary(last)
+        return nullcontext()
+    if isinstance(strategy, ParallelStrategy) and not last and not getattr(strategy.model, "static_graph", False):
+        return strategy.block_backward_sync()
+    return nullcontext()
+
+
+def clip_by_strategy(strategy: Strategy, max_grad_norm: float | None) -> tuple[bool, torch.Tensor | None]:
+    """`(handled, grad_norm)`: whether the strategy clips itself, and the pre-clip norm when it is known now."""
+    if isinstance(strategy, DeepSpeedStrategy):
+        return True, None  # inside engine.step(); see deepspeed_step_report
+    if isinstance(strategy, FSDPStrategy):
+        # FSDP1's flat shards: only the root knows the total norm (an infinite limit measures without clipping)
+        limit = max_grad_norm if max_grad_norm is not None and max_grad_norm > 0 else math.inf
+        root: Any = strategy.model  # the FullyShardedDataParallel root (Lightning types it as a plain Module)
+        return True, root.clip_grad_norm_(limit)
+    return False, None
+
+
+def deepspeed_step_report(strategy: Strategy) -> tuple[torch.Tensor | float | None, bool] | None:
+    """After `optimizer.step()` under DeepSpeed: `(grad_norm, step_skipped)` (fp16 overflow); None elsewhere."""
+    if not isinstance(strategy, DeepSpeedStrategy):
+        return None
+    engine = strategy.deepspeed_engine
+    return engine.get_global_grad_norm(), not engine.was_step_applied()
+
+
+def steps_like_a_scheduler(scheduler: Any) -> bool:
+    """Whether the module steps `scheduler` after each update: torch's (not the plateau one, stepped on metrics) and
+    DeepSpeed's own (`step()` and `get_last_lr()` without the torch base class)."""
+    if scheduler is None or isinstance(scheduler, ReduceLROnPlateau):
+        return False
+    return isinstance(scheduler, LRScheduler) or (callable(getattr(scheduler, "step", None))
+                                                   and callable(getattr(scheduler, "get_last_lr", None)))

@@ -1,0 +1,226 @@
+"""HF's strategy arguments as Lightning strategies (README "Swapping strategies").
+
+`strategy_request` reads the arguments against the model once, when the trainer is built; `build_strategy` makes a
+fresh Lightning strategy from it for every run (a strategy object belongs to one `lightning.Trainer`):
+
+- `fsdp=...` with `fsdp_config["version"]` 2 (HF's default): `HFFSDP2Strategy`, a `ModelParallelStrategy` over every
+  process; `TransformerModule.configure_model` shards the model per layer (`parallel/fsdp2.py`).
+- `fsdp=...` with version 1: Lightning's `FSDPStrategy` (CUDA only) with the matching sharding strategy, offload and
+  wrap policies.
+- `deepspeed=<dict or JSON file>`: `HFDeepSpeedStrategy`, Lightning's `DeepSpeedStrategy` with HF's `"auto"` values
+  filled when the run starts.
+- neither: Lightning's own choice; when that is DDP (several processes), HF's `ddp_*` options are given to it.
+
+`ddp_backend` / `ddp_timeout` also apply to the FSDP strategies (HF passes them to the process group), `ddp_timeout`
+to DeepSpeed's (HF does not pass `ddp_backend` there).
+"""
+
+from __future__ import annotations
+
+import functools
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, Strategy
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.types import LRSchedulerConfig
+from torch import nn
+from typing_extensions import override
+
+from hf_lightning._lightning_compat import set_ddp_options
+from hf_lightning.args.deepspeed_config import (
+    DeepSpeedFill,
+    fill_finalize_stage,
+    fill_process_stage,
+    for_lightning,
+    mismatch_error,
+    zero_stage,
+)
+from hf_lightning.args.parallel import (
+    DDPSettings,
+    FSDPSettings,
+    StrategyRequest,
+    ddp_settings,
+    fsdp_settings,
+    load_json_config,
+)
+from hf_lightning.contracts import flow_model
+from hf_lightning.optim import build_scheduler
+
+__all__ = ["HFFSDP2Strategy", "HFDeepSpeedStrategy", "strategy_request", "build_strategy", "adopt_ddp_options"]
+
+
+class HFFSDP2Strategy(ModelParallelStrategy):
+    """FSDP2 over every process (data parallel only), carrying HF's FSDP settings for the default sharding.
+
+    `TransformerModule.configure_model` shards the model with `fsdp_settings` (`parallel/fsdp2.py`); a plain
+    `ModelParallelStrategy` gets the same sharding with HF's default settings.
+
+    Args:
+        fsdp_settings: HF's `fsdp` / `fsdp_config`, read by `args.parallel.fsdp_settings`.
+        process_group_backend: `ddp_backend` (None: Lightning's default for the device).
+        timeout: `ddp_timeout`.
+    """
+
+    def __init__(self, fsdp_settings: FSDPSettings, process_group_backend: str | None = None,
+                 timeout: timedelta | None = None) -> None:
+        super().__init__(data_parallel_size="auto", tensor_parallel_size=1, process_group_backend=process_group_backend,
+                         timeout=timeout)
+        self.fsdp_settings = fsdp_settings
+
+    @override
+    def setup_environment(self) -> None:
+        # Lightning's "auto" puts the processes of a node on the tensor-parallel axis: pure FSDP wants them all on
+        # the data-parallel one
+        if self._data_parallel_size == "auto":
+            self._data_parallel_size = self.num_nodes * self.num_processes
+        super().setup_environment()
+
+
+class HFDeepSpeedStrategy(DeepSpeedStrategy):
+    """Lightning's `DeepSpeedStrategy` with an HF config: `"auto"` values filled from the arguments when the run
+    starts (world size, model and number of updates are known then), as `HfTrainerDeepSpeedConfig` does.
+
+    Without a `scheduler` section but with an `optimizer` one, HF's scheduler (`lr_scheduler_type`) is built on
+    DeepSpeed's optimizer, as HF does (transformers `integrations/deepspeed.py`, `deepspeed_optim_sched`).
+
+    Args:
+        hf_config: the user's DeepSpeed config (`"auto"` values unfilled).
+        args: the training arguments.
+        timeout: `ddp_timeout`.
+    """
+
+    def __init__(self, hf_config: dict[str, Any], args: Any, timeout: timedelta | None = None) -> None:
+        self._hf_config = hf_config
+        self._hf_args = args
+        self._hf_filled = False
+        super().__init__(config=for_lightning(hf_config), timeout=timeout)
+
+    def _fill_hf_config(self) -> None:
+        if self._hf_filled or self.lightning_module is None:
+            return
+        trainer = self.lightning_module.trainer
+        args = self._hf_args
+        config, mismatches = fill_process_stage(self._hf_config, DeepSpeedFill.from_args(args, self.world_size))
+        model = flow_model(self.lightning_module)  # built from HF's arguments: the flow's module
+        steps = int(trainer.max_steps)
+        config, more = fill_finalize_stage(config, getattr(model, "config", None), steps, args.get_warmup_steps(steps))
+        if mismatches or more:
+            raise ValueError(mismatch_error(mismatches + more))
+        self.config = for_lightning(config)
+        self._hf_filled = True
+
+    @contextmanager
+    @override
+    def model_sharded_context(self) -> Any:
+        self._fill_hf_config()  # Lightning reads the config here first (ZeRO-3's `zero.Init`)
+        with super().model_sharded_context():
+            yield
+
+    @override
+    def setup(self, trainer: pl.Trainer) -> None:
+        self._fill_hf_config()
+        super().setup(trainer)
+        if trainer.state.fn == TrainerFn.FITTING and not self.lr_scheduler_configs and self.optimizers \
+                and "optimizer" in (self.config or {}):
+            scheduler = build_scheduler(self.optimizers[0], self._hf_args, int(trainer.max_steps))
+            self.lr_scheduler_configs = [LRSchedulerConfig(scheduler, interval="step")]
+
+
+def _is_pretrained(model: nn.Module) -> bool:
+    from transformers import PreTrainedModel
+
+    return isinstance(model, PreTrainedModel)
+
+
+def strategy_request(args: Any, model: nn.Module | None) -> StrategyRequest:
+    """What `args`' strategy fields ask for, resolved against `model` (checked: `TrainingArguments` did).
+
+    Raises:
+        ValueError: `auto_find_batch_size` with DeepSpeed ZeRO-3 (HF's refusal), a DeepSpeed value that does not match
+            the arguments (HF's message; the per-process batch checks only), or a missing FSDP layer class.
+    """
+    settings = fsdp_settings(args.fsdp, args.fsdp_config)
+    ddp: DDPSettings = ddp_settings(args)
+    find_unused = ddp.find_unused_parameters
+    if find_unused is None:
+        checkpointing = bool(getattr(model, "is_activation_checkpointing", False))
+        find_unused = DDPSettings.default_find_unused_parameters(
+            model is not None and _is_pretrained(model), checkpointing, bool(args.activation_checkpointing))
+    deepspeed = load_json_config(args.deepspeed, "deepspeed") if args.deepspeed else None
+    if deepspeed is not None:
+        if args.auto_find_batch_size and zero_stage(deepspeed) == 3:
+            raise ValueError("`auto_find_batch_size` isn't supported yet with DeepSpeed Zero-3. Please consider using "
+                             "Zero-2, Zero-1, or FSDP")  # HF's words (T:898-906)
+        # the values known now are checked now (one process: the batch total is checked again at the start)
+        _, mismatches = fill_process_stage({k: v for k, v in deepspeed.items() if k != "train_batch_size"},
+                                           DeepSpeedFill.from_args(args, 1))
+        if mismatches:
+            raise ValueError(mismatch_error(mismatches))
+    names: tuple[str, ...] = ()
+    if settings is not None and model is not None and settings.auto_wrap_policy == "TRANSFORMER_BASED_WRAP":
+        from hf_lightning.parallel.fsdp2 import layer_classes
+
+        names = tuple(cls.__name__ for cls in layer_classes(model, settings.layer_classes))
+    return StrategyRequest(args, settings, deepspeed, ddp, bool(find_unused), names)
+
+
+def _fsdp1(request: StrategyRequest, timeout: timedelta) -> Strategy:
+    """Lightning's `FSDPStrategy` for HF's FSDP1 settings (HF: accelerate's FSDP1 plugin arguments)."""
+    from lightning.pytorch.strategies import FSDPStrategy
+    from torch.distributed.fsdp import BackwardPrefetch
+    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy, size_based_auto_wrap_policy
+
+    settings = request.fsdp
+    assert settings is not None
+    policy: Any = None
+    if settings.auto_wrap_policy == "TRANSFORMER_BASED_WRAP" and request.layer_names:
+        names = frozenset(request.layer_names)
+        policy = functools.partial(lambda_auto_wrap_policy, lambda_fn=lambda m: type(m).__name__ in names)
+    elif settings.auto_wrap_policy == "SIZE_BASED_WRAP":
+        policy = functools.partial(size_based_auto_wrap_policy, min_num_params=settings.min_num_params)
+    kwargs: dict[str, Any] = {
+        "sharding_strategy": str(settings.reshard_after_forward).upper(),
+        "cpu_offload": settings.cpu_offload,
+        "auto_wrap_policy": policy,
+        "state_dict_type": "full",
+        "process_group_backend": request.ddp.backend,
+        "timeout": timeout,
+        "forward_prefetch": settings.forward_prefetch,
+        "use_orig_params": settings.use_orig_params,
+        # HF's cpu_ram_efficient_loading needs rank 0's weights everywhere: FSDP1 syncs them at wrapping
+        "sync_module_states": settings.sync_module_states or settings.cpu_ram_efficient_loading,
+    }
+    if settings.backward_prefetch != "NO_PREFETCH":
+        kwargs["backward_prefetch"] = BackwardPrefetch[settings.backward_prefetch]
+    if settings.limit_all_gathers is not None:
+        kwargs["limit_all_gathers"] = settings.limit_all_gathers
+    if settings.activation_checkpointing:
+        if policy is None:
+            raise ValueError("fsdp_config['activation_checkpointing'] needs layers to checkpoint: an auto wrap policy "
+                             "other than NO_WRAP, and layer classes (`transformer_layer_cls_to_wrap`).")
+        kwargs["activation_checkpointing_policy"] = policy
+    return FSDPStrategy(**kwargs)
+
+
+def build_strategy(request: StrategyRequest) -> Strategy | str:
+    """A fresh Lightning strategy for one run, or `"auto"` (Lightning chooses; see `adopt_ddp_options`)."""
+    timeout = timedelta(seconds=request.ddp.timeout_s)
+    if request.deepspeed is not None:
+        return HFDeepSpeedStrategy(request.deepspeed, request.args, timeout=timeout)
+    if request.fsdp is not None and request.fsdp.version == 2:
+        return HFFSDP2Strategy(request.fsdp, process_group_backend=request.ddp.backend, timeout=timeout)
+    if request.fsdp is not None:
+        return _fsdp1(request, timeout)
+    return "auto"
+
+
+def adopt_ddp_options(strategy: Strategy, request: StrategyRequest) -> None:
+    """HF's DDP options for the `DDPStrategy` Lightning chose itself (several processes, no strategy given)."""
+    if type(strategy) is not DDPStrategy:  # one process, or a strategy of its own
+        return
+    kwargs = {"find_unused_parameters": request.find_unused_parameters, **request.ddp.ddp_kwargs}
+    set_ddp_options(strategy, kwargs, request.ddp.backend, timedelta(seconds=request.ddp.timeout_s))
+
