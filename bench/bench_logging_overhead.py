@@ -29,11 +29,16 @@ update by update in two processes, see `lockstep.py`); `torch.set_num_threads(--
 `--aa` runs `logging_steps=100` against itself instead: the ratio it reports is what this method gives for two
 identical configurations, i.e. the noise floor a `log1 / log100` ratio must be read against.
 
+`--throughput` compares `include_throughput=True` with `False`, both logging every update (the worst case: every
+entry computes `tokens_per_second`, and the tokens are counted at every update); target: on / off >= 0.99. `--case bert`
+runs the tiny BERT case instead of GPT-2 (an update is ~10 ms there, so per-update costs show most).
+
 Usage::
 
     python bench/bench_logging_overhead.py --repeats 5 --steps 30 --warmup 5
     python bench/bench_logging_overhead.py --repeats 7 --lockstep      # turn-taking processes, see lockstep.py
     python bench/bench_logging_overhead.py --repeats 7 --lockstep --aa # the same method, A/A: the noise floor
+    python bench/bench_logging_overhead.py --repeats 7 --lockstep --throughput [--case bert --steps 99 --warmup 9]
 """
 
 from __future__ import annotations
@@ -70,11 +75,17 @@ from common import (  # noqa: E402
 )
 from lockstep import run_lockstep  # noqa: E402
 
-VARIANTS: dict[str, int] = {"log1": 1, "log100": 100}
-"""Variant name -> `logging_steps`; the reported ratio is first / second."""
+VARIANTS: dict[str, tuple[int, bool]] = {"log1": (1, False), "log100": (100, False)}
+"""Variant name -> (`logging_steps`, `include_throughput`); the reported ratio is first / second."""
 
-AA_VARIANTS: dict[str, int] = {"log100a": 100, "log100b": 100}
+AA_VARIANTS: dict[str, tuple[int, bool]] = {"log100a": (100, False), "log100b": (100, False)}
 """`--aa`: two identical variants, whose ratio shows the noise floor of the method on this machine."""
+
+THROUGHPUT_VARIANTS: dict[str, tuple[int, bool]] = {"tput_on": (1, True), "tput_off": (1, False)}
+"""`--throughput`: our tokens/s and MFU logging on and off, both logging every update."""
+
+THROUGHPUT_TARGET = 0.99
+"""`tput_on / tput_off` steady-state ratio must be at least this."""
 
 TARGET = 0.97
 """`log1 / log100` steady-state ratio must be at least this (within 3%)."""
@@ -93,8 +104,9 @@ def count_tensorboard_scalars(log_dir: str, tag: str = "train/loss") -> int:
     return count
 
 
-def run_facade(case: Case, logging_steps: int, steps: int, warmup: int, output_dir: str) -> RunResult:
-    """One facade run with TensorBoard logging every `logging_steps` updates."""
+def run_facade(case: Case, variant: tuple[int, bool], steps: int, warmup: int, output_dir: str) -> RunResult:
+    """One facade run with TensorBoard logging every `logging_steps` updates (and `include_throughput`)."""
+    logging_steps, throughput = variant
     import hf_lightning
 
     timer = StepTimer(steps)
@@ -109,6 +121,7 @@ def run_facade(case: Case, logging_steps: int, steps: int, warmup: int, output_d
         logging_steps=logging_steps,
         report_to="tensorboard",
         disable_tqdm=True,
+        include_throughput=throughput,
     )
     trainer = hf_lightning.Trainer(
         model=case.build_model(),
@@ -121,7 +134,8 @@ def run_facade(case: Case, logging_steps: int, steps: int, warmup: int, output_d
     start = time.perf_counter()
     out = trainer.train()
     total = time.perf_counter() - start
-    result = make_result(f"log{logging_steps}", timer, warmup, total, out.global_step, out.training_loss)
+    name = f"log{logging_steps}" + ("+tput" if throughput else "")
+    result = make_result(name, timer, warmup, total, out.global_step, out.training_loss)
     result.extra = {
         "log_history_entries": len(trainer.state.log_history),
         "tensorboard_train_loss_scalars": count_tensorboard_scalars(output_dir),
@@ -161,7 +175,7 @@ def check_written(result: RunResult, logging_steps: int, steps: int) -> None:
 
 
 def run_all(
-    case: Case, variants: dict[str, int], steps: int, warmup: int, opts: argparse.Namespace
+    case: Case, variants: dict[str, tuple[int, bool]], steps: int, warmup: int, opts: argparse.Namespace
 ) -> dict[str, list[RunResult]]:
     """All repeats, the two variants interleaved (order alternating)."""
     results: dict[str, list[RunResult]] = {name: [] for name in variants}
@@ -175,13 +189,15 @@ def run_all(
         else:
             rep_results = [run_isolated(run, opts.threads, opts.quiet_wait, opts.max_others) for run in runs]
         for name, result in zip(order, rep_results):
-            check_written(result, variants[name], steps)
+            check_written(result, variants[name][0], steps)
             results[name].append(result)
             print(
                 f"  [rep {rep + 1}/{repeats}] {name:6s} steady {result.steady_ups:6.3f} upd/s  "
-                f"median-step {result.median_step_ups:6.3f}  cpu {result.cpu_ups:6.3f}  train() {result.total_s:6.2f} s  "
+                f"median-step {result.median_step_ups:6.3f}  cpu {result.cpu_ups:6.3f}  "
+                f"train() {result.total_s:6.2f} s  "
                 f"log entries {result.extra['log_history_entries']:3d} {_entry_cost(result)}  "
-                f"tb train/loss {result.extra['tensorboard_train_loss_scalars']:3d}  others {_share(result.others_share)}",
+                f"tb train/loss {result.extra['tensorboard_train_loss_scalars']:3d}  "
+                f"others {_share(result.others_share)}",
                 flush=True,
             )
     return results
@@ -209,10 +225,14 @@ def summarize(results: dict[str, list[RunResult]]) -> dict[str, Any]:
         "updates_per_s": rates,
         "others_share": median_others_share(results),
         "ratio": ratios,
-        "target": TARGET,
-        "target_met": ratios["steady"] >= TARGET if f"{first}/{second}" == "log1/log100" else None,
+        "target": _target(f"{first}/{second}"),
+        "target_met": ratios["steady"] >= _target(f"{first}/{second}") if _target(f"{first}/{second}") else None,
         "runs": {name: [vars(r) for r in runs] for name, runs in results.items()},
     }
+
+
+def _target(ratio_name: str) -> float | None:
+    return {"log1/log100": TARGET, "tput_on/tput_off": THROUGHPUT_TARGET}.get(ratio_name)
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -228,8 +248,8 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"{rates['cpu-time'][variant]:10.3f}"
         )
     for metric, ratio in summary["ratio"].items():
-        judged = metric == "steady" and name == "log1/log100"
-        verdict = f"   target >= {TARGET:.2f}: {'MET' if ratio >= TARGET else 'MISSED'}" if judged else ""
+        target = _target(name) if metric == "steady" else None
+        verdict = f"   target >= {target:.2f}: {'MET' if ratio >= target else 'MISSED'}" if target else ""
         print(f"  {name} [{metric}] {ratio:.3f}x{verdict}")
     if summary["ms_per_training_log_entry"]:
         print(f"  one training log entry costs {summary['ms_per_training_log_entry']:.3f} ms = "
@@ -247,6 +267,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_common_flags(parser)
     parser.add_argument("--aa", action="store_true",
                         help="A/A run: logging_steps=100 against itself, to see the method's noise floor")
+    parser.add_argument("--throughput", action="store_true",
+                        help="include_throughput on vs off, both with logging_steps=1")
+    parser.add_argument("--case", choices=["gpt2", "bert"], default="gpt2")
     parser.add_argument("--json", default=None, help="write the summary to this JSON file")
     args = parser.parse_args(argv)
     if args.steps >= 100:
@@ -260,10 +283,12 @@ def main(argv: list[str] | None = None) -> None:
         use_heap_malloc()
     quiet()
     torch.set_num_threads(args.threads)
-    case = CASES["gpt2"]
-    variants = AA_VARIANTS if args.aa else VARIANTS
-    print(f"## {case.description}: {' vs '.join(variants)} (logging_steps {' vs '.join(map(str, variants.values()))}), "
-          f"TensorBoard on, {args.steps} updates ({args.warmup} warmup), {args.repeats} repeats, {args.threads} threads, "
+    case = CASES[args.case]
+    variants = AA_VARIANTS if args.aa else THROUGHPUT_VARIANTS if args.throughput else VARIANTS
+    print(f"## {case.description}: {' vs '.join(variants)} ((logging_steps, include_throughput) "
+          f"{' vs '.join(map(str, variants.values()))}), "
+          f"TensorBoard on, {args.steps} updates ({args.warmup} warmup), {args.repeats} repeats, "
+          f"{args.threads} threads, "
           f"{run_mode(args)}, torch {torch.__version__}", flush=True)
     summary = summarize(run_all(case, variants, args.steps, args.warmup, args))
     print_summary(summary)

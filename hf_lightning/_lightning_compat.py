@@ -44,6 +44,7 @@ __all__ = [
     "optimizer_unscales_itself",
     "position_in_epoch",
     "rank_zero_loggers",
+    "restart_train_iterator",
     "rich_progress_bar_available",
     "reload_validation_data",
     "run_validation_now",
@@ -122,6 +123,17 @@ def run_validation_now(trainer: pl.Trainer) -> None:
     finally:
         trainer.training = True
         connector._first_loop_iter = first_loop_iter
+
+
+def restart_train_iterator(trainer: pl.Trainer) -> None:
+    """Make the fit loop's train iterator again now (in `on_train_epoch_start`; its first batch is fetched again).
+
+    Lightning makes the first epoch's iterator in `_FitLoop.setup_data`, before any epoch hook, and keeps it for epoch
+    0 (`_TrainingEpochLoop.on_run_start`); later epochs get theirs after `on_train_epoch_start`.
+    """
+    fetcher = trainer.fit_loop._data_fetcher
+    if fetcher is not None:  # set by `setup_data`, which runs before any epoch hook
+        iter(fetcher)
 
 
 def defer_validation_data(trainer: pl.Trainer) -> None:

@@ -7,6 +7,8 @@ missing). `TransformerModule` and `TransformerDataModule` implement them; a user
 - `FlowModule`: the LightningModule (its `model`, ending an epoch early, HF evaluation steps, whether evaluation
   computes the loss only).
 - `FlowDataModule`: the data module (datasets, the epoch length, the resumed start position).
+- `ResumableTrainStream` (optional): a data module whose unsized train stream reports its position for checkpoints
+  and starts from a saved one; without it such a stream is resumed by reading, as HF does.
 - `TrainingStepListener`: a Lightning callback told about HF's events inside an update (`on_substep_end`,
   `on_pre_optimizer_step`, `on_optimizer_step`); the module calls every callback of the trainer that is one.
 - `HFEvaluationListener`: a Lightning callback told about each finished HF evaluation (e.g. `HFEarlyStopping`).
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FlowDataModule", "FlowModule", "HFDataHooks", "HFEvaluationListener", "HFFlowView", "HFLoopHooks", "HFStepHooks",
-    "TrainingStepListener",
+    "ResumableTrainStream", "TrainingStepListener",
     "TrainingStepOutput", "check_flow_contracts", "flow_model", "flow_module", "missing_members",
 ]
 
@@ -84,6 +86,17 @@ class FlowDataModule(Protocol):
 
     def train_loader(self) -> Any:
         """The micro-batch loader of the running fit (HF's `train_dataloader`, passed to HF callbacks)."""
+
+
+@runtime_checkable
+class ResumableTrainStream(Protocol):
+    """A data module that saves and restores the position of its unsized train stream (`TransformerDataModule`)."""
+
+    resume_stream_position: Any
+    """Set on a resume with `resume_position`: the saved position after those windows (None: read and skip)."""
+
+    def train_stream_position(self, windows_done: int) -> Any:
+        """The stream's position after `windows_done` windows of the current pass, in plain containers, or None."""
 
 
 @runtime_checkable

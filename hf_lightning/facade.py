@@ -180,6 +180,11 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
         # every override checked before anything is built: one error naming all that cannot be honoured
         check_overrides(type(self), deepspeed_refusals(_deepspeed_config(self.args, self.lightning_kwargs)))
         self._overridden = frozenset(overridden_methods(type(self)))
+        if self.args.save_async and "save_model" in self._overridden:
+            # an override writes from the live model on the training thread; a background save writes CPU copies
+            raise ValueError("save_async=True cannot be combined with an overridden save_model: each checkpoint's "
+                             "model files are written by your save_model while training waits, so the save would not "
+                             "run in the background. Use save_async=False, or remove the save_model override.")
         hf_logging.set_verbosity(self.args.get_process_log_level())  # as HF's Trainer.__init__ does
         seed_as_hf(self.args)  # `enable_full_determinism` with `full_determinism`, as HF
         if (problem := output_dir_problem(self.args.resolved_output_dir)) is not None:

@@ -42,6 +42,7 @@ TIERS = {
     "test_args_types.py": "parity",
     "test_callback_contract.py": "unit",
     "test_citations.py": "unit",
+    "test_help_cache.py": "unit",
     "test_layering.py": "unit",
     "test_lightning_compat.py": "unit",
     "test_public_api.py": "unit",
@@ -85,7 +86,9 @@ TIERS = {
     "test_seq2seq_eval_loss.py": "parity",
     "test_tensorboard.py": "parity",
     "test_tokens_seen.py": "parity",
+    "test_throughput.py": "e2e",
     "test_train_parity.py": "parity",
+    "test_async_save.py": "e2e",
     "test_trainer_attributes.py": "parity",
     "test_checkpoint.py": "e2e",
     "test_checkpoint_processes.py": "e2e",
@@ -112,18 +115,22 @@ TIERS = {
     "test_resume_startup.py": "e2e",
     "test_same_run.py": "parity",
     "test_seq2seq_behaviour.py": "e2e",
+    "test_stream_resume.py": "e2e",
     "test_streaming_metrics.py": "e2e",
     "test_threads.py": "e2e",
     "test_ddp.py": "distributed",
     "test_evaluation_ddp.py": "distributed",
     "test_generation_ddp.py": "distributed",
+    "test_stream_resume_ddp.py": "distributed",
     "test_tokens_seen_ddp.py": "distributed",
 }
 """The tier of each test file."""
 
 DISTRIBUTED = {
-    "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py", "test_tokens_seen_ddp.py",
+    "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py", "test_stream_resume_ddp.py",
+    "test_tokens_seen_ddp.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
+    "test_async_save.py::test_save_async_is_refused_under_fsdp2_before_training",
     "test_faults.py::test_under_ddp_a_busy_output_dir_stops_every_rank",
     "test_cli.py::test_ddp_fit_from_the_command_line",
     "test_final_save.py::test_cli_fit_saves_the_gathered_model_under_fsdp2",
@@ -168,6 +175,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _help_cache(tmp_path_factory):
+    """`hf-lightning <subcommand> --help` texts are kept in a folder of this session, not the user's cache."""
+    import os
+
+    previous = os.environ.get("HF_LIGHTNING_CACHE")
+    os.environ["HF_LIGHTNING_CACHE"] = str(tmp_path_factory.mktemp("hf_lightning_cache"))
+    yield
+    if previous is None:
+        del os.environ["HF_LIGHTNING_CACHE"]
+    else:
+        os.environ["HF_LIGHTNING_CACHE"] = previous
 
 
 @pytest.fixture

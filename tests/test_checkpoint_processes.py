@@ -76,7 +76,7 @@ def test_sigkill_mid_save_leaves_no_valid_looking_folder_and_loses_nothing(tmp_p
 
 
 STRATEGIES = {"ddp": "DDPStrategy", "hf-ddp": "DDPStrategy", "fsdp2": "HFFSDP2Strategy",
-              "fsdp2-plain": "ModelParallelStrategy", "fsdp2-subclass": "ModelParallelStrategy"}
+              "fsdp2-plain": "ModelParallelStrategy", "fsdp2-subclass": "ModelParallelStrategy", "ddp-async": "DDPStrategy"}
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))

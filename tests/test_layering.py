@@ -7,7 +7,7 @@ Layers (imports point downward only; a module may import its own layer or a lowe
   run lock, weight-file permissions, the HF callback dispatch, the task and config specs, the config's
   data-against-model checks.
 - L1 torch / transformers helpers: + torch, numpy, transformers, datasets, safetensors, torchmetrics, pyarrow,
-  tokenizers. Loss, optimizer, collation, sampling, evaluation accumulation, metrics, checkpoint folder I/O, finding
+  tokenizers, torchdata. Loss, optimizer, collation, sampling, evaluation accumulation, metrics, checkpoint folder I/O, finding
   a checkpoint, generation helpers, task presets, the classes a config may import, checking `from_pretrained`
   names (huggingface_hub).
 - L2 Lightning objects: + lightning. The modules, data modules and callbacks, the Lightning side of checkpoints and
@@ -59,6 +59,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.checkpointing.weight_files": 0,
     "hf_lightning.data": 0,
     "hf_lightning.parallel": 0,
+    "hf_lightning.peak_flops": 0,
     "hf_lightning.resume": 0,
     "hf_lightning.seq2seq.args": 0,
     "hf_lightning.tasks": 0,
@@ -69,9 +70,12 @@ LAYERS: dict[str, int] = {
     "hf_lightning.trainer.overrides": 0,
     # L1: torch / transformers helpers
     "hf_lightning.args.readme_map": 1,
+    "hf_lightning.callbacks.throughput": 1,
     "hf_lightning.callbacks.tokens_seen": 1,
     "hf_lightning.callbacks.train_log": 1,
     "hf_lightning.checkpointing.adapters": 1,
+    "hf_lightning.checkpointing.background": 1,
+    "hf_lightning.checkpointing.content": 1,
     "hf_lightning.checkpointing.distributed": 1,
     "hf_lightning.checkpointing.final_model": 1,
     "hf_lightning.checkpointing.io": 1,
@@ -79,6 +83,10 @@ LAYERS: dict[str, int] = {
     "hf_lightning.device_cache": 1,
     "hf_lightning.data.length_grouping": 1,
     "hf_lightning.data.sampling": 1,
+    "hf_lightning.data.stream_loader": 1,
+    "hf_lightning.data.stream_shuffle": 1,
+    "hf_lightning.data.stream_state": 1,
+    "hf_lightning.checkpointing.stream_position": 1,
     "hf_lightning.data.windows": 1,
     "hf_lightning.eval_run": 1,
     "hf_lightning.evaluation": 1,
@@ -141,6 +149,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.args.to_lightning": 3,
     "hf_lightning.cli": 3,
     "hf_lightning.cli.lightning_cli": 3,
+    "hf_lightning.cli.help_cache": 3,
     "hf_lightning.cli.precheck": 3,
     "hf_lightning.facade": 3,
     "hf_lightning.lightning_trainer": 3,
@@ -156,7 +165,7 @@ LAYERS: dict[str, int] = {
 THIRD_PARTY_LAYER = {
     "typing_extensions": 0,
     "torch": 1, "numpy": 1, "transformers": 1, "datasets": 1, "safetensors": 1, "torchmetrics": 1, "pyarrow": 1,
-    "tokenizers": 1, "huggingface_hub": 1, "optuna": 1, "peft": 1,
+    "tokenizers": 1, "torchdata": 1, "huggingface_hub": 1, "optuna": 1, "peft": 1,
     "lightning": 2, "deepspeed": 2,
     "jsonargparse": 3, "yaml": 3,
 }
@@ -179,6 +188,8 @@ LAZY = {
     "hf_lightning.args.report_to": DEFERRED_UPWARD["hf_lightning.args.report_to"][1],
     "hf_lightning.args.hf_fields": "kept as written by the arguments code",
     "hf_lightning.data.sampling": "`datasets` (pandas, pyarrow) only to shard an iterable dataset across processes",
+    "hf_lightning.data.stream_loader": "`datasets` and `torchdata` only when the train dataset is an unsized stream",
+    "hf_lightning.data.stream_state": "pyarrow / `datasets` only for the Arrow rows and keys of a saved shuffle buffer",
     "hf_lightning.hf_messages": "HF's notebook progress bar needs IPython: imported only inside a notebook",
     "hf_lightning.prediction_writer": "pyarrow only for the per-sample table",
     "hf_lightning.hp_search": "optuna (an extra) only when a search runs",

@@ -180,6 +180,37 @@ def test_position_in_epoch():
     assert positions == [(1, False), (2, False), (3, False), (4, True)]
 
 
+def test_restart_train_iterator_makes_epoch_0s_iterator_after_the_hook():
+    """Epoch 0's loader iterator exists before `on_train_epoch_start` (its seed drawn from the global RNG then);
+    restarted in the hook, the epoch reads from a new iterator whose seed draw follows the hook's RNG reset."""
+    def base_seeds(restart: bool) -> list[int]:
+        seeds = []
+        original = torch.utils.data.dataloader._BaseDataLoaderIter.__init__
+
+        def record(iterator, loader):
+            original(iterator, loader)
+            seeds.append(iterator._base_seed)
+
+        def hook(trainer, module):
+            torch.manual_seed(123)
+            if restart:
+                compat.restart_train_iterator(trainer)
+
+        torch.utils.data.dataloader._BaseDataLoaderIter.__init__ = record
+        try:
+            module = Tiny()
+            _trainer([_Hook("on_train_epoch_start", hook)]).fit(module, train_dataloaders=_loader())
+        finally:
+            torch.utils.data.dataloader._BaseDataLoaderIter.__init__ = original
+        assert module.train_batches == [0, 1, 2, 3]
+        return seeds
+
+    torch.manual_seed(123)
+    expected = int(torch.empty((), dtype=torch.int64).random_().item())
+    assert len(base_seeds(restart=False)) == 1 and base_seeds(restart=False)[0] != expected
+    assert base_seeds(restart=True)[-1] == expected
+
+
 def test_set_loop_position_resumes_mid_epoch():
     """Epoch 1, two of four batches done, 5 steps taken: the fit continues at batch 2 and stops after epoch 1."""
     def place(trainer, module):

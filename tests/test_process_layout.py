@@ -20,6 +20,7 @@ import transformers
 
 import hf_lightning
 from hf_lightning.args.process import ProcessLayout, current_layout, layout_from_env
+from hf_lightning.args.support import OURS
 
 SCRIPT = Path(__file__).parent / "scripts" / "main_process_first.py"
 LAUNCH_ENV = ("TORCHELASTIC_RUN_ID", "RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "SLURM_NTASKS", "SLURM_PROCID",
@@ -69,13 +70,15 @@ def test_serialisation_is_hfs(no_launcher, tmp_path):
     kwargs = dict(output_dir=str(tmp_path), report_to="none", learning_rate=3e-4, include_for_metrics=["loss"])
     hf, ours = transformers.TrainingArguments(**kwargs), hf_lightning.TrainingArguments(**kwargs)
     hf_dict, our_dict = hf.to_dict(), ours.to_dict()
-    assert set(our_dict) == set(hf_dict)
+    # our own fields (support.OURS: save_async, include_throughput, ...) are serialised beside HF's
+    assert set(our_dict) == set(hf_dict) | set(OURS)
+    our_dict = {k: v for k, v in our_dict.items() if k not in OURS}
     same = {k for k in hf_dict if hf_dict[k] == our_dict[k]}
     # the rest: values HF fills in for features we refuse (accelerate's config, debug list) and our scheduler dict
     assert set(hf_dict) - same == {"accelerator_config", "debug", "lr_scheduler_kwargs"}
-    assert json.loads(ours.to_json_string()) == our_dict
+    assert {k: v for k, v in json.loads(ours.to_json_string()).items() if k not in OURS} == our_dict
     sanitized = ours.to_sanitized_dict()
-    assert set(sanitized) == set(hf.to_sanitized_dict())
+    assert set(sanitized) == set(hf.to_sanitized_dict()) | set(OURS)
     assert all(type(v) in (bool, int, float, str) for v in sanitized.values())
     secret = hf_lightning.TrainingArguments.__new__(hf_lightning.TrainingArguments)
     secret.__dict__.update(ours.__dict__, hub_token="hf_secret")  # `hub_token` cannot be set (hub not supported)

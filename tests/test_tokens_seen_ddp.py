@@ -18,3 +18,5 @@ def test_tokens_are_summed_over_processes(tmp_path: Path) -> None:
     # rows: 12 tokens, none padding)
     assert [e["num_input_tokens_seen"] for e in history] == [e["step"] * 2 * 2 * 4 * 12 for e in history]
     assert [e["step"] for e in history if "loss" in e] == [1, 2, 3, 4, 5, 6]
+    # include_throughput (ours) counts from the same per-update counts: every training entry has a rate
+    assert all(e["tokens_per_second"] > 0 for e in history if "loss" in e)

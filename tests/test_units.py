@@ -144,7 +144,7 @@ class _RestoreAtFitStart(pl.Callback):
         flow = next(cb for cb in trainer.callbacks if isinstance(cb, HFTrainerFlow))
         self.restorer.on_fit_start(trainer, pl_module, updates_per_epoch=5)
         self.restorer.restore_trainer_state(flow, trainer, max_steps=10, num_train_epochs=2)
-        self.restorer.on_train_epoch_start()  # mid-epoch: nothing yet (HF loads after the first window's fetch)
+        self.restorer.on_train_epoch_start(trainer)  # mid-epoch: nothing yet (HF loads after the first window's fetch)
         before = (random.random(), float(np.random.rand()), float(torch.rand(())))
         self.restorer.on_train_batch_start()
         self.seen = {

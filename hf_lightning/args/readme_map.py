@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hf_lightning.args.support import DIFFERENCES, SCRIPT_ONLY, UNSUPPORTED
+from hf_lightning.args.support import DIFFERENCES, OURS, SCRIPT_ONLY, UNSUPPORTED
 
 __all__ = ["argument_map", "markdown_table"]
 
@@ -33,10 +33,11 @@ def _row(name: str) -> tuple[str, str, str]:
 
 def argument_map() -> list[tuple[str, str, str]]:
     """`(field, status, note)` for every init field of `transformers.Seq2SeqTrainingArguments` (which holds every
-    `TrainingArguments` field first), in HF's order."""
+    `TrainingArguments` field first), in HF's order, then hf_lightning's own fields (`support.OURS`)."""
     import transformers
 
-    return [_row(f.name) for f in dataclasses.fields(transformers.Seq2SeqTrainingArguments) if f.init]
+    hf_rows = [_row(f.name) for f in dataclasses.fields(transformers.Seq2SeqTrainingArguments) if f.init]
+    return hf_rows + [(name, "ours (not in HF)", note) for name, note in OURS.items()]
 
 
 def markdown_table() -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["UNSUPPORTED", "DIFFERENCES", "DEFAULT_DIFFERENCES", "SCRIPT_ONLY", "unsupported_problem"]
+__all__ = ["UNSUPPORTED", "DIFFERENCES", "DEFAULT_DIFFERENCES", "OURS", "SCRIPT_ONLY", "unsupported_problem"]
 
 _STRATEGY = "a Lightning strategy in `lightning_kwargs[\"strategy\"]` (CLI: `trainer.strategy`)"
 _HUB = "no hub access: save with `trainer.save_model()` and upload with `huggingface_hub` yourself"
@@ -89,6 +89,15 @@ DIFFERENCES: dict[str, str] = {
                             "`state.train_batch_size` holds the size that fit",
 }
 """Supported fields that behave differently from HF, and how (the README map prints these)."""
+
+OURS: dict[str, str] = {
+    "save_async": "write checkpoints in a background thread (the state is copied to CPU memory at the save step); "
+                  "the same files, renames and rotation as a synchronous save",
+    "include_throughput": "`tokens_per_second` (and `mfu`) in every training log entry, `train_tokens_per_second` "
+                          "(and `train_mfu`) in the end-of-training metrics",
+    "peak_flops_per_device": "the device's peak FLOP/s for `mfu` (default: from a table of GPUs and the precision)",
+}
+"""hf_lightning's own fields (not in `transformers.TrainingArguments`), with what they do (the README map's rows)."""
 
 DEFAULT_DIFFERENCES: dict[str, Any] = {"report_to": "tensorboard"}
 """Fields whose default is deliberately not HF's (HF writes no logs by default; we write TensorBoard)."""

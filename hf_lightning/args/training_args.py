@@ -150,7 +150,8 @@ class TrainingArguments(ProcessLayoutMixin):
     logging_nan_inf_filter: bool = True
     """Replace a non-finite training loss by the running mean of the window when logging."""
     include_num_input_tokens_seen: str | bool = "no"
-    """Not supported (count input tokens): must stay `no` / False."""
+    """Count the input tokens trained on (`state.num_input_tokens_seen`, in every log entry, summed over processes):
+    `all`, `non_padding` (attention-mask ones), `no`; True / False mean `all` / `no`."""
     log_level: LogLevelName = "passive"
     """transformers' log level on the main process (`passive`: leave it); see `get_process_log_level()`."""
     log_level_replica: LogLevelName = "warning"
@@ -324,6 +325,15 @@ class TrainingArguments(ProcessLayoutMixin):
     """A checkpoint folder to resume from (`train(resume_from_checkpoint=...)` wins; `train()` reads this one too)."""
     local_rank: int = -1
     """Filled by the deprecated `torch.distributed.launch`; read `local_process_index` instead."""
+
+    # --- hf_lightning's own (not transformers.TrainingArguments fields; README "Our arguments") ---
+    save_async: bool = False
+    """Write checkpoints in a background thread: the training stalls only while the state is copied to CPU memory."""
+    include_throughput: bool = False
+    """Log `tokens_per_second` (non-padding input tokens of all processes) and, when the device's peak is known,
+    `mfu` with every training log entry, and their averages in the end-of-training metrics."""
+    peak_flops_per_device: float | None = None
+    """Peak FLOP/s of one device for `mfu` (default: looked up from the GPU name and precision; unknown on CPU)."""
 
     def __post_init__(self) -> None:
         normalise_and_check(self)

@@ -151,6 +151,9 @@ def normalise_and_check(args: TrainingArguments) -> None:
         issues.append(
             f"`dataloader_prefetch_factor`={args.dataloader_prefetch_factor} needs `dataloader_num_workers` > 0."
         )
+    if args.peak_flops_per_device is not None and not args.peak_flops_per_device > 0:
+        issues.append(f"`peak_flops_per_device`={args.peak_flops_per_device!r} must be None or > 0 (FLOP/s of one "
+                      "device, e.g. 312e12 for an A100 in bf16).")
     if args.save_total_limit is not None and args.save_total_limit < 0:
         issues.append(f"`save_total_limit`={args.save_total_limit} must be None or >= 0.")
 

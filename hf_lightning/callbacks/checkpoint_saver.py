@@ -6,13 +6,19 @@ tracking: `best_model.py`).
   this run's temporary folders.
 - `save` is `Trainer._save_checkpoint` (T:3355-3422): point `best_model_checkpoint` at
   `checkpoint-<best_global_step>` if that folder exists, write `tmp-checkpoint-<step>-<run>` (rank 0 the shared
-  files, every rank its RNG file, all ranks the FSDP2 collectives), check, flush and rename it on rank 0 once all
-  ranks are done, then rotate with HF's rule on rank 0 after a barrier. Rotation deletes by renaming first.
+  files, every rank its RNG file, all ranks the FSDP and DeepSpeed collectives), check, flush and rename it on
+  rank 0 once all ranks are done, then rotate with HF's rule on rank 0 after a barrier. Rotation deletes by
+  renaming first.
+- With `save_async=True` the save step only captures the state in CPU memory (`checkpointing/content.py`) and a
+  background thread writes, renames and rotates (`checkpointing/background.py`); the next save, the end of
+  training and `end_run` wait for it first, so one save is in flight at most and its error surfaces here.
 - `finish` applies the `save_total_limit == 1` cleanup.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import shutil
 from collections.abc import Callable, Sequence
@@ -21,37 +27,32 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from hf_lightning._lightning_compat import grad_scaler
+from hf_lightning._lightning_compat import datamodule_of, grad_scaler, position_in_epoch
 from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpointing import distributed as dist_state
+from hf_lightning.checkpointing.background import BackgroundWriter, mark_failed, mark_written, wait_for_ranks
 from hf_lightning.checkpointing.checks import output_dir_problem
-from hf_lightning.checkpointing.folders import (
-    clean_leftovers,
-    fsync_file,
-    list_checkpoints,
-    remove_checkpoint,
-    tmp_folder,
-)
+from hf_lightning.checkpointing.content import CheckpointContent, StreamPosition, cpu_copy, write_content
+from hf_lightning.checkpointing.folders import clean_leftovers, list_checkpoints, remove_checkpoint, tmp_folder
 from hf_lightning.checkpointing.io import (
     CHECKPOINT_PREFIX,
     SHARDED_OPTIMIZER_DIR,
-    TRAINER_STATE_NAME,
     CheckpointWriteError,
     finalize_checkpoint,
     prepare_tmp_folder,
-    rng_file_name,
-    save_model_files,
-    torch_save,
-    write_file,
-    write_rng_state,
-    write_training_files,
+    rng_state,
 )
 from hf_lightning.checkpointing.lightning_state import capture_lightning_state, epoch_geometry
 from hf_lightning.checkpointing.rotation import final_cleanup, select_for_deletion
 from hf_lightning.checkpointing.run_lock import RunLock
-from hf_lightning.contracts import flow_model
+from hf_lightning.contracts import ResumableTrainStream, flow_model
 from hf_lightning.hf_messages import logger as log
-from hf_lightning.parallel.checkpoint import gather_full_weights, optimizer_shard_owner, save_engine_state
+from hf_lightning.parallel.checkpoint import (
+    gather_full_weights,
+    is_deepspeed,
+    optimizer_shard_owner,
+    save_engine_state,
+)
 
 __all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
 
@@ -68,6 +69,20 @@ def export_callback_states(state: Any, exportable: Sequence[Any]) -> None:
             state.stateful_callbacks[name].append(callback.state())
         else:
             state.stateful_callbacks[name] = callback.state()
+
+
+def _stream_position(trainer: pl.Trainer) -> StreamPosition | None:
+    """This process's position in an unsized train stream, when the data module reports one (a plain copy)."""
+    datamodule = datamodule_of(trainer)
+    if not isinstance(datamodule, ResumableTrainStream):
+        return None
+    windows_done, _ = position_in_epoch(trainer)
+    position = datamodule.train_stream_position(windows_done)
+    return None if position is None else StreamPosition(position, trainer.current_epoch, windows_done)
+
+
+_RANKS_TIMEOUT_S = 1800.0
+"""How long rank 0's background save waits for the other ranks' parts (HF's default `ddp_timeout`)."""
 
 
 class CheckpointSaver:
@@ -89,6 +104,8 @@ class CheckpointSaver:
         """This run's id (every rank): names its temporary folders; None outside `begin_run` / `end_run`."""
         self.durable = True
         """Flush files and folders before renaming a checkpoint into place (False only to measure the cost)."""
+        self.background = BackgroundWriter()
+        """The save in flight with `save_async=True`."""
         self.save_model: Callable[[str], None] | None = None
         """Writes a checkpoint's model files into the folder it is given, on every process (an overridden
         `Trainer.save_model`, called with `_internal_call=True`, as HF's `_save_checkpoint` does); None: built in."""
@@ -122,9 +139,17 @@ class CheckpointSaver:
         if error is not None:
             raise error(message)
         self.run = run
+        strategy = trainer.strategy
+        if self.args.save_async and (optimizer_shard_owner(strategy, flow_model(trainer.lightning_module))
+                                     is not None or is_deepspeed(strategy)):
+            raise ValueError("save_async=True is not supported for a sharded model (FSDP2, FSDP or DeepSpeed): its "
+                             "weights are gathered and its optimizer written by collectives, which cannot run beside "
+                             "training. Use save_async=False.")
 
     def end_run(self, trainer: pl.Trainer | None = None) -> None:
-        """Give the lock back (rank 0; idempotent, also after an exception)."""
+        """Wait for a save in flight (its error is not raised here: `wait` did, or an exception is on its way), then
+        give the lock back (rank 0; idempotent, also after an exception)."""
+        self.background.wait(raise_errors=False)
         if self.lock is not None:
             self.lock.release()
             self.lock = None
@@ -141,20 +166,33 @@ class CheckpointSaver:
         `skip_callbacks`: Lightning callbacks whose state is not stored in `lightning_state.pt` (the flow's own state
         is `trainer_state.json`).
         """
+        if self.args.save_async:
+            self.background.wait()  # the previous save of this process is complete (at most one in flight)
         step = state.global_step
         if self.args.save_strategy in ("steps", "epoch", "best") and state.best_global_step:
             best = os.path.join(self.output_dir, f"{CHECKPOINT_PREFIX}-{state.best_global_step}")
             if os.path.exists(best) or state.best_global_step == step:
                 state.best_model_checkpoint = best
         export_callback_states(state, exportable)
+        if self.args.save_async:
+            self._save_in_background(trainer, pl_module, state, epoch_ending, skip_callbacks)
+            return
         self._write(trainer, pl_module, state, step, epoch_ending, skip_callbacks)
         trainer.strategy.barrier("hf_lightning_save")
         if trainer.is_global_zero:
-            doomed = select_for_deletion(list_checkpoints(self.output_dir), self.args.save_total_limit,
-                                         state.best_model_checkpoint)
-            for path in doomed:
-                remove_checkpoint(path, self._run_id())
+            self._rotate(state.best_model_checkpoint)
         trainer.strategy.barrier("hf_lightning_rotate")
+
+    def wait(self, trainer: pl.Trainer) -> None:
+        """Block until the background save (if any) is complete on every process; re-raise its error."""
+        if self.args.save_async:
+            self.background.wait()
+            trainer.strategy.barrier("hf_lightning_save_async_done")
+
+    def _rotate(self, best: str | None) -> None:
+        """HF's `save_total_limit` rotation (rank 0), deleting by renaming first."""
+        for path in select_for_deletion(list_checkpoints(self.output_dir), self.args.save_total_limit, best):
+            remove_checkpoint(path, self._run_id())
 
     def _run_id(self) -> str:
         if self.run is None:
@@ -184,43 +222,101 @@ class CheckpointSaver:
 
     def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int, tmp: Path,
                      epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
-        model = flow_model(pl_module)
-        world, rank, zero = trainer.world_size, trainer.global_rank, trainer.is_global_zero
         strategy = trainer.strategy
-        if zero:
+        if trainer.is_global_zero:
             prepare_tmp_folder(self.output_dir, state.global_step, self._run_id())
         strategy.barrier("hf_lightning_save_begin")
-        if zero:
-            step = state.global_step
-            log.info(f"Saving model checkpoint to {self.output_dir}/{CHECKPOINT_PREFIX}-{step}")  # HF's message
+        self._say_saving(trainer, state.global_step)
         if self.save_model is not None:
             self.save_model(str(tmp))  # every rank, as HF's `_save_checkpoint` calls `save_model`
-        else:
-            full_state = gather_full_weights(strategy, model)  # collective under FSDP / ZeRO-3, None otherwise
-            if zero:
-                save_model_files(model, tmp, self.processing_class, state_dict=full_state)
-                torch_save(self.saved_args if self.saved_args is not None else self.args, tmp / "training_args.bin")
+        content = self._capture(trainer, pl_module, state, epoch_ending, skip_callbacks, copy_state=False)
         if not self.args.save_only_model:
-            optimizer = trainer.optimizers[0] if trainer.optimizers else None
-            optimizer = getattr(optimizer, "optimizer", optimizer)
+            model, optimizer, strategy = flow_model(pl_module), self._optimizer(trainer), trainer.strategy
             owner = optimizer_shard_owner(strategy, model)
             if owner is not None and optimizer is not None:
-                dist_state.save_sharded_optimizer(owner, optimizer, tmp / SHARDED_OPTIMIZER_DIR)
-            engine = save_engine_state(strategy, tmp, step)  # DeepSpeed: optimizer and master weights
-            if zero:
-                scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
-                write_training_files(
-                    tmp, optimizer=None if owner is not None or engine else optimizer, scheduler=scheduler,
-                    scaler=grad_scaler(trainer),
-                    lightning_state=capture_lightning_state(trainer, epoch_ending, skip_callbacks,
-                                                            geometry=epoch_geometry(trainer, self.args)),
-                )
-            write_rng_state(tmp, world, rank)
-            if not zero and self.durable:  # rank 0 flushes the whole folder; on a multi-node file system each
-                fsync_file(tmp / rng_file_name(world, rank))  # rank flushes the file it wrote itself
-        if zero:
-            write_file(tmp / TRAINER_STATE_NAME, lambda path: state.save_to_json(str(path)))
+                dist_state.save_sharded_optimizer(owner, optimizer, tmp / SHARDED_OPTIMIZER_DIR)  # a collective
+            save_engine_state(strategy, tmp, step)  # DeepSpeed: optimizer and master weights (every rank)
+        write_content(content, tmp, self.args.save_only_model, self.durable)
         strategy.barrier("hf_lightning_save_written")
+
+    def _say_saving(self, trainer: pl.Trainer, step: int) -> None:
+        if trainer.is_global_zero:
+            log.info(f"Saving model checkpoint to {self.output_dir}/{CHECKPOINT_PREFIX}-{step}")  # HF's message
+
+    @staticmethod
+    def _optimizer(trainer: pl.Trainer) -> Any:
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        return getattr(optimizer, "optimizer", optimizer)
+
+    def _capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, epoch_ending: bool,
+                 skip_callbacks: Sequence[Any], copy_state: bool) -> CheckpointContent:
+        """This process's share of the checkpoint: references (`copy_state=False`, written at once) or copies in CPU
+        memory that training can no longer change (`copy_state=True`, written in the background)."""
+        model = flow_model(pl_module)
+        own_model_files = self.save_model is None  # else the overridden `save_model` wrote them (`_write_files`)
+        # collective under FSDP / ZeRO-3, None otherwise
+        full_state = gather_full_weights(trainer.strategy, model) if own_model_files else None
+        content = CheckpointContent(trainer.world_size, trainer.global_rank)
+        keep = cpu_copy if copy_state else (lambda value: value)
+        if trainer.is_global_zero:
+            if own_model_files:
+                content.model, content.processing_class = model, self.processing_class
+                content.args = self.saved_args if self.saved_args is not None else self.args
+                content.model_state = full_state if full_state is not None or not copy_state else cpu_copy(
+                    model.state_dict())
+            content.trainer_state = copy.deepcopy(state) if copy_state else state
+        if self.args.save_only_model:
+            return content
+        optimizer = self._optimizer(trainer)
+        if trainer.is_global_zero:
+            scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
+            scaler = grad_scaler(trainer)
+            whole = optimizer_shard_owner(trainer.strategy, model) is None and not is_deepspeed(trainer.strategy)
+            if optimizer is not None and whole:  # else sharded (`optimizer_sharded/`) or the engine's
+                content.optimizer = keep(optimizer.state_dict())
+            content.scheduler = keep(scheduler.state_dict()) if scheduler is not None else None
+            content.scaler = keep(scaler.state_dict()) if scaler is not None else None
+            content.lightning_state = keep(capture_lightning_state(trainer, epoch_ending, skip_callbacks,
+                                                                   geometry=epoch_geometry(trainer, self.args)))
+        content.rng = rng_state(trainer.world_size > 1)
+        content.stream = _stream_position(trainer)
+        return content
+
+    def _save_in_background(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any,
+                            epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
+        """Capture this process's share in CPU memory now; write, rename and rotate in the background."""
+        step, run = state.global_step, self._run_id()
+        if trainer.is_global_zero:
+            prepare_tmp_folder(self.output_dir, step, run)
+        trainer.strategy.barrier("hf_lightning_save_begin")
+        self._say_saving(trainer, step)
+        content = self._capture(trainer, pl_module, state, epoch_ending, skip_callbacks, copy_state=True)
+        job = functools.partial(self._write_in_background, content, tmp_folder(self.output_dir, step, run), step,
+                                state.best_model_checkpoint)
+        self.background.start(job, name=f"hf_lightning-save-{step}")
+
+    def _write_in_background(self, content: CheckpointContent, tmp: Path, step: int, best: str | None) -> None:
+        """The background job: this process's files; then on rank 0, once every rank's are there, the checks,
+        flush and rename of `finalize_checkpoint`, then the rotation (only after the new checkpoint is in place)."""
+        try:
+            write_content(content, tmp, self.args.save_only_model, self.durable)
+        except BaseException as error:
+            if content.is_zero:
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                mark_failed(tmp, content.rank, error)
+            raise
+        if not content.is_zero:
+            mark_written(tmp, content.rank)
+            return
+        try:
+            wait_for_ranks(tmp, content.world_size, _RANKS_TIMEOUT_S)
+        except RuntimeError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finalize_checkpoint(self.output_dir, step, self._run_id(), self.lock.check_held if self.lock else None,
+                            durable=self.durable)
+        self._rotate(best)
 
     def finish(self, trainer: pl.Trainer, state: Any) -> None:
         """At the end of training: HF's `save_total_limit == 1` cleanup (T:2004-2011), on rank 0."""

@@ -46,7 +46,7 @@ from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import HFEvaluator
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
 from hf_lightning.callbacks.loop_steps import HFLoopSteps
-from hf_lightning.callbacks.tokens_seen import InputTokensSeen
+from hf_lightning.callbacks.throughput import TokenLogs
 from hf_lightning.callbacks.train_log import (
     FlopsCounter,
     TrainLossTracker,
@@ -99,7 +99,7 @@ class HFTrainerFlow(HFLoopSteps):
         self.loss = TrainLossTracker(args.logging_nan_inf_filter)
         self.neftune = NEFTune(args.neftune_noise_alpha)
         self.flos = FlopsCounter()
-        self.tokens = InputTokensSeen(str(args.include_num_input_tokens_seen))  # normalised
+        self.tokens = TokenLogs(args)
         self.resume_from_checkpoint: str | bool | None = None
         self._eval_listeners: list[HFEvaluationListener] = []
         self._epoch_index = 0
@@ -221,7 +221,7 @@ class HFTrainerFlow(HFLoopSteps):
             self._restorer.restore_trainer_state(self, trainer, self.plan.max_steps, self.plan.num_train_epochs)
         self.loss.start(pl_module.device, trainer.global_step)
         self.flos.current = 0.0
-        self.tokens.start(self.state)
+        self.tokens.start(self.state, pl_module.device, str(trainer.precision), trainer.world_size)
         self._start_steps(trainer, pl_module)
         self._announce_training(trainer, flow_model(pl_module), self._restorer.position if self._restorer else None)
         self.handler.optimizer = trainer.optimizers[0] if trainer.optimizers else None
@@ -239,7 +239,7 @@ class HFTrainerFlow(HFLoopSteps):
         self._epoch_index = trainer.current_epoch
         self._epoch_stop_requested = False
         if self._restorer is not None:
-            self._restorer.on_train_epoch_start()  # RNG states of a resumed run, once
+            self._restorer.on_train_epoch_start(trainer)  # RNG states of a resumed run, once
         if self._resumes_mid_epoch:
             # Lightning warns that a plain DataLoader cannot resume mid-epoch (ours starts at the window), when this
             # epoch's loop starts; the filter lasts until the epoch's first batch
@@ -282,8 +282,7 @@ class HFTrainerFlow(HFLoopSteps):
         window = [batch] if isinstance(batch, Mapping) else list(batch)
         self.loss.add(update.micro_losses, self.state.global_step, update.label_tokens)
         self.count_flos(flow_model(pl_module), window)
-        self.tokens.add_window(self.state, window, flow_model(pl_module),
-                               getattr(self.handler.processing_class, "pad_token_id", None), trainer.strategy,
+        self.tokens.add_window(self.state, window, flow_model(pl_module), self._pad_token_id(), trainer.strategy,
                                pl_module.device)
         # every earlier window of the epoch is full, so this also holds after a mid-epoch resume
         micro_done = batch_idx * self.args.gradient_accumulation_steps + len(window)
@@ -304,12 +303,18 @@ class HFTrainerFlow(HFLoopSteps):
             elif epoch_stop and not last_batch:
                 flow_module(pl_module).request_epoch_stop()  # Lightning ends the epoch at the next batch start
                 self._epoch_stop_requested = True
-        if self.loss.latest_loss is not None and trainer.progress_bar_callback is not None:
+        if self.loss.last_logged_step == self.state.global_step and self.loss.latest_loss is not None \
+                and trainer.progress_bar_callback is not None:
+            # only when a new loss was logged: Lightning's bar keeps a value until it is logged again, and its
+            # `log` costs a few milliseconds (signature inspection, result bookkeeping)
             pl_module.log("loss", self.loss.latest_loss, prog_bar=True, logger=False)
 
     # ----- HF events and logging (the steps themselves: loop_steps.py) -----
     def set_eval_dataloader(self, loader: Any) -> None:
         self.handler.eval_dataloader = loader
+
+    def _pad_token_id(self) -> int | None:
+        return getattr(self.handler.processing_class, "pad_token_id", None)
 
     def dataset_evaluated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, Any]) -> None:
         """HF `evaluate()` for one dataset (T:2843-2894): the log entry, `on_evaluate`, then the listeners."""
@@ -324,6 +329,7 @@ class HFTrainerFlow(HFLoopSteps):
         """The train summary entry (T:1993-2014), best-model loading, rotation cleanup, then HF `on_train_end`."""
         assert self.plan is not None
         self._end_quiet_resume()
+        self.saver.wait(trainer)  # `save_async`: the last checkpoint is in place before the summary and best model
         logger.info(TRAINING_COMPLETED)
         steps = self.state.global_step - self.loss.initial_step
         train_loss = self.loss.train_loss(trainer.strategy, self.state.global_step)
@@ -337,6 +343,7 @@ class HFTrainerFlow(HFLoopSteps):
         self.flos.store(self.state, trainer)
         metrics = train_summary(self._train_start, num_samples, steps, self.plan.max_steps, self.state.total_flos,
                                 train_loss)
+        self.tokens.summary(metrics, trainer.strategy, self.state.total_flos)
         self.hf_log(trainer, metrics)  # adds "epoch", as HF's `TrainOutput.metrics` has it
         self._summary = metrics
         self.best.load_best(flow_model(pl_module), self.state, trainer.strategy)

@@ -22,7 +22,7 @@ from hf_lightning.callbacks.best_model import BestModelTracker
 from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import EvaluationHooks
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
-from hf_lightning.callbacks.tokens_seen import InputTokensSeen
+from hf_lightning.callbacks.throughput import TokenLogs
 from hf_lightning.callbacks.train_log import FlopsCounter, TrainLossTracker, UpdateReport, tensorboard_tag
 from hf_lightning.contracts import HFLoopHooks, flow_model
 from hf_lightning.data.windows import is_sized, num_examples
@@ -49,7 +49,7 @@ class HFLoopSteps(EvaluationHooks):
     best: BestModelTracker
     loss: TrainLossTracker
     flos: FlopsCounter
-    tokens: InputTokensSeen
+    tokens: TokenLogs
     owner: HFLoopHooks | None = None
     ignore_keys_for_eval: list[str] | None = None
     _train_start: float = 0.0
@@ -164,8 +164,9 @@ class HFLoopSteps(EvaluationHooks):
             self.owner.log(logs)
 
     def record_log(self, trainer: pl.Trainer | None, logs: dict[str, Any], start_time: float | None = None) -> None:
-        """The built-in `Trainer.log` (T:4181-4203): add `epoch` and `num_input_tokens_seen` (tokens_seen.py), append
-        to `log_history` with `step`, `on_log`, write to the Lightning loggers with HF's TensorBoard tag names."""
+        """The built-in `Trainer.log` (T:4181-4203): add `epoch` and `num_input_tokens_seen` (tokens_seen.py; with this
+        call's tokens/s when `start_time` is given), append to `log_history` with `step`, `on_log`, write to the
+        Lightning loggers with HF's TensorBoard tag names."""
         if self.state.epoch is not None:
             logs["epoch"] = self.state.epoch
         self.tokens.annotate(logs, self.state, start_time)
@@ -187,6 +188,7 @@ class HFLoopSteps(EvaluationHooks):
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
         self.flos.store(self.state, trainer)
+        self.tokens.training_entry(logs, trainer.strategy, self.state.total_flos)
         self.hf_log(trainer, logs, start_time=self._train_start)
 
     # ----- evaluation during training -----
@@ -198,12 +200,14 @@ class HFLoopSteps(EvaluationHooks):
                 f"{self.state.global_step} but no eval_dataset was given."
             )
         skip_scheduler = not during_training  # `eval_on_start`: no plateau step, no best metric (T:1655-1656)
+        started = time.perf_counter()
         if self.owner is not None:
             metrics = self.owner._evaluate(None, self.ignore_keys_for_eval, skip_scheduler=skip_scheduler)
         else:
             metrics = self.evaluate_now(EvalRequest(ignore_keys=self.ignore_keys_for_eval))
             if not skip_scheduler:
                 self.step_plateau_scheduler(metrics)
+        self.tokens.exclude(time.perf_counter() - started)  # tokens/s counts training time only
         if not metrics:  # nothing was evaluated, so no `on_evaluate` cleared the request
             self.control.should_evaluate = False
         if not during_training:

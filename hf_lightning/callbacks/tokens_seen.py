@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,12 +23,13 @@ __all__ = ["InputTokensSeen", "count_input_tokens"]
 log = logging.getLogger(__name__)
 
 
-def count_input_tokens(batch: Any, main_input: str, mode: str, pad_token_id: int | None) -> torch.Tensor | int | None:
+def count_input_tokens(batch: Any, main_input: str, mode: str, pad_token_id: int | None,
+                       on_fallback: Callable[[], None] | None = None) -> torch.Tensor | int | None:
     """The input tokens of one micro-batch under `mode` (`all` / `non_padding`), None if `main_input` is absent (or
     the micro-batch is not a mapping of named inputs).
 
     When `non_padding` cannot tell padding apart, every token is counted, with HF's warning (HF logs it for every
-    micro-batch, so do we)."""
+    micro-batch, so do we), or `on_fallback` instead (`include_throughput` says it once, `throughput.py`)."""
     ids = batch.get(main_input) if isinstance(batch, Mapping) else None
     if ids is None or not hasattr(ids, "numel"):
         return None
@@ -38,7 +39,11 @@ def count_input_tokens(batch: Any, main_input: str, mode: str, pad_token_id: int
             return mask.sum()
         if pad_token_id is not None:
             return (ids != pad_token_id).sum()
-        log.warning("Could not determine method to count non-padding tokens, falling back to counting all tokens.")
+        if on_fallback is not None:
+            on_fallback()
+        else:
+            log.warning("Could not determine method to count non-padding tokens, falling back to counting all "
+                        "tokens.")
     return int(ids.numel())
 
 

@@ -24,6 +24,8 @@ Heavy modules are imported only once a subcommand needs them, so `--help` stays 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 from typing import Any
 
@@ -43,15 +45,38 @@ example:
 
 
 def run_cli(argv: list[str] | None = None) -> Any:
-    """Run `fit|validate|predict` with `argv` (the command line after `hf-lightning`); returns the CLI object."""
-    from hf_lightning.cli.precheck import precheck
+    """Run `fit|validate|predict` with `argv` (the command line after `hf-lightning`); returns the CLI object.
+
+    A bare `<subcommand> --help` is printed from `help_cache` when it was rendered before with the same code.
+    """
+    from hf_lightning.cli.help_cache import cache_key, cached_help, store_help
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    text = cached_help(argv)
+    if text is not None:
+        sys.stdout.write(text)
+        sys.exit(0)  # what the parser does after printing its help
+    from hf_lightning.cli.precheck import precheck
+
     precheck(argv[1:])
     from hf_lightning.cli.lightning_cli import HFLightningCLI
 
-    # LightningCLI reads sys.argv itself when it is our command line (it warns when given both).
-    return HFLightningCLI(args=None if argv == sys.argv[1:] else argv)
+    def build() -> Any:
+        # LightningCLI reads sys.argv itself when it is our command line (it warns when given both).
+        return HFLightningCLI(args=None if argv == sys.argv[1:] else argv, subcommand=argv[0] if argv else None)
+
+    if cache_key(argv) is None:
+        return build()
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(captured):
+            return build()
+    except SystemExit as done:
+        if done.code in (0, None):
+            store_help(argv, captured.getvalue())
+        raise
+    finally:
+        sys.stdout.write(captured.getvalue())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -48,6 +48,8 @@ __all__ = ["HFLightningCLI"]
 # `--help` shows each TrainingArguments field's docstring (PEP 257 attribute docstrings, off by default).
 jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
 
+_SUBCOMMANDS = ("fit", "validate", "predict")
+
 _CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError, NotImplementedError, OSError, MisconfigurationException)
 
 
@@ -98,7 +100,8 @@ class _OneLineErrorParser(LightningArgumentParser):
 class HFLightningCLI(LightningCLI):
     """LightningCLI whose model, data and trainer are built from an HF-style config (see `cli/__init__.py`)."""
 
-    def __init__(self, args: list[str] | None = None) -> None:
+    def __init__(self, args: list[str] | None = None, subcommand: str | None = None) -> None:
+        self._only_subcommand = subcommand
         super().__init__(
             # only a placeholder: `add_core_arguments_to_parser` defines the sections and `_instantiate` builds a
             # TransformerModule; not importing it here keeps `fit --help` free of the transformers model code
@@ -113,6 +116,13 @@ class HFLightningCLI(LightningCLI):
         )
 
     # ----- parser -----
+    def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]  # Lightning's is a staticmethod
+        """`fit`, `validate`, `predict` (no `test`), or only `subcommand` when the constructor got one: each
+        subcommand's parser holds the whole `lightning.Trainer` and HF arguments signatures, and building one costs
+        about a second, so a run builds only its own."""
+        ours = {name: skip for name, skip in LightningCLI.subcommands().items() if name in _SUBCOMMANDS}
+        return {self._only_subcommand: ours[self._only_subcommand]} if self._only_subcommand in ours else ours
+
     @override
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(self.trainer_class, "trainer")

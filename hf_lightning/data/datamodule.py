@@ -24,7 +24,6 @@ from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
-import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler
 from transformers.trainer_utils import seed_worker
 from typing_extensions import override
@@ -39,16 +38,17 @@ from hf_lightning.data.collate import (
     remove_unused_columns,
     signature_columns,
 )
-from hf_lightning.data.length_grouping import refuse_unsized, sample_lengths
+from hf_lightning.data.length_grouping import train_sample_lengths
 from hf_lightning.data.sampling import (
     ContiguousShardSampler,
     EpochSampler,
     OrderBatchSampler,
     WindowBatchSampler,
     dataset_length,
-    split_by_node,
 )
-from hf_lightning.data.windows import EagerWindows, EpochLoader, LazyWindow, WindowStream, is_sized
+from hf_lightning.data.stream_loader import WindowedStream, iterable_loader, stream_windows
+from hf_lightning.data.stream_state import to_plain
+from hf_lightning.data.windows import EpochLoader, LazyWindow, WindowStream, is_sized, loader_options
 
 __all__ = ["TransformerDataModule", "ContiguousShardSampler"]
 
@@ -100,6 +100,10 @@ class TransformerDataModule(pl.LightningDataModule):
         self._fit_loader: Any = None
         self.resume_position: tuple[int, int] | None = None
         """`(epoch, windows)`: the next train loader starts at that window of that epoch (set on resume, used once)."""
+        self.resume_stream_position: Any = None
+        """With `resume_position`: the saved position of an unsized train stream after those windows (or None)."""
+        self.train_stream: WindowedStream | None = None
+        """The windows of the current unsized train loader (None for a sized one)."""
         self.train_lengths: list[int] | None = None
         """The training samples' lengths, for `train_sampling_strategy="group_by_length"` (measured in `setup`)."""
         self._lengths_of: Any = None
@@ -143,11 +147,7 @@ class TransformerDataModule(pl.LightningDataModule):
         return self.train_lengths
 
     def _sample_lengths(self, dataset: Any) -> list[int]:
-        """`group_by_length`'s lengths (`length_grouping.sample_lengths`); an unsized dataset is refused, where HF
-        warns and reads it in its own order (T:1075-1085)."""
-        refuse_unsized(dataset)
-        names = getattr(self.processing_class, "model_input_names", None)
-        return sample_lengths(dataset, self.args.length_column_name, names[0] if names else "input_ids")
+        return train_sample_lengths(dataset, self.args.length_column_name, self.processing_class)
 
     def _resolve_columns(self) -> None:
         module = self.trainer.lightning_module if self.trainer is not None else None
@@ -192,16 +192,7 @@ class TransformerDataModule(pl.LightningDataModule):
         return trainer.world_size, trainer.global_rank
 
     def _loader_kwargs(self) -> dict[str, Any]:
-        args = self.args
-        kwargs: dict[str, Any] = {
-            "num_workers": args.dataloader_num_workers,
-            "pin_memory": args.dataloader_pin_memory and not args.use_cpu and torch.cuda.is_available(),
-        }
-        if args.dataloader_num_workers > 0:
-            kwargs["persistent_workers"] = args.dataloader_persistent_workers
-            if args.dataloader_prefetch_factor is not None:
-                kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
-        return kwargs
+        return loader_options(self.args)
 
     # ----- HF's dataloader methods (the built-ins; an `hf_lightning.Trainer` subclass may override them) -----
     def get_train_dataloader(self) -> DataLoader:
@@ -310,10 +301,8 @@ class TransformerDataModule(pl.LightningDataModule):
         kwargs = self._loader_kwargs()
         drop_last = self.args.dataloader_drop_last
         if isinstance(dataset, IterableDataset):
-            if is_training and world > 1:
-                dataset = split_by_node(dataset, world, rank)
-            loader_class = EpochLoader if is_training else DataLoader
-            return loader_class(dataset, batch_size=batch_size, collate_fn=collate, drop_last=drop_last, **kwargs)
+            return iterable_loader(dataset, is_training, world, rank, batch_size=batch_size, collate_fn=collate,
+                                   drop_last=drop_last, **kwargs)
         sampler = sampler_fn(dataset) if sampler_fn is not None else None
         if is_training:
             # HF seeds each worker from its base seed (`seed_worker`, T:1047-1050); collators draw there
@@ -357,14 +346,24 @@ class TransformerDataModule(pl.LightningDataModule):
         """The train loader's micro-batches in windows of `gradient_accumulation_steps`, one window per update."""
         loader = self._fit_train_loader()
         accumulation = self.args.gradient_accumulation_steps
-        windows = WindowStream(loader, accumulation) if is_sized(loader) else EagerWindows(loader, accumulation)
+        if not is_sized(loader):
+            self.train_stream = stream_windows(loader, accumulation, self.resume_position, self.resume_stream_position)
+            self.resume_position = self.resume_stream_position = None
+            return self.train_stream
+        self.train_stream = None
+        windows = WindowStream(loader, accumulation)
         if self.resume_position is not None:
-            # the resumed epoch starts at its window: O(1) for our samplers, index-only for a map-style loader, by
-            # reading for an iterable dataset (as HF)
+            # the resumed epoch starts at its window: O(1) for our samplers, index-only for a map-style loader
             epoch, windows.skip = self.resume_position
             windows.set_epoch(epoch)
             self.resume_position = None
         return windows
+
+    def train_stream_position(self, windows_done: int) -> Any:
+        """The position of the unsized train stream after `windows_done` windows of the current pass (saved in
+        checkpoints, per process), or None (a sized loader, a stream without a state, or not recorded)."""
+        position = self.train_stream.position_after(windows_done) if self.train_stream is not None else None
+        return to_plain(position) if position is not None else None
 
     @override
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-__all__ = ["length_grouped_order", "refuse_unsized", "sample_lengths"]
+__all__ = ["length_grouped_order", "refuse_unsized", "sample_lengths", "train_sample_lengths"]
 
 
 def sample_lengths(dataset: Any, length_column: str, model_input_name: str) -> list[int]:
@@ -74,3 +74,11 @@ def refuse_unsized(dataset: Any) -> None:
             "no lengths to group by and is read in its own order. Use train_sampling_strategy='random', or a "
             "map-style dataset."
         )
+
+
+def train_sample_lengths(dataset: Any, length_column: str, processing_class: Any) -> list[int]:
+    """`group_by_length`'s lengths of a train dataset (`sample_lengths`, the tokenizer's first model input as the
+    column to measure); an unsized dataset is refused (`refuse_unsized`)."""
+    refuse_unsized(dataset)
+    names = getattr(processing_class, "model_input_names", None)
+    return sample_lengths(dataset, length_column, names[0] if names else "input_ids")

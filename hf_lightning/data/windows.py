@@ -12,9 +12,10 @@ Lightning `LazyWindow`s that collate nothing, and `LazyWindow.materialize` (call
 per epoch, one micro-batch ahead as accelerate does. The loader itself is iterated (its seed draw included) at the
 epoch's first update, as HF's. It needs a sized loader (the number of windows is known without fetching).
 
-`EagerWindows` groups an unsized loader (an `IterableDataset`): windows are fetched by Lightning's loop itself, one
-window ahead of the update (README "Differences": a random collator's draws over an iterable dataset in the main
-process come earlier than HF's; `dataloader_num_workers > 0` draws them in the workers, as HF).
+An unsized loader (an `IterableDataset`) is grouped by `stream_loader.WindowedStream`, which also records the
+stream's position for an O(1) resume: its windows are fetched by Lightning's loop itself, one window ahead of the
+update (README "Differences": a random collator's draws over an iterable dataset in the main process come earlier
+than HF's; `dataloader_num_workers > 0` draws them in the workers, as HF).
 
 `start_after` starts a loader after its first batches without loading them (resume), as accelerate's
 `skip_first_batches`.
@@ -25,15 +26,30 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader, Sampler
 from transformers.trainer_pt_utils import IterableDatasetShard
 
 __all__ = [
-    "EagerWindows", "EpochLoader", "LazyWindow", "MicroBatchStream", "SkipBatchSampler", "WindowStream", "is_sized",
-    "num_examples", "set_loader_epoch", "start_after", "window_sizes",
+    "EpochLoader", "LazyWindow", "MicroBatchStream", "SkipBatchSampler", "WindowStream", "is_sized",
+    "loader_options", "num_examples", "set_loader_epoch", "start_after", "window_sizes",
 ]
 
 _END = object()
+
+
+def loader_options(args: Any) -> dict[str, Any]:
+    """The `DataLoader` options of HF's `_get_dataloader` (T:1007-1069) from the training arguments: workers, pinned
+    memory (only with CUDA in use), persistent workers and prefetching (only with workers)."""
+    options: dict[str, Any] = {
+        "num_workers": args.dataloader_num_workers,
+        "pin_memory": args.dataloader_pin_memory and not args.use_cpu and torch.cuda.is_available(),
+    }
+    if args.dataloader_num_workers > 0:
+        options["persistent_workers"] = args.dataloader_persistent_workers
+        if args.dataloader_prefetch_factor is not None:
+            options["prefetch_factor"] = args.dataloader_prefetch_factor
+    return options
 
 
 def is_sized(loader: Any) -> bool:
@@ -196,7 +212,8 @@ class WindowStream(_Windows):
 
     def __init__(self, loader: Any, accumulation: int) -> None:
         if not is_sized(loader):
-            raise TypeError("WindowStream needs a loader with a length; use EagerWindows for an unsized one.")
+            raise TypeError("WindowStream needs a loader with a length; use stream_loader.WindowedStream for an "
+                            "unsized one.")
         super().__init__(loader, accumulation)
 
     def __len__(self) -> int:
@@ -209,30 +226,6 @@ class WindowStream(_Windows):
         stream = MicroBatchStream(source)
         for size in sizes[skip:]:
             yield LazyWindow(stream, size)
-
-
-class EagerWindows(_Windows):
-    """Windows of `accumulation` micro-batches read from an unsized loader (the last one may be short); the resume
-    `skip` reads and drops them (an iterable dataset can only skip by reading, as in HF).
-
-    Args:
-        loader: the micro-batch loader.
-        accumulation: `gradient_accumulation_steps`.
-    """
-
-    def __iter__(self) -> Iterator[list[Any]]:
-        window: list[Any] = []
-        skip, self.skip = self.skip * self.accumulation, 0
-        for batch in self.loader:
-            if skip:
-                skip -= 1
-                continue
-            window.append(batch)
-            if len(window) == self.accumulation:
-                yield window
-                window = []
-        if window:
-            yield window
 
 
 class SkipBatchSampler(Sampler[list[int]]):

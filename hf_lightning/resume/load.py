@@ -27,14 +27,15 @@ import lightning.pytorch as pl
 import torch
 from torch import nn
 
-from hf_lightning._lightning_compat import datamodule_of, grad_scaler
+from hf_lightning._lightning_compat import datamodule_of, grad_scaler, restart_train_iterator
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.adapters import load_adapter_checkpoint
 from hf_lightning.checkpointing.integrity import damaged_file_error
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME
 from hf_lightning.checkpointing.lightning_state import epoch_geometry, geometry_changes, restore_callback_states
+from hf_lightning.checkpointing.stream_position import read_stream_position
 from hf_lightning.checkpointing.weight_files import is_adapter_file
-from hf_lightning.contracts import FlowDataModule, flow_model
+from hf_lightning.contracts import FlowDataModule, ResumableTrainStream, flow_model
 from hf_lightning.hf_messages import logger as hf_logger
 from hf_lightning.parallel.checkpoint import (
     full_shapes,
@@ -224,6 +225,7 @@ class CheckpointRestorer:
         # weights_only, as Lightning loads its own checkpoints: a checkpoint folder is not trusted code
         saved = _torch_load(files.lightning_state) if files.lightning_state else None
         position = resume_position(global_step, updates_per_epoch, saved)
+        changes: list[str] = []
         if saved is not None:
             changes = geometry_changes(saved.get("geometry", {"world_size": saved.get("world_size")}),
                                        epoch_geometry(trainer, self.args))
@@ -243,6 +245,9 @@ class CheckpointRestorer:
             restore_callback_states(trainer, saved)
         datamodule: FlowDataModule = datamodule_of(trainer)  # checked by the flow's setup
         datamodule.resume_position = (position.epoch, position.windows)
+        if saved is not None and not changes and position.windows and isinstance(datamodule, ResumableTrainStream):
+            datamodule.resume_stream_position = read_stream_position(
+                files.path, position.epoch, position.windows, trainer.world_size, trainer.global_rank)
         self._rng_pending = True
 
     def restore_trainer_state(self, flow: Any, trainer: pl.Trainer, max_steps: int, num_train_epochs: int) -> None:
@@ -286,10 +291,15 @@ class CheckpointRestorer:
                     flow.handler.remove_callback(type(rebuilt))
                     flow.handler.add_callback(rebuilt)
 
-    def on_train_epoch_start(self) -> None:
+    def on_train_epoch_start(self, trainer: pl.Trainer) -> None:
         """At an epoch boundary, load this rank's RNG states now (see the module docstring)."""
         if self.position is None or self.position.windows == 0:
             self._load_rng()
+            if self.position is not None and trainer.current_epoch == 0:
+                # HF loads the states before it makes the epoch's loader iterator (T:1848-1849, 1857), whose seed
+                # draw then follows them; Lightning made epoch 0's iterator before this hook (`ignore_data_skip`,
+                # or a step-0 checkpoint), and an unsized loader's first window was read then: make it again, after them
+                restart_train_iterator(trainer)
 
     def on_train_batch_start(self) -> None:
         """Mid-epoch, load this rank's RNG states after the first window was fetched (see the module docstring)."""
@@ -300,6 +310,10 @@ class CheckpointRestorer:
         if not self._rng_pending:
             return
         self._rng_pending = False
+        self._load_rng_states()
+
+    def _load_rng_states(self) -> None:
+        """This rank's python, numpy, torch (and CUDA) RNG states from the checkpoint's RNG file, if it has one."""
         assert self.files is not None
         if self.files.rng is None:
             log.info("No RNG file in %s for this process: reproducibility is not guaranteed.", self.files.path)

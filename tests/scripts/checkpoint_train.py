@@ -15,6 +15,8 @@ Usage:
       CUDA only (tests/test_gpu.py), on min(2, GPUs) devices: "gpu-fp16" (fp16 with the grad scaler), "gpu-bf16",
       "gpu-fsdp1" (`fsdp_config={"version": 1}`), "gpu-fsdp2", "gpu-zero2" / "gpu-zero3" (`deepspeed=` with HF's
       "auto" values), each with `full_determinism` (deterministic CUDA kernels).
+      A "-async" suffix ("ddp-async", "fsdp2-async") adds `save_async=True`; "fsdp2-async" writes the error it gets
+      (no checkpoint, no resume) to RESULT_JSON instead.
 """
 
 import json
@@ -65,7 +67,7 @@ def make_trainer(output_dir: str, lightning_kwargs: dict, module_class=None, **o
 
 def kill(out_dir: str, point: str) -> None:
     from hf_lightning.callbacks import checkpoint_saver as saving
-    from hf_lightning.checkpointing import io
+    from hf_lightning.checkpointing import content, io
 
     def die(*_args, **_kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
@@ -78,7 +80,7 @@ def kill(out_dir: str, point: str) -> None:
         return wrapped
 
     if point == "files":
-        saving.write_rng_state = at_update_4(io.write_rng_state)
+        content.write_rng_file = at_update_4(content.write_rng_file)
     else:
         saving.finalize_checkpoint = at_update_4(io.finalize_checkpoint)
     make_trainer(out_dir, {}).train()
@@ -100,6 +102,9 @@ GPU_ARGS = {
 
 
 def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
+    asynchronous = strategy_name.endswith("-async")
+    strategy_name = strategy_name.removesuffix("-async")
+    extra = {"save_async": True} if asynchronous else {}
     module_class = FSDP2Module if strategy_name == "fsdp2-subclass" else None
     hf_args = {"fsdp2": {"fsdp": "full_shard auto_wrap"},
                "hf-ddp": {"ddp_find_unused_parameters": False, "ddp_static_graph": True}}.get(strategy_name, {})
@@ -117,9 +122,18 @@ def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
             return {"devices": 2, "strategy": ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)}
         return {"devices": 2}  # the strategy comes from the HF arguments
 
-    full = make_trainer(os.path.join(out_dir, "full"), kwargs(), module_class, save_total_limit=2, **hf_args)
+    full = make_trainer(os.path.join(out_dir, "full"), kwargs(), module_class, save_total_limit=2, **hf_args,
+                        **extra)
+    if asynchronous and strategy_name == "fsdp2":
+        try:
+            full.train()
+        except ValueError as error:
+            with open(result_json, "w") as f:
+                json.dump({"error": str(error)}, f)
+        return
     full.train()
-    resumed = make_trainer(os.path.join(out_dir, "resumed"), kwargs(), module_class, model_seed=77, **hf_args)
+    resumed = make_trainer(os.path.join(out_dir, "resumed"), kwargs(), module_class, model_seed=77, **hf_args,
+                           **extra)
     resumed.train(resume_from_checkpoint=os.path.join(out_dir, "full", "checkpoint-4"))
     resumed.save_model(os.path.join(out_dir, "final_model"))  # a collective under FSDP2
     if resumed.lightning_trainer.is_global_zero:

@@ -4,7 +4,7 @@ Run by tests/test_ddp.py as a subprocess (Lightning's `ddp` launcher re-executes
 Usage: python ddp_train.py OUT_JSON DEVICES PER_DEVICE_BATCH [MODE]
 MODE: `ddp` (default: `lightning_kwargs={"strategy": "ddp"}`), `hf-ddp` (no strategy given: Lightning chooses DDP and
 gets HF's `ddp_*` options), `hf-fsdp2` (`fsdp="full_shard auto_wrap"`: FSDP2 with the default per-layer sharding),
-`tokens` (`ddp` with `include_num_input_tokens_seen="all"`).
+`tokens` (`ddp` with `include_num_input_tokens_seen="all"` and `include_throughput=True`).
 """
 
 import json
@@ -23,7 +23,7 @@ def main() -> None:
     mode = sys.argv[4] if len(sys.argv) > 4 else "ddp"
     strategy_args = {
         "ddp": {},
-        "tokens": {"include_num_input_tokens_seen": "all"},
+        "tokens": {"include_num_input_tokens_seen": "all", "include_throughput": True},
         "hf-ddp": {"ddp_find_unused_parameters": False, "ddp_bucket_cap_mb": 1, "ddp_broadcast_buffers": False,
                    "ddp_static_graph": True, "ddp_timeout": 600},
         "hf-fsdp2": {"fsdp": "full_shard auto_wrap", "fsdp_config": {"transformer_layer_cls_to_wrap": ["BertLayer"]}},
