@@ -80,6 +80,18 @@ class RecordingDataset(TorchDataset):
         return self.rows[int(index)]
 
 
+CPU_QUIET = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
+"""`lightning_kwargs` of a test run on the CPU with no Lightning logger or progress bar."""
+
+
+def lm_run_args(**overrides) -> dict:
+    """Training arguments of the small GPT-2 runs of the token-count tests (HF's names, valid for both trainers):
+    GA=2, evaluation every 3 updates, no saves; `overrides` win."""
+    return {**dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=4, logging_steps=1,
+                   eval_strategy="steps", eval_steps=3, save_strategy="no", seed=7, report_to="none",
+                   disable_tqdm=True, optim="adamw_torch"), **overrides}
+
+
 VOLATILE_LOG_KEYS = ("runtime", "per_second", "train_loss", "total_flos")
 """Log keys that differ between equal runs: timings, and the train summary's values (they cover one `train()` call)."""
 

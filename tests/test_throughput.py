@@ -11,24 +11,16 @@ import torch
 import hf_lightning
 from hf_lightning.callbacks.throughput import Throughput
 from hf_lightning.peak_flops import peak_flops, precision_kind
-from helpers import lm_dataset, tiny_gpt2
-
-LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
-
-
-def _common(**overrides) -> dict:
-    settings = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=5, logging_steps=2,
-                    eval_strategy="steps", eval_steps=3, save_strategy="no", seed=7, report_to="none",
-                    disable_tqdm=True, optim="adamw_torch")
-    settings.update(overrides)
-    return settings
+from helpers import CPU_QUIET, lm_dataset, lm_run_args, tiny_gpt2
 
 
 def _ours(out: Path, model=None, train=None, resume=None, **overrides) -> hf_lightning.Trainer:
     trainer = hf_lightning.Trainer(
-        model=model or tiny_gpt2(), args=hf_lightning.TrainingArguments(output_dir=str(out), **_common(**overrides)),
+        model=model or tiny_gpt2(),
+        args=hf_lightning.TrainingArguments(output_dir=str(out), **lm_run_args(**{"max_steps": 5, "logging_steps": 2,
+                                                                                    **overrides})),
         train_dataset=train if train is not None else lm_dataset(n=40), eval_dataset=lm_dataset(n=8, seed=1),
-        lightning_kwargs=dict(LIGHTNING_KWARGS))
+        lightning_kwargs=dict(CPU_QUIET))
     trainer.train(resume_from_checkpoint=resume)
     return trainer
 

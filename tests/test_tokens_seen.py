@@ -12,23 +12,13 @@ import transformers
 
 import hf_lightning
 from hf_lightning.callbacks.tokens_seen import count_input_tokens
-from helpers import lm_dataset, tiny_gpt2
-
-LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
-
-
-def _common(**overrides) -> dict:
-    settings = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=4, logging_steps=1,
-                    eval_strategy="steps", eval_steps=3, save_strategy="no", seed=7, report_to="none",
-                    disable_tqdm=True, optim="adamw_torch")
-    settings.update(overrides)
-    return settings
+from helpers import CPU_QUIET, lm_dataset, lm_run_args, tiny_gpt2
 
 
 def _ours(out: Path, resume: str | None = None, trainer_cls=hf_lightning.Trainer, **overrides) -> hf_lightning.Trainer:
     trainer = trainer_cls(
-        model=tiny_gpt2(), args=hf_lightning.TrainingArguments(output_dir=str(out), **_common(**overrides)),
-        train_dataset=lm_dataset(n=40), eval_dataset=lm_dataset(n=8, seed=1), lightning_kwargs=dict(LIGHTNING_KWARGS))
+        model=tiny_gpt2(), args=hf_lightning.TrainingArguments(output_dir=str(out), **lm_run_args(**overrides)),
+        train_dataset=lm_dataset(n=40), eval_dataset=lm_dataset(n=8, seed=1), lightning_kwargs=dict(CPU_QUIET))
     trainer.train(resume_from_checkpoint=resume)
     return trainer
 
@@ -36,7 +26,7 @@ def _ours(out: Path, resume: str | None = None, trainer_cls=hf_lightning.Trainer
 def _hf(out: Path, **overrides) -> transformers.Trainer:
     trainer = transformers.Trainer(
         model=tiny_gpt2(),
-        args=transformers.TrainingArguments(output_dir=str(out), use_cpu=True, **_common(**overrides)),
+        args=transformers.TrainingArguments(output_dir=str(out), use_cpu=True, **lm_run_args(**overrides)),
         train_dataset=lm_dataset(n=40), eval_dataset=lm_dataset(n=8, seed=1))
     trainer.train()
     return trainer
