@@ -140,6 +140,21 @@ class TransformerModule(HFHooksModule):
         compiled = self.__dict__.get("_compiled")
         return compiled if compiled is not None and without_compile(compiled) is self.model else self.model
 
+    @property
+    def micro_batches_in_update(self) -> int:
+        """The micro-batches of the update running now (the last update of an epoch may have fewer)."""
+        return self._window.size
+
+    @property
+    def is_last_micro_batch(self) -> bool:
+        """Whether the micro-batch running now is the last of its update (gradients are synchronised after it)."""
+        return self._micro_index == self._window.size - 1
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (the AMP grad scaler or DeepSpeed found inf / NaN)."""
+        return self._step_skipped
+
     def _normalisation(self, window: list[Mapping[str, Any]]) -> tuple[torch.Tensor | None, WindowContext]:
         """`(num_items_in_batch, the update's WindowContext)`: the window's label tokens and whether the loss is
         already normalised over the window."""

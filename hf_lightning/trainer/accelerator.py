@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import builtins
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -29,6 +29,17 @@ SUPPORTED = (
 """The accelerate `Accelerator` members `LightningAccelerator` provides."""
 
 
+class AcceleratorOwner(Protocol):
+    """What `LightningAccelerator` reads from its `hf_lightning.Trainer`."""
+
+    module: Any
+    """The `TransformerModule` being trained."""
+    lightning_trainer: Any
+    """The running `lightning.Trainer`, or None before the first run."""
+    args: Any
+    """The training arguments."""
+
+
 class LightningAccelerator:
     """The `Accelerator` members HF code calls, answered by the trainer's running Lightning trainer and module.
 
@@ -36,12 +47,12 @@ class LightningAccelerator:
         owner: the `hf_lightning.Trainer` (its `module`, `lightning_trainer` and `args`).
     """
 
-    def __init__(self, owner: Any) -> None:
+    def __init__(self, owner: AcceleratorOwner) -> None:
         self._owner = owner
 
     @property
     def _trainer(self) -> Any:
-        return getattr(self._owner, "lightning_trainer", None)
+        return self._owner.lightning_trainer
 
     # ----- the step -----
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -76,8 +87,7 @@ class LightningAccelerator:
     @property
     def sync_gradients(self) -> bool:
         """Whether the micro-batch running now is the last of its update (gradients are all-reduced after it)."""
-        module = self._owner.module
-        return module._micro_index == module._window.size - 1
+        return bool(self._owner.module.is_last_micro_batch)
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -86,7 +96,7 @@ class LightningAccelerator:
     @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the AMP grad scaler skipped the last optimizer step (inf / NaN gradients)."""
-        return bool(getattr(self._owner.module, "_step_skipped", False))
+        return bool(self._owner.module.optimizer_step_was_skipped)
 
     @property
     def mixed_precision(self) -> str:

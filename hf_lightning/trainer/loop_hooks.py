@@ -29,6 +29,7 @@ class LoopHooks:
     module: TransformerModule
     model: nn.Module
     lightning_trainer: pl.Trainer | None
+    args: Any  # the facade's `TrainingArguments`
     evaluate: Callable[..., dict[str, float]]  # the facade's `evaluate`
     is_in_train: bool = False
     """HF's `is_in_train`: True while `train()` runs (also inside the evaluations it makes)."""

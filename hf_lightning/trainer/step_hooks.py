@@ -60,7 +60,7 @@ class StepHooks:
     @property
     def current_gradient_accumulation_steps(self) -> int:
         """The micro-batches of the update running now (HF's; the last update of an epoch may be shorter)."""
-        return self.module._window.size
+        return self.module.micro_batches_in_update
 
     @property
     def can_return_loss(self) -> bool:
