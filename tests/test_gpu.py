@@ -71,3 +71,16 @@ def test_gpu_training_saves_hf_checkpoints_and_resumes_exactly(tmp_path, scenari
     for name, tensor in final.items():
         torch.testing.assert_close(reloaded.state_dict()[name].to(tensor.dtype), tensor, rtol=0, atol=0, msg=name)
         torch.testing.assert_close(weights[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("scenario", ["gpu-fsdp1-async", "gpu-zero2-async"])
+def test_save_async_is_refused_under_fsdp1_and_deepspeed(tmp_path, scenario):
+    """Their weights are gathered and their optimizer written with collectives, which cannot run beside training:
+    one error at the start of `fit`, no checkpoint (FSDP2's refusal runs on CPU in tests/test_async_save.py)."""
+    result = tmp_path / "result.json"
+    proc = _run("resume", str(tmp_path), scenario, str(result), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    error = json.loads(result.read_text())["error"]
+    assert "save_async=True is not supported for a sharded model (FSDP2, FSDP or DeepSpeed)" in error
+    assert not list((tmp_path / "full").glob("checkpoint-*"))

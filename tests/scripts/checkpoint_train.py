@@ -15,8 +15,8 @@ Usage:
       CUDA only (tests/test_gpu.py), on min(2, GPUs) devices: "gpu-fp16" (fp16 with the grad scaler), "gpu-bf16",
       "gpu-fsdp1" (`fsdp_config={"version": 1}`), "gpu-fsdp2", "gpu-zero2" / "gpu-zero3" (`deepspeed=` with HF's
       "auto" values), each with `full_determinism` (deterministic CUDA kernels).
-      A "-async" suffix ("ddp-async", "fsdp2-async") adds `save_async=True`; "fsdp2-async" writes the error it gets
-      (no checkpoint, no resume) to RESULT_JSON instead.
+      A "-async" suffix ("ddp-async", "fsdp2-async", "gpu-fsdp1-async"...) adds `save_async=True`; under a sharded
+      strategy the run writes the error it gets (no checkpoint, no resume) to RESULT_JSON instead.
 """
 
 import json
@@ -124,7 +124,7 @@ def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
 
     full = make_trainer(os.path.join(out_dir, "full"), kwargs(), module_class, save_total_limit=2, **hf_args,
                         **extra)
-    if asynchronous and strategy_name == "fsdp2":
+    if asynchronous and strategy_name not in ("ddp", "hf-ddp"):  # a sharded strategy: refused at the start of fit
         try:
             full.train()
         except ValueError as error:
