@@ -16,7 +16,7 @@ Every test gets one tier marker from its file (`TIERS`), plus `distributed` / `s
 How to run (README "Tests"):
 
     python -m pytest -q                                        # everything (what .ci/run runs)
-    python -m pytest -m "not slow and not distributed" -n 2 -q  # the fast tier (about 2 min on 2 idle cores)
+    python -m pytest -m "not slow and not distributed" -n 2 -q  # the fast tier (under 3 min on 2 idle cores)
     python -m pytest -m unit -q                                # one tier
     python -m pytest -m slow -q                                # only the long runs
 
