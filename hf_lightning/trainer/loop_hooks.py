@@ -28,7 +28,7 @@ class LoopHooks:
     flow: HFTrainerFlow
     module: TransformerModule
     model: nn.Module
-    lightning_trainer: pl.Trainer | None
+    lightning_trainer: pl.Trainer | None = None  # until the first run builds one (set again in `__init__`)
     args: Any  # the facade's `TrainingArguments`
     evaluate: Callable[..., dict[str, float]]  # the facade's `evaluate`
     is_in_train: bool = False
