@@ -151,6 +151,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.cli.lightning_cli": 3,
     "hf_lightning.cli.help_cache": 3,
     "hf_lightning.cli.precheck": 3,
+    "hf_lightning.cli.config_code": 3,
     "hf_lightning.facade": 3,
     "hf_lightning.lightning_trainer": 3,
     "hf_lightning.quickstart": 3,

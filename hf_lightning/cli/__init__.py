@@ -8,8 +8,9 @@ A config has these sections::
     data: {...}                    # DataSpec: files or dataset_name, tokenizer, columns, lengths
     trainer: {...}                 # lightning.Trainer: strategy, devices, precision, logger, callbacks...
     hf_callbacks: [...]            # optional: transformers.TrainerCallback class paths (tasks/hf_callbacks.py)
-    allow_code_from: [...]         # optional: your packages, from which config_class / auto_class / hf_callbacks
-                                   # may be imported (by default a config imports transformers classes only)
+    allow_code_from: [...]         # optional: your packages, from which a config may import code (by default:
+                                   # classes of lightning, torch, torchmetrics, transformers, peft, hf_lightning;
+                                   # config_class / auto_class / hf_callbacks: transformers only; cli/config_code.py)
     peft: {...}                    # optional: a LoRA adapter, peft.LoraConfig fields (tasks/peft_config.py)
     eval_loss_weighting: samples   # optional: HF's eval_loss ("samples") or the per-token mean ("tokens")
 
@@ -56,9 +57,15 @@ def run_cli(argv: list[str] | None = None) -> Any:
     if text is not None:
         sys.stdout.write(text)
         sys.exit(0)  # what the parser does after printing its help
-    from hf_lightning.cli.precheck import precheck
+    from hf_lightning.cli.config_code import ConfigCodeError, check_config_code, enforce_in_parser
+    from hf_lightning.cli.precheck import fail, precheck
 
+    try:  # first: nothing a config names is imported before its module is known to be allowed
+        allowed = check_config_code(argv[1:])
+    except ConfigCodeError as err:
+        fail(err, prog=f"hf-lightning {argv[0]}" if argv else "hf-lightning")
     precheck(argv[1:])
+    enforce_in_parser(allowed)
     from hf_lightning.cli.lightning_cli import HFLightningCLI
 
     def build() -> Any:

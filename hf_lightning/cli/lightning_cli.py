@@ -141,8 +141,11 @@ class HFLightningCLI(LightningCLI):
         )
         parser.add_argument(
             "--allow_code_from", type=list[str], default=[],
-            help="Module prefixes besides transformers from which model.config_class, model.auto_class and "
-                 "hf_callbacks may be imported (your own package); a config imports nothing else.",
+            help="Your packages (module prefixes), from which a config may import code: class_path values anywhere, "
+                 "callables such as LambdaCallback hooks, model.config_class, model.auto_class and hf_callbacks. "
+                 "Without them a config names only classes of lightning, torch, torchmetrics, transformers, peft "
+                 "and hf_lightning (config_class / auto_class / hf_callbacks: transformers only); the standard "
+                 "library cannot be allowed.",
         )
         parser.add_argument(
             "--eval_loss_weighting", type=Literal["samples", "tokens"], default="samples",
