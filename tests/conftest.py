@@ -95,6 +95,7 @@ TIERS = {
     "test_cli.py": "e2e",
     "test_cli_checks.py": "e2e",
     "test_config_code.py": "e2e",
+    "test_bad_rows.py": "e2e",
     "test_configs_learn.py": "e2e",
     "test_console_output.py": "e2e",
     "test_cli_peft.py": "e2e",

@@ -82,6 +82,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.data.collate": 1,
     "hf_lightning.device_cache": 1,
     "hf_lightning.data.length_grouping": 1,
+    "hf_lightning.data.row_checks": 1,
     "hf_lightning.data.sampling": 1,
     "hf_lightning.data.stream_loader": 1,
     "hf_lightning.data.stream_shuffle": 1,
@@ -193,6 +194,7 @@ LAZY = {
     "hf_lightning.data.stream_state": "pyarrow / `datasets` only for the Arrow rows and keys of a saved shuffle buffer",
     "hf_lightning.hf_messages": "HF's notebook progress bar needs IPython: imported only inside a notebook",
     "hf_lightning.prediction_writer": "pyarrow only for the per-sample table",
+    "hf_lightning.data.row_checks": "pyarrow only to read a `datasets.Dataset`'s columns (`datasets` has imported it)",
     "hf_lightning.hp_search": "optuna (an extra) only when a search runs",
     "hf_lightning.args.readme_map": "transformers only to print the map; `hf_lightning.args` stays torch-free",
     "hf_lightning.args.to_lightning": "Lightning loggers are built only when `report_to` asks for them, Lightning "

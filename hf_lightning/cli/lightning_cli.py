@@ -26,6 +26,7 @@ from hf_lightning.checkpointing.checks import output_dir_problem
 from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.checkpointing.run_lock import OutputDirLocked
 from hf_lightning.checkpointing.weight_files import is_adapter_file, weights_file
+from hf_lightning.data.row_checks import BadRowError, RowLimits
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, fit_with_batch_search, split_callbacks
 from hf_lightning.parallel.checkpoint import gather_full_weights
 from hf_lightning.prediction_writer import write_predictions
@@ -160,9 +161,15 @@ class HFLightningCLI(LightningCLI):
         parser.add_class_arguments(ModelSpec, "model", instantiate=False, sub_configs=True)
         parser.add_class_arguments(DataSpec, "data", instantiate=False, sub_configs=True)
 
-    def _error(self, message: Any) -> None:
+    def _error(self, message: Any) -> NoReturn:
         prog = f"hf-lightning {self.subcommand}" if self.subcommand else "hf-lightning"
         sys.stderr.write(f"{prog}: error: {' '.join(str(message).split())}\n")
+        sys.exit(2)
+
+    def _one_process_error(self, err: Exception) -> NoReturn:
+        """An error every process meets (a busy output_dir, a bad data row): one line from the first process."""
+        if self.trainer.is_global_zero:
+            self._error(err)
         sys.exit(2)
 
     # ----- building -----
@@ -234,7 +241,8 @@ class HFLightningCLI(LightningCLI):
         allow_code_from = list(cfg.get("allow_code_from") or [])
         model = apply_peft(build_model(model_spec, task, tokenizer, labels, allow_code_from), cfg.get("peft"),
                            task.name, adapter)
-        checks.check_lengths(task, data_spec, model.config)
+        limits = RowLimits.of(model)
+        checks.check_lengths(task, data_spec, model.config, (limits.max_positions, limits.decoder_max_positions))
         self.datamodule = TaskDataModule(task, data_spec, args, tokenizer, label2id, sub, raw=raw)
 
         self.task = task
@@ -277,10 +285,8 @@ class HFLightningCLI(LightningCLI):
 
         try:
             output = fit_with_batch_search(self.hf_args, self.ckpt_for_lightning, fit_once)
-        except OutputDirLocked as err:  # another run uses output_dir: one line (from one process), not a traceback
-            if self.trainer.is_global_zero:
-                self._error(err)
-            sys.exit(2)
+        except (OutputDirLocked, BadRowError) as err:  # one line (from one process), not a traceback
+            self._one_process_error(err)
         out = self.hf_args.resolved_output_dir
         save_final_model(model.model, out, datamodule.processing_class, self.hf_args,
                          is_global_zero=self.trainer.is_global_zero,  # every process: the FSDP / ZeRO-3 gather
@@ -293,7 +299,10 @@ class HFLightningCLI(LightningCLI):
 
     def validate(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Evaluate and print the HF metric dict (also written to `<output_dir>/eval_results.json`)."""
-        metrics = self.flow.evaluate(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning).metrics
+        try:
+            metrics = self.flow.evaluate(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning).metrics
+        except BadRowError as err:
+            self._one_process_error(err)
         if self.trainer.is_global_zero:
             out = self.hf_args.resolved_output_dir
             os.makedirs(out, exist_ok=True)
@@ -303,7 +312,10 @@ class HFLightningCLI(LightningCLI):
 
     def predict(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Predict and write the prediction files to `output_dir` (`prediction_writer.py`); prints their path."""
-        result = self.flow.predict(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning)
+        try:
+            result = self.flow.predict(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning)
+        except BadRowError as err:
+            self._one_process_error(err)
         if self.trainer.is_global_zero:
             output = PredictionOutput(predictions=result.predictions, label_ids=result.label_ids,
                                       metrics=result.metrics)

@@ -39,6 +39,7 @@ from hf_lightning.data.collate import (
     signature_columns,
 )
 from hf_lightning.data.length_grouping import train_sample_lengths
+from hf_lightning.data.row_checks import RowCheckingCollator, RowLimits, can_check_ahead, check_dataset
 from hf_lightning.data.sampling import (
     ContiguousShardSampler,
     EpochSampler,
@@ -107,6 +108,7 @@ class TransformerDataModule(pl.LightningDataModule):
         self.train_lengths: list[int] | None = None
         """The training samples' lengths, for `train_sampling_strategy="group_by_length"` (measured in `setup`)."""
         self._lengths_of: Any = None
+        self._rows_checked: list[Any] = []  # the datasets whose rows were checked (`row_checks.py`), by identity
         self._train_lengths()  # a bad length column is an error now, not at fit
 
     @staticmethod
@@ -136,6 +138,33 @@ class TransformerDataModule(pl.LightningDataModule):
         there to be read."""
         self._train_lengths()
         self._resolve_columns()
+        self._check_rows(stage)
+
+    def _row_model(self) -> Any:
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        return getattr(module, "model", None) or self.signature_model
+
+    def _check_rows(self, stage: str) -> None:
+        """One pass over the rows of the datasets this stage reads, before it starts (`row_checks.py`): a row the
+        model cannot take is one error naming it, not a crash at the step that first draws it."""
+        named = {f"eval ({name})" if name else "eval": dataset for name, dataset in (self.eval_datasets or {}).items()}
+        datasets = {"fit": {"train": self.train_dataset, **named}, "validate": named,
+                    "predict": {"test": self.predict_dataset}}.get(stage, {})
+        for split, dataset in datasets.items():
+            self._check_ahead(dataset, split)
+
+    def _check_ahead(self, dataset: Any, split: str) -> bool:
+        """Check a `datasets.Dataset`'s rows once (True); False for data that is only checked as it is read."""
+        if dataset is None or not can_check_ahead(dataset):
+            return False
+        if any(done is dataset for done in self._rows_checked):
+            return True
+        model = self._row_model()
+        if model is None:
+            return False
+        check_dataset(dataset, split, RowLimits.of(model))
+        self._rows_checked.append(dataset)
+        return True
 
     def _train_lengths(self) -> list[int] | None:
         """The train dataset's lengths for `group_by_length` (None for another order), measured once per dataset."""
@@ -160,11 +189,16 @@ class TransformerDataModule(pl.LightningDataModule):
         """`(dataset, collator)`: a `datasets.Dataset` loses its unused columns; other datasets are filtered by item."""
         if self._allowed_columns is None:
             self._resolve_columns()
+        collator = self.data_collator
+        split = {"Training": "train", "Evaluation": "eval"}.get(description, description)
+        if not self._check_ahead(dataset, split) and (model := self._row_model()) is not None:
+            # a stream or a torch dataset: each row is checked as it is read, and named when it is met
+            collator = RowCheckingCollator(collator, split, RowLimits.of(model))
         if self._allowed_columns is None:
-            return dataset, self.data_collator
+            return dataset, collator
         if hasattr(dataset, "column_names"):
-            return remove_unused_columns(dataset, self._allowed_columns, description.lower()), self.data_collator
-        return dataset, ColumnFilter(self.data_collator, self._allowed_columns)
+            return remove_unused_columns(dataset, self._allowed_columns, description.lower()), collator
+        return dataset, ColumnFilter(collator, self._allowed_columns)
 
     @override
     def teardown(self, stage: str) -> None:

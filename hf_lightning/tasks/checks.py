@@ -89,21 +89,27 @@ def position_limit(config: Any) -> int | None:
     return None
 
 
-def check_lengths(task: Task, spec: Any, config: Any) -> None:
+def check_lengths(task: Task, spec: Any, config: Any,
+                  positions: tuple[int | None, int | None] | None = None) -> None:
     """The configured sequence lengths fit the model's position embeddings.
+
+    Args:
+        task: the task (its `length_fields`).
+        spec: the `data:` section.
+        config: the model's config (for messages, and the limits when `positions` is None).
+        positions: `(inputs, decoder)` limits measured on the model's position tables (`row_checks.RowLimits`):
+            a model with rotary or relative positions (Llama, T5), which takes any length, has None.
 
     Raises:
         ValueError: naming the `data.` key, its value, the model's limit and the config attribute it comes from.
     """
-    limit = position_limit(config)
-    if limit is None:
-        return
-    keys = list(task.length_fields)  # the preset's, so a task derived from one (`dataclasses.replace`) keeps them
+    inputs, decoder = positions if positions is not None else (position_limit(config), position_limit(config))
+    keys = [(key, inputs) for key in task.length_fields]  # the preset's, so a derived task keeps them
     if getattr(config, "is_encoder_decoder", False):
-        keys.append("max_target_length")
-    for key in keys:
+        keys.append(("max_target_length", decoder))
+    for key, limit in keys:
         value = getattr(spec, key)
-        if value > limit:
+        if limit is not None and value > limit:
             raise ValueError(
                 f"data.{key}={value} is longer than the model's position embeddings allow ({limit} tokens, from "
                 f"its config {type(config).__name__}); lower data.{key} to {limit} or less (or build the model with "
