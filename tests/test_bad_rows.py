@@ -264,6 +264,21 @@ def test_the_pass_reads_every_row_in_parts(tmp_path, monkeypatch):
         check_dataset(data, "train", RowLimits.of(tiny_bert()))
 
 
+def test_rows_a_filter_dropped_are_not_refused(tmp_path):
+    """`filter` / `select` give a view of the table: rows outside it are not the dataset's; rows inside are named by
+    their index in the view."""
+    data = _with(_with(classification_dataset(), "label", 10, 7), "label", 30, 9)
+    limits = RowLimits.of(tiny_bert())
+    with pytest.raises(BadRowError, match=r"row 29, column 'label': value 9"):
+        check_dataset(data.filter(lambda row: row["label"] != 7), "train", limits)
+    check_dataset(data.filter(lambda row: row["label"] < 2), "train", limits)
+    trainer = hf_lightning.Trainer(model=tiny_bert(), args=_args(tmp_path, max_steps=1, save_strategy="no"),
+                                   train_dataset=data.filter(lambda row: row["label"] < 2),
+                                   lightning_kwargs=CPU_QUIET)
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
 def test_the_cli_names_a_token_past_the_models_vocabulary(tmp_path):
     """A real `hf-lightning fit` whose tokenizer has more tokens (130) than the model's embedding (40 rows): one error
     line naming the row, before training (before: `IndexError: index out of range in self` at the first step)."""

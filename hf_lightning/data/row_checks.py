@@ -235,13 +235,37 @@ def _regression(limits: RowLimits) -> bool:
     return limits.problem_type == "regression" or (limits.problem_type is None and limits.num_labels == 1)
 
 
-def _raise_first(column: _Column, limits: RowLimits, split: str, where: Callable[[int], str]) -> None:
+class _Rows:
+    """Where the rows of one part of the table read are in the dataset: the same rows, or through an indices mapping
+    (`shuffle`, `select`, `filter`, `train_test_split` give a view of the table; rows outside the view are not the
+    dataset's and are not refused)."""
+
+    def __init__(self, view: np.ndarray | None) -> None:
+        self.view = view
+        if view is not None:
+            self.order = np.argsort(view, kind="stable")
+            self.sorted = view[self.order]
+
+    def hits(self, mask: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """`(dataset rows, part rows)` of the rows `mask` marks in the part that starts at table row `start`."""
+        if self.view is None:
+            local = np.flatnonzero(mask)
+            return local + start, local
+        low, high = np.searchsorted(self.sorted, [start, start + len(mask)])
+        rows, local = self.order[low:high], self.sorted[low:high] - start
+        keep = mask[local]
+        order = np.argsort(rows[keep], kind="stable")
+        return rows[keep][order], local[keep][order]
+
+
+def _raise_first(column: _Column, limits: RowLimits, split: str, where: Callable[[int], str],
+                 rows: _Rows | None = None, start: int = 0) -> None:
     for mask, problem in _rules(column, limits):
-        hits = np.flatnonzero(mask)
-        if len(hits):
-            more = f" ({len(hits) - 1} more such rows in this part of the data)" if len(hits) > 1 else ""
-            raise BadRowError(f"the {split} data, {where(int(hits[0]))}, column {column.name!r}: "
-                              f"{problem(int(hits[0]))}{more}.")
+        dataset_rows, local = (rows or _Rows(None)).hits(mask, start)
+        if len(local):
+            more = f" ({len(local) - 1} more such rows in this part of the data)" if len(local) > 1 else ""
+            raise BadRowError(f"the {split} data, {where(int(dataset_rows[0]))}, column {column.name!r}: "
+                              f"{problem(int(local[0]))}{more}.")
 
 
 # ----- the vectorised pass over Arrow columns -----
@@ -252,35 +276,38 @@ def can_check_ahead(dataset: Any) -> bool:
 
 
 def check_dataset(dataset: Any, split: str, limits: RowLimits) -> None:
-    """One vectorised pass over the Arrow columns of `dataset` (in parts of 50,000 rows).
+    """One vectorised pass over the Arrow columns of `dataset` (in parts of 50,000 rows of its table).
 
     Raises:
-        BadRowError: for the first bad row, naming the split, row index, column, value and what is allowed.
+        BadRowError: for the first bad row of the first part that has one, naming the split, row index (the
+            dataset's), column, value and what is allowed.
     """
     columns = [c for c in ("input_ids", "decoder_input_ids", *LABEL_COLUMNS) if c in dataset.column_names]
     if not columns:
         return
-    arrow = dataset.select_columns(columns).with_format("arrow")
-    for start in range(0, len(arrow), _BATCH_ROWS):
-        table = arrow[start:start + _BATCH_ROWS]
+    table = getattr(dataset.data, "table", dataset.data)  # the Arrow table under `datasets`' wrapper
+    indices = getattr(dataset, "_indices", None)  # `datasets`' view of the table; reading rows through it is a copy
+    rows = _Rows(None if indices is None else np.asarray(indices.column(0).to_numpy(zero_copy_only=False)))
+    for start in range(0, table.num_rows, _BATCH_ROWS):
+        part = table.slice(start, _BATCH_ROWS)
         for name in columns:
-            column = _arrow_column(name, table.column(name).combine_chunks(), split, start)
+            array = part.column(name).combine_chunks()
+            if array.null_count:
+                nulls = array.is_null().to_numpy(zero_copy_only=False)
+                found, _ = rows.hits(nulls, start)
+                if len(found):
+                    raise BadRowError(f"the {split} data, row {int(found[0])}, column {name!r}: no value (None); "
+                                      "every row needs one.")
+                continue  # missing values only outside the dataset's view (a filter dropped them): part not read
+            column = _arrow_column(name, array)
             if column is not None:
-                _raise_first(column, limits, split, _row_after(start))
+                _raise_first(column, limits, split, lambda row: f"row {row}", rows, start)
 
 
-def _row_after(start: int) -> Callable[[int], str]:
-    return lambda row: f"row {start + row}"
-
-
-def _arrow_column(name: str, array: Any, split: str, start: int) -> _Column | None:
+def _arrow_column(name: str, array: Any) -> _Column | None:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    if array.null_count:
-        row = int(np.flatnonzero(array.is_null().to_numpy(zero_copy_only=False))[0])
-        raise BadRowError(f"the {split} data, row {start + row}, column {name!r}: no value (None); every row needs "
-                          "one.")
     if pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
         values = pc.list_flatten(array)
         column = _Column(name, values.to_numpy(zero_copy_only=False),
