@@ -18,8 +18,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from datasets import Dataset, IterableDataset, Value
-from helpers import CPU_QUIET, VOCAB, classification_dataset, lm_dataset, tiny_bert, tiny_gpt2
+from datasets import Dataset, IterableDataset, Sequence, Value
+from helpers import CPU_QUIET, VOCAB, RecordingDataset, classification_dataset, lm_dataset, tiny_bert, tiny_gpt2
 
 import hf_lightning
 from hf_lightning import HFTrainerFlow, TransformerDataModule, TransformerModule
@@ -75,6 +75,9 @@ BAD_TRAIN = {
     "float_class_ids": (lambda: tiny_bert(), lambda: classification_dataset().cast_column("label", Value("float32")),
                         "the train data, row 0, column 'label': value 1.0 is not allowed: 2 finite numbers per row "
                         "(float labels with num_labels=2 are multi-label"),
+    "integer_multi_label_rows": (lambda: tiny_bert(num_labels=3), lambda: _multi_label_rows().cast_column(
+        "labels", Sequence(Value("int64"))),
+        "the train data, row 0, column 'labels': value [1, 0, 0] is not allowed: one class id per row"),
 }
 
 
@@ -187,6 +190,18 @@ def test_a_stream_names_the_bad_row_at_the_batch_that_holds_it(tmp_path):
                                           r"value 7 is not allowed: class ids in \[0, 2\)"):
         trainer.train()
     assert trainer.state.global_step <= 2  # at most the two batches before it trained (Lightning fetches one ahead)
+
+
+def test_a_torch_dataset_names_the_bad_row_in_its_batch(tmp_path):
+    """A map-style torch dataset is not read ahead (reading it may run the user's code per row): each batch's rows
+    are checked as they are collated."""
+    rows = classification_dataset().to_list()
+    rows[20]["label"] = 4
+    trainer = hf_lightning.Trainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=RecordingDataset(rows),
+                                   lightning_kwargs=CPU_QUIET)
+    with pytest.raises(BadRowError, match=r"the train data, row \d of batch \d \(counted as read\), column 'label': "
+                                          r"value 4 is not allowed"):
+        trainer.train()
 
 
 @pytest.mark.parametrize(("make", "inputs", "decoder"), [

@@ -206,6 +206,11 @@ def _rules(column: _Column, limits: RowLimits) -> list[Rule]:
             count = (lengths != limits.num_labels) if lengths is not None else np.ones(column.rows, dtype=bool)
             rules.append((count, lambda row: f"value {column.value(row)!r} is not allowed: {allowed}"))
     elif integers and not (limits.head == "sequence" and _regression(limits)):
+        if limits.head == "sequence" and lengths is not None:  # integer labels are one class id per row
+            rules.append((np.ones(column.rows, dtype=bool), lambda row: (
+                f"value {column.value(row)!r} is not allowed: one class id per row (integer labels are single-label "
+                f"classes); multi-label rows are {limits.num_labels} floats, e.g. "
+                f"`dataset.cast_column({name!r}, datasets.Sequence(datasets.Value('float32')))`")))
         bad = ((flat < 0) & (flat != IGNORE_INDEX)) | (flat >= limits.num_labels)
         rules.append(_value_rule(column, bad, _label_rule(limits, floats=False, column=name)))
     return rules
