@@ -310,3 +310,18 @@ def test_the_cli_names_a_token_past_the_models_vocabulary(tmp_path):
     assert "the train data, row " in errors[0] and "column 'input_ids': value " in errors[0], errors[0]
     assert "token ids in [0, 40) (the rows of BertForSequenceClassification's input embeddings" in errors[0]
     assert not list(out.glob("checkpoint-*"))
+
+
+def test_under_ddp_every_process_stops_with_one_line(tmp_path):
+    """Two processes read the same rows in `setup`: both stop before training, one `error:` line, no hang."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "out"
+    run = subprocess.run(
+        [sys.executable, "-m", "hf_lightning", "fit", "--config", "configs/text_classification.yaml",
+         "--args.output_dir", str(out), "--trainer.devices", "2", "--trainer.strategy", "ddp", "--model.config_kwargs",
+         "{hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, intermediate_size: 32, vocab_size: 40}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 2, run.stderr[-3000:]
+    errors = [line for line in run.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "token ids in [0, 40)" in errors[0], run.stderr[-3000:]
+    assert not list(out.glob("checkpoint-*"))
