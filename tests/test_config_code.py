@@ -139,6 +139,12 @@ def test_section_files_are_read_and_checked(planted, tmp_path, capsys):
     assert not marker.exists()
 
 
+def test_a_sub_config_that_names_itself_is_read_once(tmp_path):
+    (tmp_path / "loop.yaml").write_text(yaml.safe_dump({"callbacks": "loop.yaml", "logger": False}))
+    (tmp_path / "main.yaml").write_text(yaml.safe_dump({"trainer": "loop.yaml"}))
+    assert check_config_code(["--config", str(tmp_path / "main.yaml")]) == []
+
+
 @pytest.mark.parametrize(("value", "expected"), [
     ("builtins.print", "the standard library cannot be allowed"),
     ("os.system", "the standard library cannot be allowed"),

@@ -84,6 +84,7 @@ def _resolve(path: str) -> Any:
 class _Checker:
     def __init__(self, allowed: Sequence[str]) -> None:
         self.allowed = list(allowed)
+        self.read: set[str] = set()  # sub-config files already walked (a file naming itself is read once)
 
     def _advice(self, top: str) -> str:
         if _refused_prefix(top):
@@ -140,7 +141,10 @@ class _Checker:
     def _subconfig(self, value: str, key: str, code: bool, base: str | None) -> None:
         """A string naming a YAML file where jsonargparse reads one (a section or a class-typed value)."""
         for folder in dict.fromkeys([base, os.getcwd()]):
-            path = os.path.join(folder, value) if folder and not os.path.isabs(value) else value
+            path = os.path.abspath(os.path.join(folder, value) if folder and not os.path.isabs(value) else value)
+            if path in self.read:
+                continue
+            self.read.add(path)
             document = _load_small_yaml(path)
             if isinstance(document, (dict, list)):
                 self.walk(document, key, code, os.path.dirname(os.path.abspath(path)))

@@ -7,6 +7,9 @@ local `hubconf.py`). So a name is resolved in two steps:
    of the prefixes the config allows with `allow_code_from` (the user's own package);
 2. after the import, the object must be a class of the expected kind (`PretrainedConfig` subclass, a transformers
    Auto class, a `TrainerCallback` subclass) before anything calls it.
+
+Every other name a config gives (`class_path` anywhere, `LambdaCallback` hooks...) is checked before the parser
+imports it, by `hf_lightning/cli/config_code.py`.
 """
 
 from __future__ import annotations
