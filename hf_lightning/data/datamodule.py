@@ -108,7 +108,7 @@ class TransformerDataModule(pl.LightningDataModule):
         self.train_lengths: list[int] | None = None
         """The training samples' lengths, for `train_sampling_strategy="group_by_length"` (measured in `setup`)."""
         self._lengths_of: Any = None
-        self._rows_checked: list[Any] = []  # the datasets whose rows were checked (`row_checks.py`), by identity
+        self._rows_checked: list[tuple[Any, RowLimits]] = []  # datasets (by identity) checked against limits
         self._train_lengths()  # a bad length column is an error now, not at fit
 
     @staticmethod
@@ -157,13 +157,14 @@ class TransformerDataModule(pl.LightningDataModule):
         """Check a `datasets.Dataset`'s rows once (True); False for data that is only checked as it is read."""
         if dataset is None or not can_check_ahead(dataset):
             return False
-        if any(done is dataset for done in self._rows_checked):
-            return True
         model = self._row_model()
         if model is None:
             return False
-        check_dataset(dataset, split, RowLimits.of(model))
-        self._rows_checked.append(dataset)
+        limits = RowLimits.of(model)
+        if any(done is dataset and checked == limits for done, checked in self._rows_checked):
+            return True  # the same rows against the same model (`evaluate()` again, a batch-size search's next fit)
+        check_dataset(dataset, split, limits)
+        self._rows_checked.append((dataset, limits))
         return True
 
     def _train_lengths(self) -> list[int] | None:
