@@ -49,20 +49,32 @@ from hf_lightning.evaluation import (
 from hf_lightning.loss import count_label_tokens, count_samples
 from hf_lightning.metrics import EvalBatch, as_streaming_metrics
 
-__all__ = ["EvalAccumulator", "EvaluationRun", "busiest_rank_batches"]
+__all__ = ["EvalAccumulator", "EvaluationRun", "busiest_rank_batches", "eval_shard"]
 
 PadStep = Callable[[dict[str, Any]], object]
 """Runs one evaluation step on a batch whose outputs are dropped (the strategy's `validation_step` / `predict_step`)."""
 
 
+def eval_shard(loader: Any) -> tuple[ContiguousShardSampler, int, bool] | None:
+    """`(sampler, batch_size, drop_last)` of an eval loader sharded by `ContiguousShardSampler`, else None.
+
+    Lightning rebuilds a prediction loader around a batch sampler (to record indices); the loader's own `sampler`
+    and `batch_size` are then a default `SequentialSampler` and None, and ours sit on its `batch_sampler`.
+    """
+    for holder in (loader, getattr(loader, "batch_sampler", None)):
+        sampler, batch_size = getattr(holder, "sampler", None), getattr(holder, "batch_size", None)
+        if isinstance(sampler, ContiguousShardSampler) and batch_size:
+            return sampler, int(batch_size), bool(getattr(holder, "drop_last", False))
+    return None
+
+
 def busiest_rank_batches(loader: Any) -> int | None:
     """The batches of the busiest rank for this eval loader, or None when its sharding is not ours (e.g. a
     `DistributedSampler` pads every shard to the same number of batches, an unsized dataset is read whole)."""
-    sampler = getattr(loader, "sampler", None)  # any Lightning eval loader may come here, not only ours
-    batch_size = getattr(loader, "batch_size", None)
-    if not isinstance(sampler, ContiguousShardSampler) or not batch_size:
+    shard = eval_shard(loader)  # any Lightning eval loader may come here, not only ours
+    if shard is None:
         return None
-    drop_last = bool(getattr(loader, "drop_last", False))
+    sampler, batch_size, drop_last = shard
     return max(size // batch_size if drop_last else -(-size // batch_size) for size in sampler.shard_sizes())
 
 
@@ -122,8 +134,8 @@ class EvalAccumulator:
         self.pad_step = pad_step
         self.steps = 0  # every step run for this dataset on this rank: its batches, padding ones included
         self.padding_steps = 0  # the steps whose outputs were dropped
-        sampler = getattr(loader, "sampler", None)
-        self._padding_batches = 1 if getattr(sampler, "padding_only", False) else 0
+        shard = eval_shard(loader)
+        self._padding_batches = 1 if shard is not None and shard[0].padding_only else 0
         self.template: dict[str, Any] | None = None  # the first batch, for padding steps
         self._pending_batch: tuple[Any, Any, Any, Any] | None = None
         self.batch_metrics: dict[str, Any] | None = None
