@@ -103,6 +103,7 @@ TIERS = {
     "test_final_save.py": "e2e",
     "test_generation_decoder_only.py": "e2e",
     "test_gpu.py": "e2e",
+    "test_gpu_uneven_eval.py": "e2e",
     "test_notebook_generation.py": "e2e",
     "test_notebooks.py": "e2e",
     "test_permissions.py": "e2e",

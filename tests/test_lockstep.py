@@ -6,6 +6,7 @@ The 2-process runs that prove the whole path (FSDP2 on gloo) are in tests/test_s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,8 +54,12 @@ def test_lightning_strategies_are_read_as_their_family() -> None:
     assert not needs_lockstep_forwards(DeepSpeedStrategy(stage=2), 2, model)
 
 
+def _rows(n: int) -> Any:
+    return list(range(n))  # a map-style dataset of row indices
+
+
 def _accumulator(loader: DataLoader, pad_step: Any, world_size: int = 2) -> EvalAccumulator:
-    args = TrainingArguments(output_dir="unused", report_to="none", per_device_eval_batch_size=loader.batch_size)
+    args = TrainingArguments(output_dir="unused", report_to="none", per_device_eval_batch_size=loader.batch_size or 1)
     return EvalAccumulator(EvalSettings(args=args, label_names=["labels"]), prediction_loss_only=False,
                            is_prediction=True, world_size=world_size, loader=loader, pad_step=pad_step)
 
@@ -73,7 +78,7 @@ def test_the_short_rank_repeats_its_first_batch_until_it_ran_as_many_steps_as_th
     ran: list[list[int]] = []
     per_rank = {}
     for rank in (0, 1):
-        loader = DataLoader(range(9), batch_size=2, sampler=ContiguousShardSampler(9, 2, rank, 2))
+        loader = DataLoader(_rows(9), batch_size=2, sampler=ContiguousShardSampler(9, 2, rank, 2))
         accumulator = _accumulator(loader, lambda batch: ran.append(batch["x"].tolist()))
         for batch in _batches(loader):
             accumulator.add(batch, _step(batch))
@@ -85,7 +90,7 @@ def test_the_short_rank_repeats_its_first_batch_until_it_ran_as_many_steps_as_th
 def test_a_rank_without_rows_reads_one_padding_row_and_drops_its_outputs() -> None:
     """One row on 2 ranks: rank 1 reads row 0 as padding (so it runs the loop and joins the gather), nothing of it is
     kept, and it owes no further step; without a pad step (DDP) the row is dropped all the same."""
-    loader = DataLoader(range(1), batch_size=4, sampler=ContiguousShardSampler(1, 2, 1, 4))
+    loader = DataLoader(_rows(1), batch_size=4, sampler=ContiguousShardSampler(1, 2, 1, 4))
     for pad_step in (lambda batch: pytest.fail("no step is owed"), None):
         accumulator = _accumulator(loader, pad_step)
         for batch in _batches(loader):
@@ -95,14 +100,14 @@ def test_a_rank_without_rows_reads_one_padding_row_and_drops_its_outputs() -> No
 
 
 def test_one_process_never_pads() -> None:
-    loader = DataLoader(range(9), batch_size=2, sampler=ContiguousShardSampler(9, 1, 0, 2))
+    loader = DataLoader(_rows(9), batch_size=2, sampler=ContiguousShardSampler(9, 1, 0, 2))
     accumulator = _accumulator(loader, lambda batch: pytest.fail("one process pads nothing"), world_size=1)
     batch = {"x": torch.tensor([0, 1])}
     accumulator.add(batch, _step(batch))
     assert accumulator.pad_to_busiest_rank() == 0
 
 
-def test_a_gathered_state_dict_saves_tied_weights_once_as_the_model_itself(tmp_path) -> None:
+def test_a_gathered_state_dict_saves_tied_weights_once_as_the_model_itself(tmp_path: Path) -> None:
     """A gathered full state dict holds one tensor per name; aliased back, `save_pretrained` writes what it writes for
     the model itself (GPT-2: 28 tensors, no `lm_head.weight`); untied weights stay two tensors."""
     model = tiny_gpt2()

@@ -35,7 +35,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list
     sys.path.insert(0, str(SCRIPTS))
     threads, cwd = torch.get_num_threads(), os.getcwd()
     try:
-        import sharded_eval
+        import sharded_eval  # type: ignore[import-not-found]  # tests/scripts, put on the path above
 
         os.chdir(REPO)  # the CLI config names its data files relative to the repository
         single = sharded_eval.collect(1, str(tmp / "one"))
@@ -48,8 +48,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list
 
 def _oracle_batch_size(size: int, batch_size: int, world: int = 2) -> int:
     """The single-process batch size whose batches the 2-process run has: the same, unless there are fewer batches
-    than processes; then the shards are cut per row (`ContiguousShardSampler`) and rank 0 has ceil(size / world)."""
-    return batch_size if math.ceil(size / batch_size) >= world else math.ceil(size / world)
+    than processes; then the shards are cut per row (`ContiguousShardSampler`) and rank 0 has ceil(size / world)
+    (one row: any batch size gives that batch)."""
+    if math.ceil(size / batch_size) >= world or size < world:
+        return batch_size
+    return math.ceil(size / world)
 
 
 @pytest.mark.distributed

@@ -28,6 +28,7 @@ from hf_lightning._lightning_compat import attached_trainer
 from hf_lightning.evaluation import EvalSettings
 from hf_lightning.module import TransformerModule
 from hf_lightning.parallel.lockstep import needs_lockstep_forwards
+from hf_lightning.parallel.runtime import generation_context
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 from hf_lightning.seq2seq.gen_kwargs import generation_width, load_generation_config, resolve_gen_kwargs
 from hf_lightning.seq2seq.prompts import left_pad_prompts, pad_right, split_prompt_completion
@@ -129,7 +130,8 @@ class Seq2SeqTransformerModule(TransformerModule):
         kwargs.setdefault("synced_gpus", self._default_synced_gpus())
         if kwargs["synced_gpus"] and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             kwargs["synced_gpus"] = False  # one process: nothing to sync (generate would fail without a group)
-        with torch.no_grad():
+        trainer = attached_trainer(self)
+        with torch.no_grad(), generation_context(trainer.strategy if trainer is not None else None):
             generated = cast(Any, self.model).generate(**generation_inputs, **kwargs)  # checked by `can_generate`
         config = getattr(self.model, "generation_config", None)
         if config is not None and getattr(config, "_from_model_config", False):

@@ -15,7 +15,11 @@ other must run padding steps (`eval_run.py`); before that fix the first uneven e
   decoder-only GPT-2 on 5 rows in batches of 2 (3 + 2 rows), counting each rank's `generate` calls;
 - `save_model()` of the FSDP2 GPT-2 (tied `lm_head.weight`), whose file must hold the single-process tensors.
 
-Usage: python sharded_eval.py OUT_DIR DEVICES (run from the repository root: the CLI config names data files there)
+tests/test_gpu_uneven_eval.py runs the same with FSDP1 and DeepSpeed ZeRO-3 on GPUs (no CLI part there).
+
+Usage: python sharded_eval.py OUT_DIR DEVICES [STRATEGY [ACCELERATOR]] (from the repository root: the CLI config
+names data files there). STRATEGY: a key of `STRATEGY_ARGS`, default "fsdp2" on several devices, else "plain";
+ACCELERATOR: "cpu" (default) or "gpu".
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ RUNTIME = ("_runtime", "_samples_per_second", "_steps_per_second")
 SIZES = (1, 3, 9, 101)
 BATCH_SIZES = (2, 3)
 FSDP = "full_shard auto_wrap"
+STRATEGY_ARGS: dict[str, dict[str, Any]] = {
+    "plain": {}, "fsdp2": {"fsdp": FSDP}, "fsdp1": {"fsdp": FSDP, "fsdp_config": {"version": 1}},
+    "zero3": {"deepspeed": {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                            "train_batch_size": "auto", "zero_optimization": {"stage": 3}}},
+}
+"""The HF arguments of each strategy (FSDP1 and DeepSpeed need CUDA)."""
 MP_STRATEGY = ("trainer:\n  strategy:\n    class_path: lightning.pytorch.strategies.ModelParallelStrategy\n"
                "    init_args: {data_parallel_size: 2, tensor_parallel_size: 1}\n")
 
@@ -54,12 +64,12 @@ def _sha(array: Any) -> str:
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
-def _lightning(devices: int) -> dict[str, Any]:
-    return {"accelerator": "cpu", "devices": devices, "enable_progress_bar": False, "logger": False,
+def _lightning(devices: int, accelerator: str) -> dict[str, Any]:
+    return {"accelerator": accelerator, "devices": devices, "enable_progress_bar": False, "logger": False,
             "enable_model_summary": False}
 
 
-def _facade(devices: int, out_dir: str, result: dict[str, Any]) -> None:
+def _facade(devices: int, out_dir: str, result: dict[str, Any], strategy: str, accelerator: str) -> None:
     evals = {f"n{n}": token_rows(n, seed=n, causal=True) for n in SIZES}
     expected = {len(ds): ds["input_ids"] for ds in evals.values()}
 
@@ -73,18 +83,20 @@ def _facade(devices: int, out_dir: str, result: dict[str, Any]) -> None:
         model.loss_type = "ForCausalLM"
         args = hf_lightning.TrainingArguments(
             output_dir=os.path.join(out_dir, f"facade{batch_size}"), per_device_eval_batch_size=batch_size,
-            report_to="none", disable_tqdm=True, include_for_metrics=["inputs"], fsdp=FSDP if devices > 1 else "",
+            report_to="none", disable_tqdm=True, include_for_metrics=["inputs"], **STRATEGY_ARGS[strategy],
         )
         trainer = hf_lightning.Trainer(model=model, args=args, eval_dataset=evals, data_collator=pad_collator,
-                                       compute_metrics=metrics, lightning_kwargs=_lightning(devices))
+                                       compute_metrics=metrics, lightning_kwargs=_lightning(devices, accelerator))
         result[f"facade_bs{batch_size}"] = _plain(trainer.evaluate())
         for name, dataset in evals.items():
             prediction = trainer.predict(dataset)
             result[f"predict_bs{batch_size}_{name}"] = {
                 "shape": list(prediction.predictions.shape), "sha": _sha(prediction.predictions),
+                "sum": float(prediction.predictions.astype(np.float64).sum()),
                 "label_ids": prediction.label_ids.tolist(), "metrics": _plain(prediction.metrics)}
         if batch_size == BATCH_SIZES[0]:
-            if devices > 1:  # the run was sharded (else this test proves nothing about FSDP2)
+            result["strategy"] = type(trainer.lightning_trainer.strategy).__name__
+            if strategy == "fsdp2":  # the run was sharded (else this test proves nothing about FSDP2)
                 from torch.distributed.tensor import DTensor
 
                 result["facade_sharded"] = any(isinstance(p, DTensor) for p in trainer.model.parameters())
@@ -128,7 +140,7 @@ def _counting(model: Any) -> Any:
     return model
 
 
-def _generation(devices: int, out_dir: str, result: dict[str, Any]) -> None:
+def _generation(devices: int, out_dir: str, result: dict[str, Any], strategy: str, accelerator: str) -> None:
     tok = word_tokenizer()
     sets = {"t5": (tiny_t5, seq2seq_dataset(tok, 5, seed=1)), "gpt2": (tiny_gpt2_lm, prompt_completion_dataset(tok, 5,
                                                                                                               seed=3))}
@@ -137,11 +149,11 @@ def _generation(devices: int, out_dir: str, result: dict[str, Any]) -> None:
         args = hf_lightning.Seq2SeqTrainingArguments(
             output_dir=os.path.join(out_dir, f"gen_{name}"), per_device_eval_batch_size=2, predict_with_generate=True,
             generation_max_length=12, generation_num_beams=2, report_to="none", disable_tqdm=True,
-            fsdp=FSDP if devices > 1 else "",
+            **STRATEGY_ARGS[strategy],
         )
         trainer = hf_lightning.Seq2SeqTrainer(
             model=model, args=args, data_collator=DataCollatorForSeq2Seq(tok, model=model), processing_class=tok,
-            compute_metrics=build_text_metrics(tok), lightning_kwargs=_lightning(devices),
+            compute_metrics=build_text_metrics(tok), lightning_kwargs=_lightning(devices, accelerator),
         )
         result[f"gen_{name}_eval"] = _plain(trainer.evaluate(dataset))
         prediction = trainer.predict(dataset)
@@ -151,21 +163,24 @@ def _generation(devices: int, out_dir: str, result: dict[str, Any]) -> None:
         result[f"gen_{name}_synced"] = model.synced
 
 
-def collect(devices: int, out_dir: str) -> dict[str, Any]:
+def collect(devices: int, out_dir: str, strategy: str | None = None, accelerator: str = "cpu") -> dict[str, Any]:
     """Every result of the run, as JSON-able values (each rank computes the gathered results)."""
     torch.set_num_threads(1)
     os.makedirs(out_dir, exist_ok=True)
+    strategy = strategy or ("fsdp2" if devices > 1 else "plain")
     result: dict[str, Any] = {}
-    _facade(devices, out_dir, result)
-    _generation(devices, out_dir, result)
-    _cli(devices, out_dir, result)
+    _facade(devices, out_dir, result, strategy, accelerator)
+    _generation(devices, out_dir, result, strategy, accelerator)
+    if accelerator == "cpu":
+        _cli(devices, out_dir, result)
     result["rank"] = int(os.environ.get("LOCAL_RANK", 0))
     return result
 
 
 def main() -> None:
     out_dir, devices = sys.argv[1], int(sys.argv[2])
-    result = collect(devices, out_dir)
+    strategy = sys.argv[3] if len(sys.argv) > 3 else None
+    result = collect(devices, out_dir, strategy, sys.argv[4] if len(sys.argv) > 4 else "cpu")
     with open(os.path.join(out_dir, f"rank{result['rank']}.json"), "w") as f:
         json.dump(result, f)
 
