@@ -118,6 +118,13 @@ def test_a_gathered_state_dict_saves_tied_weights_once_as_the_model_itself(tmp_p
     own, aliased = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("own", "aliased"))
     assert aliased.keys() == own.keys() and "lm_head.weight" not in aliased
 
+    # FSDP1 without `use_orig_params` leaves plain tensors where the parameters were: the model's tie map names them
+    hidden = tiny_gpt2()
+    weight = hidden.lm_head.weight.detach()
+    del hidden.lm_head._parameters["weight"]
+    hidden.lm_head.weight = weight
+    assert tied_parameter_names(hidden) == {"lm_head.weight": "transformer.wte.weight"}
+
     model.config.tie_word_embeddings = False
     untied = type(model)(model.config)
     assert tied_parameter_names(untied) == {}

@@ -36,7 +36,12 @@ _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_fsdp_wrapped_module.", "_orig
 
 
 def tied_parameter_names(model: nn.Module) -> dict[str, str]:
-    """Each name of a parameter that is another's (tied), mapped to the first name of that parameter."""
+    """Each name of a parameter that is another's (tied), mapped to the first name of that parameter.
+
+    Ties are read from the parameters themselves (one object under several names), which FSDP2, ZeRO-3 and FSDP1 with
+    `use_orig_params` keep. FSDP1 without it hides the parameters in its flat ones; for names no parameter shows, a
+    transformers model's own tie map (`all_tied_weights_keys`, what `from_pretrained` ties again) is used.
+    """
     first: dict[int, str] = {}
     tied: dict[str, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -45,6 +50,10 @@ def tied_parameter_names(model: nn.Module) -> dict[str, str]:
         source = first.setdefault(id(param), name)
         if source != name:
             tied[name] = source
+    visible = set(first.values()) | set(tied)
+    hf_ties = getattr(model, "all_tied_weights_keys", None)
+    if isinstance(hf_ties, dict):
+        tied.update({target: source for target, source in hf_ties.items() if target not in visible})
     return tied
 
 
