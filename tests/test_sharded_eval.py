@@ -74,6 +74,16 @@ def test_uneven_eval_and_predict_under_fsdp2_match_one_process(runs: tuple[dict,
 
 
 @pytest.mark.distributed
+def test_evaluations_inside_training_run_under_fsdp2(runs: tuple[dict, list[dict]]) -> None:
+    """The evaluations `train()` runs (9 rows: 3 + 2 batches, after each of 2 updates) finish and are logged. Their
+    values are not compared: 2 processes train on other micro-batches than one, so the weights differ in rounding."""
+    single, ranks = runs
+    assert single["fit_eval_steps"] == [1, 2]
+    for two in ranks:
+        assert two["fit_eval_steps"] == [1, 2]
+
+
+@pytest.mark.distributed
 def test_the_cli_validates_and_predicts_the_config_validation_set_under_fsdp2(runs: tuple[dict, list[dict]]) -> None:
     """`configs/causal_lm.yaml`'s validation set (42 blocks in batches of 16: 2 + 1 batches) through `--args.fsdp`
     and through a plain `ModelParallelStrategy`: `eval_loss` and the prediction files as on one process."""

@@ -13,7 +13,8 @@ other must run padding steps (`eval_run.py`); before that fix the first uneven e
   and through a plain `ModelParallelStrategy` in `trainer.strategy`;
 - generation evaluation (`predict_with_generate`, `synced_gpus` by default under FSDP2) of a T5 and of a
   decoder-only GPT-2 on 5 rows in batches of 2 (3 + 2 rows), counting each rank's `generate` calls;
-- `save_model()` of the FSDP2 GPT-2 (tied `lm_head.weight`), whose file must hold the single-process tensors.
+- `save_model()` of the FSDP2 GPT-2 (tied `lm_head.weight`), whose file must hold the single-process tensors;
+- `train()` with an evaluation after each of its 2 updates on 9 rows (the evaluations inside training).
 
 tests/test_gpu_uneven_eval.py runs the same with FSDP1 and DeepSpeed ZeRO-3 on GPUs (no CLI part there).
 
@@ -105,6 +106,22 @@ def _facade(devices: int, out_dir: str, result: dict[str, Any], strategy: str, a
             result["saved_model"] = saved
 
 
+def _fit(devices: int, out_dir: str, result: dict[str, Any], strategy: str, accelerator: str) -> None:
+    """Evaluations inside `train()` (every update, on the 9-row set: 3 + 2 batches) reach their log entries."""
+    model = tiny_gpt2()
+    model.loss_type = "ForCausalLM"
+    args = hf_lightning.TrainingArguments(
+        output_dir=os.path.join(out_dir, "fit"), per_device_train_batch_size=2, per_device_eval_batch_size=2,
+        max_steps=2, eval_strategy="steps", eval_steps=1, save_strategy="no", logging_steps=1, report_to="none",
+        disable_tqdm=True, **STRATEGY_ARGS[strategy],
+    )
+    trainer = hf_lightning.Trainer(model=model, args=args, train_dataset=token_rows(16, seed=5, causal=True),
+                                   eval_dataset=token_rows(9, seed=9, causal=True), data_collator=pad_collator,
+                                   lightning_kwargs=_lightning(devices, accelerator))
+    trainer.train()
+    result["fit_eval_steps"] = [e["step"] for e in trainer.state.log_history if "eval_loss" in e]
+
+
 def _cli(devices: int, out_dir: str, result: dict[str, Any]) -> None:
     from hf_lightning.cli import main
 
@@ -171,6 +188,7 @@ def collect(devices: int, out_dir: str, strategy: str | None = None, accelerator
     result: dict[str, Any] = {}
     _facade(devices, out_dir, result, strategy, accelerator)
     _generation(devices, out_dir, result, strategy, accelerator)
+    _fit(devices, out_dir, result, strategy, accelerator)
     if accelerator == "cpu":
         _cli(devices, out_dir, result)
     result["rank"] = int(os.environ.get("LOCAL_RANK", 0))
