@@ -135,8 +135,12 @@ def _cli(devices: int, out_dir: str, result: dict[str, Any]) -> None:
         out = os.path.join(out_dir, f"cli_{name}")
         common = ["--config", "configs/causal_lm.yaml", *extra, "--trainer.devices", str(devices),
                   "--trainer.enable_progress_bar", "false", "--args.report_to", "none", "--args.output_dir", out]
-        main(["validate", *common])
-        main(["predict", *common])
+        argv, sys.argv = sys.argv, sys.argv[:1]  # the CLI's arguments are given: Lightning warns about others
+        try:  # (the processes were launched by the first trainer above: nothing re-reads sys.argv now)
+            main(["validate", *common])
+            main(["predict", *common])
+        finally:
+            sys.argv = argv
         if int(os.environ.get("LOCAL_RANK", 0)) == 0:
             with open(os.path.join(out, "eval_results.json")) as f:
                 result[f"cli_{name}_eval"] = _plain(json.load(f))
