@@ -86,9 +86,13 @@ def test_evaluations_inside_training_run_under_fsdp2(runs: tuple[dict, list[dict
 @pytest.mark.distributed
 def test_the_cli_validates_and_predicts_the_config_validation_set_under_fsdp2(runs: tuple[dict, list[dict]]) -> None:
     """`configs/causal_lm.yaml`'s validation set (42 blocks in batches of 16: 2 + 1 batches) through `--args.fsdp`
-    and through a plain `ModelParallelStrategy`: `eval_loss` and the prediction files as on one process."""
+    and through a plain `ModelParallelStrategy`: the weights were shards, both ranks ran as many forwards (the
+    busiest rank's 2 batches), and `eval_loss` and the prediction files are those of one process."""
     single, ranks = runs
     for how in ("args_fsdp", "model_parallel"):
+        for rank in ranks:
+            assert rank[f"cli_{how}_forwards"] == [{"stage": "validate", "forwards": 2, "sharded": True},
+                                                   {"stage": "predict", "forwards": 2, "sharded": True}], how
         assert ranks[0][f"cli_{how}_eval"] == single["cli_single_eval"], how
         assert ranks[0][f"cli_{how}_predictions"] == single["cli_single_predictions"], how
 

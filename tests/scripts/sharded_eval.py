@@ -32,11 +32,13 @@ import sys
 from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # `sharded_eval.RecordForwards` for the CLI runs
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from gen_helpers import prompt_completion_dataset, seq2seq_dataset, tiny_gpt2_lm, tiny_t5, word_tokenizer  # noqa: E402
 from helpers import tiny_gpt2  # noqa: E402
+from lightning.pytorch import Callback  # noqa: E402
 from test_eval_parity import pad_collator, token_rows  # noqa: E402
 from transformers import DataCollatorForSeq2Seq  # noqa: E402
 
@@ -122,9 +124,36 @@ def _fit(devices: int, out_dir: str, result: dict[str, Any], strategy: str, acce
     result["fit_eval_steps"] = [e["step"] for e in trainer.state.log_history if "eval_loss" in e]
 
 
+class RecordForwards(Callback):
+    """For the CLI runs (`trainer.callbacks`): count this rank's forwards of the model (padding steps included) in each
+    `validate` / `predict`, and whether its weights were FSDP2 shards; appended to `forwards.rank<R>.jsonl` in
+    `output_dir` at `teardown`, after every hook of the run."""
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.forwards = 0
+
+        def count(*_: Any) -> None:
+            self.forwards += 1
+
+        self.handle = pl_module.model.register_forward_pre_hook(count)
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        from torch.distributed.tensor import DTensor
+
+        self.handle.remove()
+        sharded = any(isinstance(p, DTensor) for p in pl_module.model.parameters())
+        out = pl_module.args.resolved_output_dir
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, f"forwards.rank{trainer.global_rank}.jsonl"), "a") as f:
+            f.write(json.dumps({"stage": stage, "forwards": self.forwards, "sharded": sharded}) + "\n")
+
+
 def _cli(devices: int, out_dir: str, result: dict[str, Any]) -> None:
     from hf_lightning.cli import main
 
+    callbacks = os.path.join(out_dir, "callbacks.yaml")
+    with open(callbacks, "w") as f:
+        f.write("trainer:\n  callbacks: [{class_path: sharded_eval.RecordForwards}]\n")
     strategies = {"args_fsdp": ["--args.fsdp", FSDP]} if devices > 1 else {"single": []}
     if devices > 1:
         strategy_file = os.path.join(out_dir, "mp_strategy.yaml")
@@ -133,15 +162,19 @@ def _cli(devices: int, out_dir: str, result: dict[str, Any]) -> None:
         strategies["model_parallel"] = ["--config", strategy_file]
     for name, extra in strategies.items():
         out = os.path.join(out_dir, f"cli_{name}")
-        common = ["--config", "configs/causal_lm.yaml", *extra, "--trainer.devices", str(devices),
-                  "--trainer.enable_progress_bar", "false", "--args.report_to", "none", "--args.output_dir", out]
+        common = ["--config", "configs/causal_lm.yaml", "--config", callbacks, *extra,
+                  "--trainer.devices", str(devices), "--trainer.enable_progress_bar", "false",
+                  "--args.report_to", "none", "--args.output_dir", out]
         argv, sys.argv = sys.argv, sys.argv[:1]  # the CLI's arguments are given: Lightning warns about others
         try:  # (the processes were launched by the first trainer above: nothing re-reads sys.argv now)
             main(["validate", *common])
             main(["predict", *common])
         finally:
             sys.argv = argv
-        if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+        rank = int(os.environ.get("LOCAL_RANK", 0))
+        with open(os.path.join(out, f"forwards.rank{rank}.jsonl")) as f:
+            result[f"cli_{name}_forwards"] = [json.loads(line) for line in f]
+        if rank == 0:
             with open(os.path.join(out, "eval_results.json")) as f:
                 result[f"cli_{name}_eval"] = _plain(json.load(f))
             with np.load(os.path.join(out, "predictions.npz")) as saved:
