@@ -9,6 +9,15 @@
   rank order (each rank holds a contiguous, unpadded shard, so the result is in dataset order with no duplicate) and
   builds HF's metric dict (key order and prefix rule of `Trainer.evaluation_loop`), after `check_metrics` rejected
   non-numeric values and colliding keys.
+- Lock-step forwards: shards differ by up to one batch (9 rows on 2 processes in batches of 2: 3 and 2 batches).
+  Where every forward is a collective (FSDP1 / FSDP2 / ZeRO-3 gather the weights in each forward; `generate` with
+  `synced_gpus` syncs each decoding step; `parallel/lockstep.py` says when), a short rank would leave the others'
+  last forwards unpaired. Every rank computes the busiest rank's batch count from the dataset length alone (a
+  collective to agree on it would itself pair with a pending forward), and before gathering, `finish` runs the
+  missing steps (`pad_step`, the strategy's own eval step on this dataset's first batch) and drops their outputs:
+  they pair with the other ranks' last real batches. A rank whose shard is only a padding row (fewer samples than
+  ranks, `ContiguousShardSampler.padding_only`) drops that batch's outputs the same way. The results are thus those
+  of the single-process run.
 - `EvaluationRun` is one `evaluate()` / `predict()` over one or several named datasets: it makes an accumulator per
   dataset when its first batch arrives, finishes datasets one after another, and returns every result.
 """
@@ -25,6 +34,7 @@ import torch
 from transformers.trainer_pt_utils import nested_detach, nested_numpify
 from transformers.trainer_utils import EvalPrediction, speed_metrics
 
+from hf_lightning.data.sampling import ContiguousShardSampler
 from hf_lightning.evaluation import (
     EVAL_LOSS_WEIGHTINGS,
     EvalRequest,
@@ -39,7 +49,33 @@ from hf_lightning.evaluation import (
 from hf_lightning.loss import count_label_tokens, count_samples
 from hf_lightning.metrics import EvalBatch, as_streaming_metrics
 
-__all__ = ["EvalAccumulator", "EvaluationRun"]
+__all__ = ["EvalAccumulator", "EvaluationRun", "busiest_rank_batches", "eval_shard"]
+
+PadStep = Callable[[dict[str, Any]], object]
+"""Runs one evaluation step on a batch whose outputs are dropped (the strategy's `validation_step` / `predict_step`)."""
+
+
+def eval_shard(loader: Any) -> tuple[ContiguousShardSampler, int, bool] | None:
+    """`(sampler, batch_size, drop_last)` of an eval loader sharded by `ContiguousShardSampler`, else None.
+
+    Lightning rebuilds a prediction loader around a batch sampler (to record indices); the loader's own `sampler`
+    and `batch_size` are then a default `SequentialSampler` and None, and ours sit on its `batch_sampler`.
+    """
+    for holder in (loader, getattr(loader, "batch_sampler", None)):
+        sampler, batch_size = getattr(holder, "sampler", None), getattr(holder, "batch_size", None)
+        if isinstance(sampler, ContiguousShardSampler) and batch_size:
+            return sampler, int(batch_size), bool(getattr(holder, "drop_last", False))
+    return None
+
+
+def busiest_rank_batches(loader: Any) -> int | None:
+    """The batches of the busiest rank for this eval loader, or None when its sharding is not ours (e.g. a
+    `DistributedSampler` pads every shard to the same number of batches, an unsized dataset is read whole)."""
+    shard = eval_shard(loader)  # any Lightning eval loader may come here, not only ours
+    if shard is None:
+        return None
+    sampler, batch_size, drop_last = shard
+    return max(size // batch_size if drop_last else -(-size // batch_size) for size in sampler.shard_sizes())
 
 
 def _numpy(value: Any) -> Any:
@@ -57,6 +93,9 @@ class EvalAccumulator:
             missing labels are normal (no metrics, no loss).
         world_size: the number of processes whose shards `finish` gathers (collectively).
         device: where a streaming metric keeps its state (the module's device).
+        loader: the dataset's loader (its sampler gives every rank's number of batches, and marks a padding shard).
+        pad_step: set when forwards must run in lock-step across ranks: runs one step whose outputs are dropped
+            (see the module docstring); None: no padding steps.
 
     Raises:
         ValueError: an unknown `eval_loss_weighting`.
@@ -69,6 +108,9 @@ class EvalAccumulator:
         is_prediction: bool = False,
         world_size: int = 1,
         device: torch.device | None = None,
+        *,
+        loader: Any = None,
+        pad_step: PadStep | None = None,
     ) -> None:
         if settings.eval_loss_weighting not in EVAL_LOSS_WEIGHTINGS:
             raise ValueError(
@@ -88,6 +130,13 @@ class EvalAccumulator:
         self.token_count = 0
         self.num_batches = 0
         self.num_samples = 0
+        self.loader = loader
+        self.pad_step = pad_step
+        self.steps = 0  # every step run for this dataset on this rank: its batches, padding ones included
+        self.padding_steps = 0  # the steps whose outputs were dropped
+        shard = eval_shard(loader)
+        self._padding_batches = 1 if shard is not None and shard[0].padding_only else 0
+        self.template: dict[str, Any] | None = None  # the first batch, for padding steps
         self._pending_batch: tuple[Any, Any, Any, Any] | None = None
         self.batch_metrics: dict[str, Any] | None = None
         compute = settings.compute_metrics
@@ -100,7 +149,14 @@ class EvalAccumulator:
         return self.is_prediction or (self.streaming is None and not self.per_batch)
 
     def add(self, batch: Mapping[str, Any], step: EvalStep) -> None:
-        """Record one batch's `prediction_step` output."""
+        """Record one batch's `prediction_step` output (dropped for a padding shard's batch)."""
+        self.steps += 1
+        if self.template is None and self.pad_step is not None:
+            self.template = dict(batch)  # the whole batch: a slice of a padding-free batch would not be one
+        if self._padding_batches:  # a padding row, read so that this rank runs the loop: its outputs are dropped
+            self._padding_batches -= 1
+            self.padding_steps += 1
+            return
         loss, logits, labels = step.loss, step.logits, step.labels
         batch_size = count_samples(batch)  # the sequences of a padding-free batch, not its one row
         self.num_batches += 1
@@ -203,13 +259,41 @@ class EvalAccumulator:
             losses = losses[finite]
         return float(losses.mean().item())
 
+    def pad_to_busiest_rank(self) -> int:
+        """With a `pad_step`: run the steps this rank owes so that every rank ran as many (the busiest rank's batch
+        count), dropping their outputs; returns how many were run.
+
+        Raises:
+            RuntimeError: steps are owed but this rank never had a batch to repeat (a `dataloader_drop_last`
+                shard without a full batch: Lightning skips such a process's loop).
+        """
+        if self.pad_step is None or self.world_size < 2:
+            return 0
+        target = busiest_rank_batches(self.loader)
+        owed = 0 if target is None else max(target - self.steps, 0)
+        if owed and self.template is None:
+            raise RuntimeError(
+                f"This process evaluated no batch but owes {owed} lock-step forward(s) to the other processes; "
+                "with `dataloader_drop_last=True` every process needs at least one full eval batch: lower "
+                "`per_device_eval_batch_size` or evaluate with fewer processes."
+            )
+        for _ in range(owed):
+            assert self.template is not None
+            with torch.no_grad():
+                self.pad_step(dict(self.template))
+        self.steps += owed
+        self.padding_steps += owed
+        return owed
+
     def finish(self, prefix: str, num_samples: int | None = None) -> EvalResult:
-        """Gather (a collective when `world_size > 1`), compute the metrics, and return HF's `EvalLoopOutput`.
+        """Run the lock-step padding steps this rank owes (`pad_to_busiest_rank`), gather (a collective when
+        `world_size > 1`), compute the metrics, and return HF's `EvalLoopOutput`.
 
         `<prefix>_loss` is HF's by default: the sample-weighted mean of the batch mean losses. With
         `eval_loss_weighting="tokens"` it is the mean over every label token of the eval set
         (`sum(batch_mean * batch_tokens) / sum(tokens)`), which does not depend on how the samples are batched.
         """
+        self.pad_to_busiest_rank()
         gathered = self._gathered((self.num_samples, self.losses, self.preds, self.labels, self.inputs,
                                    self.token_loss_sum, self.token_count))
         total = sum(part[0] for part in gathered)

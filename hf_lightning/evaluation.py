@@ -52,17 +52,11 @@ class EvalRequest:
 
 @dataclass
 class EvalStep:
-    """What `validation_step` / `predict_step` return: `prediction_step`'s `(loss, logits, labels)`.
-
-    Attributes:
-        generate_inputs: the inputs of each `generate` call the step made (generation evaluation only; the
-            accumulator counts them to even out the calls across processes, see `seq2seq/sync.py`).
-    """
+    """What `validation_step` / `predict_step` return: `prediction_step`'s `(loss, logits, labels)`."""
 
     loss: torch.Tensor | None
     logits: Any
     labels: Any
-    generate_inputs: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

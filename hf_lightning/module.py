@@ -34,6 +34,7 @@ from hf_lightning.evaluation import EvalRequest, EvalSettings, EvalStep
 from hf_lightning.loss import label_smoother, loss_shifts_labels, model_accepts_loss_kwargs
 from hf_lightning.model_wrappers import without_compile
 from hf_lightning.module_hooks import HFHooksModule, WindowContext
+from hf_lightning.parallel.lockstep import needs_lockstep_forwards
 from hf_lightning.parallel.runtime import (
     clip_by_strategy,
     configure_model_for_strategy,
@@ -361,9 +362,27 @@ class TransformerModule(HFHooksModule):
         self._eval_request = request
 
     def new_eval_accumulator(self, is_prediction: bool, world_size: int, loader: Any) -> EvalAccumulator:
-        """A fresh accumulator for one dataset of an evaluation / prediction run (see `FlowModule`)."""
+        """A fresh accumulator for one dataset of an evaluation / prediction run (see `FlowModule`); it runs padding
+        steps on a short shard when `eval_forwards_in_lockstep` (see `eval_run.py`)."""
+        pad_step = self.padding_step(is_prediction) if self.eval_forwards_in_lockstep(world_size) else None
         return EvalAccumulator(self.eval_settings(), self.prediction_loss_only(is_prediction), is_prediction,
-                               world_size, self.device)
+                               world_size, self.device, loader=loader, pad_step=pad_step)
+
+    def eval_forwards_in_lockstep(self, world_size: int) -> bool:
+        """Whether every rank must run as many evaluation steps: each forward is a collective under FSDP1, FSDP2 and
+        ZeRO-3 (`parallel/lockstep.py`)."""
+        trainer = attached_trainer(self)
+        return trainer is not None and needs_lockstep_forwards(trainer.strategy, world_size, self.model)
+
+    def padding_step(self, is_prediction: bool) -> Callable[[dict[str, Any]], object]:
+        """One evaluation step whose outputs are dropped, run as Lightning runs the real ones: through the strategy
+        (its precision context, and the FSDP1 root's or DeepSpeed engine's forward), so its collectives are the same."""
+        strategy = self.trainer.strategy
+
+        def step(batch: dict[str, Any]) -> object:
+            return strategy.predict_step(batch, 0) if is_prediction else strategy.validation_step(batch, 0)
+
+        return step
 
     def _eval_step(self, batch: Mapping[str, Any], is_prediction: bool) -> EvalStep:
         self._window = WindowContext()

@@ -44,6 +44,7 @@ TIERS = {
     "test_citations.py": "unit",
     "test_help_cache.py": "unit",
     "test_layering.py": "unit",
+    "test_lockstep.py": "unit",
     "test_lightning_compat.py": "unit",
     "test_public_api.py": "unit",
     "test_text_metrics.py": "unit",
@@ -104,6 +105,7 @@ TIERS = {
     "test_final_save.py": "e2e",
     "test_generation_decoder_only.py": "e2e",
     "test_gpu.py": "e2e",
+    "test_gpu_uneven_eval.py": "e2e",
     "test_notebook_generation.py": "e2e",
     "test_notebooks.py": "e2e",
     "test_permissions.py": "e2e",
@@ -125,12 +127,13 @@ TIERS = {
     "test_generation_ddp.py": "distributed",
     "test_stream_resume_ddp.py": "distributed",
     "test_tokens_seen_ddp.py": "distributed",
+    "test_sharded_eval.py": "distributed",
 }
 """The tier of each test file."""
 
 DISTRIBUTED = {
     "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py", "test_stream_resume_ddp.py",
-    "test_tokens_seen_ddp.py",
+    "test_tokens_seen_ddp.py", "test_sharded_eval.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
     "test_async_save.py::test_save_async_is_refused_under_fsdp2_before_training",
     "test_faults.py::test_under_ddp_a_busy_output_dir_stops_every_rank",

@@ -334,21 +334,31 @@ def test_drop_last_training_never_sees_the_dropped_samples_and_matches_hf_order(
 
 def test_eval_shards_cover_the_dataset_once_and_are_never_empty():
     """Contiguous eval shards: every row once, in order; cut at batch boundaries when every process gets a batch,
-    per sample otherwise (Lightning refuses an empty loader on one process); fewer rows than processes is an error."""
+    per sample otherwise (Lightning refuses an empty loader on one process); with fewer rows than processes, a
+    process left without a row reads one padding row, marked `padding_only` (its outputs are dropped)."""
+    from torch.utils.data import DataLoader
+
     from hf_lightning.data.datamodule import ContiguousShardSampler
+    from hf_lightning.eval_run import busiest_rank_batches
 
     for n in range(1, 41):
         for world in (1, 2, 3):
             for batch_size in (1, 3, 8):
-                if n < world:
-                    with pytest.raises(ValueError, match=f"{n} sample.*{world} processes"):
-                        ContiguousShardSampler(n, world, 0, batch_size)
-                    continue
-                shards = [list(ContiguousShardSampler(n, world, rank, batch_size)) for rank in range(world)]
-                assert [i for shard in shards for i in shard] == list(range(n))
+                samplers = [ContiguousShardSampler(n, world, rank, batch_size) for rank in range(world)]
+                shards = [list(sampler) for sampler in samplers]
+                real = [shard for shard, sampler in zip(shards, samplers) if not sampler.padding_only]
+                assert [i for shard in real for i in shard] == list(range(n))
                 assert all(shards), (n, world, batch_size, shards)
+                assert [s.padding_only for s in samplers] == [rank >= n for rank in range(world)]
+                assert all(shard == [0] for shard, s in zip(shards, samplers) if s.padding_only)
                 if -(-n // batch_size) >= world:
                     assert all(shard[0] % batch_size == 0 for shard in shards)
+                # what every rank computes alone: the busiest rank's batch count, the one Lightning's loaders give
+                loaders = [DataLoader(range(n), batch_size=batch_size, sampler=s) for s in samplers]
+                assert busiest_rank_batches(loaders[-1]) == max(len(loader) for loader in loaders)
+                drop = [DataLoader(range(n), batch_size=batch_size, sampler=s, drop_last=True) for s in samplers]
+                assert busiest_rank_batches(drop[0]) == max(len(loader) for loader in drop)
+    assert busiest_rank_batches(DataLoader(range(5), batch_size=2)) is None  # not our sharding: nothing to even out
 
 
 def test_split_by_node_shards_a_datasets_stream_and_refuses_a_torch_one():

@@ -14,7 +14,6 @@ import hf_lightning
 from hf_lightning.seq2seq import Seq2SeqTrainingArguments, Seq2SeqTransformerModule
 from hf_lightning.seq2seq.gen_kwargs import generation_width, resolve_gen_kwargs
 from hf_lightning.seq2seq.prompts import pad_right
-from hf_lightning.seq2seq.sync import max_batches_over_ranks
 from hf_lightning.text_metrics import build_text_metrics
 
 LIGHTNING = {"accelerator": "cpu", "logger": False, "enable_model_summary": False}
@@ -119,10 +118,6 @@ def test_pure_rules() -> None:
     assert generation_width({}, GenerationConfig(max_new_tokens=5), True) == 6
     assert pad_right(torch.tensor([[5, 6]]), 4, PAD).tolist() == [[5, 6, 0, 0]]
     assert pad_right(torch.tensor([[5, 6, 7]]), 2, PAD).tolist() == [[5, 6, 7]]  # never truncated
-    assert max_batches_over_ranks(5, 2, 2) == 2  # shards of 3 and 2 samples
-    assert max_batches_over_ranks(4, 2, 2) == 1
-    assert max_batches_over_ranks(7, 2, 2, drop_last=True) == 2
-    assert max_batches_over_ranks(1, 2, 4) == 1
 
 
 def test_seq2seq_args_module_imports_without_torch() -> None:

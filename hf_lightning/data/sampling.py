@@ -16,7 +16,8 @@ window of any epoch by slicing, without iterating the skipped data (O(1) in the 
   `_get_train_sampler` override) is batched and sharded the same way by `OrderBatchSampler`.
 
 Evaluation and prediction order: `ContiguousShardSampler` gives each rank one contiguous, unpadded block (of the
-dataset, or of another sampler's order).
+dataset, or of another sampler's order); only a rank left without any row (fewer samples than ranks) reads one
+padding row, whose outputs the accumulator drops.
 """
 
 from __future__ import annotations
@@ -261,7 +262,10 @@ class ContiguousShardSampler(Sampler[int]):
     same padding, hence bit-identical logits and batch losses, and an `eval_loss` that does not depend on the number
     of processes. With fewer batches than processes, blocks are cut per sample instead, so that every process
     still gets rows (Lightning refuses a process with an empty loader); the predictions are the same, but the
-    batches, hence HF's sample-weighted `eval_loss`, are those of a smaller batch size.
+    batches, hence HF's sample-weighted `eval_loss`, are those of a smaller batch size. With fewer samples than
+    processes, a process whose block is empty reads one *padding* row (the first of the order) instead, so that it
+    still runs the loop and joins the gather: `padding_only` tells the accumulator to drop its outputs (accelerate
+    pads such a shard with repeated rows too, and drops them when gathering).
 
     Args:
         num_samples: the dataset's length.
@@ -269,32 +273,38 @@ class ContiguousShardSampler(Sampler[int]):
         rank: this process.
         batch_size: the evaluation batch size (blocks are cut at its multiples).
         order: another sampler whose order is split (a `_get_eval_sampler` override's), iterated at each pass.
-
-    Raises:
-        ValueError: fewer samples than processes (some process would have nothing to evaluate).
     """
 
     def __init__(self, num_samples: int, world_size: int, rank: int, batch_size: int = 1,
                  order: Iterable[int] | None = None) -> None:
         self.order = order
-        if 0 < num_samples < world_size:
-            raise ValueError(
-                f"An evaluation / prediction dataset of {num_samples} sample(s) cannot be split over {world_size} "
-                "processes: every process needs at least one sample. Use fewer devices for it, or more samples."
-            )
-        unit = batch_size if -(-num_samples // batch_size) >= world_size else 1
-        base, extra = divmod(-(-num_samples // unit), world_size)
+        self.num_samples, self.world_size, self.batch_size = num_samples, world_size, batch_size
+        self.start, self.stop = self._block(rank)
+        self.padding_only = num_samples > 0 and self.start == self.stop
+        """Whether this rank's shard is one padding row whose outputs are dropped (fewer samples than ranks)."""
+
+    def _block(self, rank: int) -> tuple[int, int]:
+        """`(start, stop)` of rank `rank`'s block of the order."""
+        num_samples, batch_size = self.num_samples, self.batch_size
+        unit = batch_size if -(-num_samples // batch_size) >= self.world_size else 1
+        base, extra = divmod(-(-num_samples // unit), self.world_size)
         first = rank * base + min(rank, extra)
-        self.start = min(first * unit, num_samples)
-        self.stop = min((first + base + (1 if rank < extra else 0)) * unit, num_samples)
+        return min(first * unit, num_samples), min((first + base + (1 if rank < extra else 0)) * unit, num_samples)
+
+    def shard_sizes(self) -> list[int]:
+        """The number of rows every rank reads, padding rows included (each rank can compute it alone, without a
+        collective: see `eval_run.busiest_rank_batches`)."""
+        return [max(stop - start, 1 if self.num_samples else 0)
+                for start, stop in map(self._block, range(self.world_size))]
 
     def __len__(self) -> int:
-        return self.stop - self.start
+        return self.stop - self.start + (1 if self.padding_only else 0)
 
     def __iter__(self) -> Iterator[int]:
-        if self.order is None:
-            return iter(range(self.start, self.stop))
-        return iter([int(i) for i in self.order][self.start:self.stop])
+        indices = range(self.num_samples) if self.order is None else [int(i) for i in self.order]
+        if self.padding_only:
+            return iter([indices[0]])
+        return iter(indices[self.start:self.stop])
 
 
 def split_by_node(dataset: Any, world: int, rank: int) -> Any:

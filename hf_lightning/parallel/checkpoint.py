@@ -69,10 +69,11 @@ def gather_full_weights(strategy: Strategy | None, model: nn.Module) -> dict[str
 
         root = _fsdp_root(strategy)
         state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return _strip(state)
+        return dist_state.alias_tied_weights(_strip(state), model)  # tied weights saved once, as HF saves them
     if isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3:
         # the engine gathers parameter by parameter onto rank 0 (transformers / accelerate `get_state_dict` use it)
-        return _strip(strategy.deepspeed_engine._zero3_consolidated_16bit_state_dict())
+        state = _strip(strategy.deepspeed_engine._zero3_consolidated_16bit_state_dict())
+        return dist_state.alias_tied_weights(state, model)
     return dist_state.full_model_state_dict(model)
 
 

@@ -13,6 +13,10 @@ the same modules:
   state is preserved, so dropout is identical in the recomputation; accelerate turns that off for speed).
 - `cpu_ram_efficient_loading`: rank 0's weights are broadcast into every rank's shards after sharding.
 
+`generate` is registered as an FSDP forward method of the root (`register_fsdp_forward_method`): an
+encoder-decoder's `generate` calls the encoder directly, outside the root's `forward`, and would meet the root's
+still-sharded shared embeddings; registered, the root's weights are gathered for the whole `generate` call.
+
 Accelerate's extra groups for the embeddings and the final norm + head only change when parameters are gathered,
 not the numbers; here they stay in the root's group.
 """
@@ -83,7 +87,7 @@ def shard_model(model: nn.Module, mesh: Any, settings: FSDPSettings) -> None:
     Raises:
         ValueError: `activation_checkpointing` with `NO_WRAP` (no layer to checkpoint), or an unknown layer class.
     """
-    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, fully_shard, register_fsdp_forward_method
 
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": settings.reshard_after_forward}
     if settings.cpu_offload:
@@ -100,6 +104,8 @@ def shard_model(model: nn.Module, mesh: Any, settings: FSDPSettings) -> None:
             if policy(module) and not isinstance(module, FSDPModule):
                 fully_shard(module, **kwargs)
     fully_shard(model, **{k: v for k, v in kwargs.items() if k != "reshard_after_forward"})
+    if callable(getattr(model, "generate", None)):
+        register_fsdp_forward_method(model, "generate")
     if full_state is not None:
         _broadcast_from_rank0(model, full_state, mesh)
 

@@ -12,6 +12,9 @@
   inside `engine.step()` with the config's `gradient_clipping` (HF's `max_grad_norm`), so the norm is read after
   the step (`deepspeed_step_report`), as HF reads `get_global_grad_norm()`.
 - `steps_like_a_scheduler`: DeepSpeed's own schedulers (a `scheduler` section) are stepped like torch's.
+- `generation_context`: FSDP1 runs `generate` inside `summon_full_params` of the root, as HF's
+  `Seq2SeqTrainer.prediction_step` does (`generate` calls submodules outside the root's forward, where the root's
+  flat parameters are still sharded). FSDP2 registers `generate` as a forward method instead (`fsdp2.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from lightning.pytorch.strategies import (
     Strategy,
 )
 from torch import nn
+from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from hf_lightning.args.parallel import FSDPSettings
@@ -38,7 +42,7 @@ from hf_lightning.parallel.fsdp2 import shard_model
 from hf_lightning.parallel.strategies import HFFSDP2Strategy
 
 __all__ = ["configure_model_for_strategy", "micro_batch_context", "clip_by_strategy", "deepspeed_step_report",
-           "steps_like_a_scheduler"]
+           "generation_context", "steps_like_a_scheduler"]
 
 
 def configure_model_for_strategy(module: pl.LightningModule, model: nn.Module) -> None:
@@ -99,3 +103,11 @@ def steps_like_a_scheduler(scheduler: Any) -> bool:
         return False
     return isinstance(scheduler, LRScheduler) or (callable(getattr(scheduler, "step", None))
                                                    and callable(getattr(scheduler, "get_last_lr", None)))
+
+
+def generation_context(strategy: Strategy | None) -> AbstractContextManager[Any]:
+    """The context of one `generate` call: FSDP1's full parameters for its length (HF's; a collective on every
+    rank, paired by the lock-step padding of `eval_run.py`), nothing elsewhere."""
+    if isinstance(strategy, FSDPStrategy) and strategy.model is not None:
+        return FullyShardedDataParallel.summon_full_params(strategy.model, writeback=False)
+    return nullcontext()

@@ -21,18 +21,17 @@ from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 from torch import nn
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import attached_trainer
-from hf_lightning.checkpointing.distributed import is_sharded
-from hf_lightning.evaluation import EvalSettings, EvalStep
+from hf_lightning.evaluation import EvalSettings
 from hf_lightning.module import TransformerModule
+from hf_lightning.parallel.lockstep import needs_lockstep_forwards
+from hf_lightning.parallel.runtime import generation_context
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 from hf_lightning.seq2seq.gen_kwargs import generation_width, load_generation_config, resolve_gen_kwargs
 from hf_lightning.seq2seq.prompts import left_pad_prompts, pad_right, split_prompt_completion
-from hf_lightning.seq2seq.sync import GenerationAccumulator
 
 __all__ = ["Seq2SeqTransformerModule", "can_generate"]
 
@@ -86,7 +85,6 @@ class Seq2SeqTransformerModule(TransformerModule):
         if generation_config is not None:
             model.generation_config = load_generation_config(generation_config)
         self.gen_kwargs: dict[str, Any] = resolve_gen_kwargs(self.args)
-        self._generate_inputs: list[dict[str, Any]] = []  # the `generate` calls of the current eval step
 
     # ----- evaluation steps that report their generate calls -----
     @override
@@ -97,13 +95,13 @@ class Seq2SeqTransformerModule(TransformerModule):
         the batch means). The base `TransformerModule` counts each batch's samples, as HF's `Trainer`."""
         return dataclasses.replace(super().eval_settings(), eval_loss_repeats=self.args.per_device_eval_batch_size)
 
-    def new_eval_accumulator(self, is_prediction: bool, world_size: int, loader: Any) -> GenerationAccumulator:
-        """An accumulator that evens out `generate` calls across processes before gathering (see `sync.py`)."""
-        return GenerationAccumulator(
-            self.eval_settings(), self.prediction_loss_only(is_prediction), is_prediction, world_size, self.device,
-            loader=loader, generate=lambda inputs: self.run_generate(inputs, dict(self.gen_kwargs)),
-            is_synced=self.generation_is_synced,
-        )
+    @override
+    def eval_forwards_in_lockstep(self, world_size: int) -> bool:
+        """As the base module, and also whenever `generate` runs with `synced_gpus` (each decoding step is a
+        collective, under DDP too): every rank then makes the same number of `generate` calls."""
+        if world_size > 1 and self.generation_is_synced():
+            return True
+        return super().eval_forwards_in_lockstep(world_size)
 
     @override
     def on_validation_epoch_start(self) -> None:
@@ -113,12 +111,6 @@ class Seq2SeqTransformerModule(TransformerModule):
         if trainer is not None and trainer.state.fn == "fit":
             self.gen_kwargs = resolve_gen_kwargs(self.args)
 
-    def _eval_step(self, batch: Mapping[str, Any], is_prediction: bool) -> EvalStep:
-        self._generate_inputs = []
-        step = super()._eval_step(batch, is_prediction)
-        step.generate_inputs, self._generate_inputs = self._generate_inputs, []
-        return step
-
     # ----- generation -----
     def generation_is_synced(self) -> bool:
         """Whether `generate` runs with `synced_gpus` (the same on every process)."""
@@ -127,16 +119,10 @@ class Seq2SeqTransformerModule(TransformerModule):
         return bool(self.gen_kwargs.get("synced_gpus", self._default_synced_gpus()))
 
     def _default_synced_gpus(self) -> bool:
-        """HF's default: True when parameters are sharded (DeepSpeed ZeRO-3, FSDP 1 or 2) on several processes."""
+        """HF's default: True when parameters are sharded (DeepSpeed ZeRO-3, FSDP 1 or 2) on several processes, i.e.
+        when forwards are collectives (`parallel/lockstep.py`)."""
         trainer = attached_trainer(self)
-        if trainer is None or trainer.world_size < 2:
-            return False
-        strategy = trainer.strategy
-        if isinstance(strategy, FSDPStrategy) or is_sharded(self.model):
-            return True
-        if isinstance(strategy, DeepSpeedStrategy):
-            return (strategy.config or {}).get("zero_optimization", {}).get("stage") == 3
-        return False
+        return trainer is not None and needs_lockstep_forwards(trainer.strategy, trainer.world_size, self.model)
 
     def run_generate(self, generation_inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> torch.Tensor:
         """`model.generate` with HF's cleaned kwargs (None `num_beams`/`max_length` dropped, `synced_gpus` set)."""
@@ -144,7 +130,8 @@ class Seq2SeqTransformerModule(TransformerModule):
         kwargs.setdefault("synced_gpus", self._default_synced_gpus())
         if kwargs["synced_gpus"] and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             kwargs["synced_gpus"] = False  # one process: nothing to sync (generate would fail without a group)
-        with torch.no_grad():
+        trainer = attached_trainer(self)
+        with torch.no_grad(), generation_context(trainer.strategy if trainer is not None else None):
             generated = cast(Any, self.model).generate(**generation_inputs, **kwargs)  # checked by `can_generate`
         config = getattr(self.model, "generation_config", None)
         if config is not None and getattr(config, "_from_model_config", False):
@@ -209,10 +196,6 @@ class Seq2SeqTransformerModule(TransformerModule):
             return loss, None, None
         return loss, generated, labels
 
-    def _record(self, generation_inputs: dict[str, Any]) -> None:
-        """Note one `generate` call of this eval step (returned in its `EvalStep`, counted by the accumulator)."""
-        self._generate_inputs.append(generation_inputs)
-
     def _generate_seq2seq(self, inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
         generation_inputs = dict(inputs)
         labels = inputs.get("labels")
@@ -222,7 +205,6 @@ class Seq2SeqTransformerModule(TransformerModule):
             generation_inputs.pop("decoder_input_ids")
             generation_inputs.pop("decoder_attention_mask", None)
         generation_inputs.pop("labels", None)
-        self._record(generation_inputs)
         return self.run_generate(generation_inputs, gen_kwargs), labels
 
     def _generate_completions(self, inputs: dict[str, Any], gen_kwargs: dict[str, Any]) -> tuple[torch.Tensor, Any]:
@@ -244,6 +226,5 @@ class Seq2SeqTransformerModule(TransformerModule):
                     "`generation_max_length` or pass `max_new_tokens` to evaluate()/predict()."
                 )
         generation_inputs = {"input_ids": prompt_ids, "attention_mask": prompt_mask}
-        self._record(generation_inputs)
         generated = self.run_generate(generation_inputs, gen_kwargs)
         return generated[:, prompt_ids.shape[1]:], references
