@@ -79,6 +79,8 @@ LAYERS: dict[str, int] = {
     "hf_lightning.checkpointing.distributed": 1,
     "hf_lightning.checkpointing.final_model": 1,
     "hf_lightning.checkpointing.io": 1,
+    "hf_lightning.checkpointing.manifest": 1,
+    "hf_lightning.checkpointing.verify": 1,
     "hf_lightning.data.collate": 1,
     "hf_lightning.device_cache": 1,
     "hf_lightning.data.length_grouping": 1,
@@ -151,6 +153,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.cli.lightning_cli": 3,
     "hf_lightning.cli.help_cache": 3,
     "hf_lightning.cli.precheck": 3,
+    "hf_lightning.cli.verify": 3,
     "hf_lightning.facade": 3,
     "hf_lightning.lightning_trainer": 3,
     "hf_lightning.quickstart": 3,
@@ -165,7 +168,7 @@ LAYERS: dict[str, int] = {
 THIRD_PARTY_LAYER = {
     "typing_extensions": 0,
     "torch": 1, "numpy": 1, "transformers": 1, "datasets": 1, "safetensors": 1, "torchmetrics": 1, "pyarrow": 1,
-    "tokenizers": 1, "torchdata": 1, "huggingface_hub": 1, "optuna": 1, "peft": 1,
+    "tokenizers": 1, "torchdata": 1, "huggingface_hub": 1, "optuna": 1, "peft": 1, "xxhash": 1,
     "lightning": 2, "deepspeed": 2,
     "jsonargparse": 3, "yaml": 3,
 }

@@ -30,7 +30,7 @@ from torch import nn
 from hf_lightning._lightning_compat import datamodule_of, grad_scaler, restart_train_iterator
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.adapters import load_adapter_checkpoint
-from hf_lightning.checkpointing.integrity import damaged_file_error
+from hf_lightning.checkpointing.verify import checkpoint_error
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME
 from hf_lightning.checkpointing.lightning_state import epoch_geometry, geometry_changes, restore_callback_states
 from hf_lightning.checkpointing.stream_position import read_stream_position
@@ -75,7 +75,7 @@ def read_file(path: str | Path, loader: Callable[[Path], Any], what: str = "resu
     except Exception as err:
         detail = " ".join(f"{type(err).__name__}: {err}".split())  # one line, whatever the library printed
         detail = detail if len(detail) <= 300 else detail[:297] + "..."
-        raise damaged_file_error(path.parent, {path.name: detail}, what) from err
+        raise checkpoint_error(path.parent, {path.name: detail}, what) from err
 
 
 def read_weights(path: str | Path, what: str = "resume_from_checkpoint") -> dict[str, torch.Tensor]:
