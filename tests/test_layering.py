@@ -77,6 +77,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.checkpointing.background": 1,
     "hf_lightning.checkpointing.content": 1,
     "hf_lightning.checkpointing.distributed": 1,
+    "hf_lightning.checkpointing.finite": 1,
     "hf_lightning.checkpointing.final_model": 1,
     "hf_lightning.checkpointing.io": 1,
     "hf_lightning.checkpointing.manifest": 1,
