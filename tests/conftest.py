@@ -92,6 +92,7 @@ TIERS = {
     "test_trainer_attributes.py": "parity",
     "test_checkpoint.py": "e2e",
     "test_checkpoint_processes.py": "e2e",
+    "test_checkpoint_trust.py": "e2e",
     "test_cli.py": "e2e",
     "test_cli_checks.py": "e2e",
     "test_configs_learn.py": "e2e",

@@ -111,3 +111,13 @@ def test_two_process_save_and_exact_resume(tmp_path, strategy):
         assert torch.equal(reloaded.state_dict()[name], tensor), name
         assert torch.equal(weights[name], tensor), name  # the resumed run ends where the uninterrupted one did
     assert not [p for p in os.listdir(tmp_path / "full") if p.startswith("tmp-")]
+    # every checkpoint carries a manifest written by the rank that finalised it, after every rank's files existed
+    # (the other rank's RNG file, the optimizer shards, with save_async too), and verifies
+    from hf_lightning.checkpointing.verify import verify_path
+
+    verdicts = verify_path(tmp_path / "full")
+    assert [v.folder.name for v in verdicts] == ["checkpoint-4", "checkpoint-6"]
+    assert all(v.ok and v.has_manifest for v in verdicts), [v.problems for v in verdicts]
+    listed = json.loads((folder / "checkpoint_manifest.json").read_text())["files"]
+    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "trainer_state.json"} <= set(listed)
+    assert any(name.startswith("optimizer_sharded/") for name in listed) == sharded

@@ -110,6 +110,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.script_api": 1,
     "hf_lightning.resume.find": 1,
     "hf_lightning.resume.same_run": 1,
+    "hf_lightning.resume.changed_settings": 1,
     "hf_lightning.seeding": 1,
     "hf_lightning.seq2seq.gen_kwargs": 1,
     "hf_lightning.seq2seq.prompts": 1,
