@@ -132,6 +132,7 @@ DISTRIBUTED = {
     "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py", "test_stream_resume_ddp.py",
     "test_tokens_seen_ddp.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
+    "test_checkpoint_processes.py::test_a_nan_in_one_ranks_shard_stops_every_rank_before_the_save",
     "test_async_save.py::test_save_async_is_refused_under_fsdp2_before_training",
     "test_faults.py::test_under_ddp_a_busy_output_dir_stops_every_rank",
     "test_cli.py::test_ddp_fit_from_the_command_line",

@@ -121,3 +121,19 @@ def test_two_process_save_and_exact_resume(tmp_path, strategy):
     listed = json.loads((folder / "checkpoint_manifest.json").read_text())["files"]
     assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "trainer_state.json"} <= set(listed)
     assert any(name.startswith("optimizer_sharded/") for name in listed) == sharded
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_a_nan_in_one_ranks_shard_stops_every_rank_before_the_save(tmp_path, strategy):
+    """Rank 1 alone holds a NaN (in its FSDP2 shard) at the save of update 4: one sum over the processes makes every
+    rank refuse the save naming the same parameter (without it, rank 0 would enter the save's collectives alone)."""
+    result = tmp_path / "result.json"
+    proc = _run("nonfinite", str(tmp_path), strategy, str(result), cwd=tmp_path)
+    outcomes = [json.loads((tmp_path / f"result.json.{rank}").read_text()) for rank in (0, 1)]
+    assert all(o["error"] == "NonFiniteWeightsError" for o in outcomes), (outcomes, proc.stderr[-3000:])
+    assert [o["sharded"] for o in outcomes] == [strategy == "fsdp2"] * 2
+    for rank, outcome in enumerate(outcomes):
+        kind = "NaN" if rank == 1 else "NaN or inf"  # rank 0's own shard is finite
+        assert outcome["message"].startswith(f"Saving at step 4: the model's weights are not finite "
+                                             f"('transformer.h.1.mlp.c_fc.weight' holds {kind}), so no checkpoint-4")
+    assert sorted(os.listdir(tmp_path / "out")) == ["checkpoint-2"]

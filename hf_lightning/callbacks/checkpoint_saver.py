@@ -114,6 +114,8 @@ class CheckpointSaver:
         """This run's id (every rank): names its temporary folders; None outside `begin_run` / `end_run`."""
         self.durable = True
         """Flush files and folders before renaming a checkpoint into place (False only to measure the cost)."""
+        self.manifest = True
+        """Write each checkpoint's manifest of checksums (False only to measure the cost)."""
         self.background = BackgroundWriter()
         """The save in flight with `save_async=True`."""
         self.save_model: Callable[[str], None] | None = None
@@ -257,7 +259,7 @@ class CheckpointSaver:
             raise
         if trainer.is_global_zero:
             finalize_checkpoint(self.output_dir, step, run, self.lock.check_held if self.lock else None,
-                                durable=self.durable)
+                                durable=self.durable, manifest=self.manifest)
 
     def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int, tmp: Path,
                      epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
@@ -354,7 +356,7 @@ class CheckpointSaver:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         finalize_checkpoint(self.output_dir, step, self._run_id(), self.lock.check_held if self.lock else None,
-                            durable=self.durable)
+                            durable=self.durable, manifest=self.manifest)
         self._rotate(best)
 
     def finish(self, trainer: pl.Trainer, state: Any) -> None:

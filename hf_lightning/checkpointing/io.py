@@ -202,7 +202,7 @@ def write_training_files(folder: str | Path, *, optimizer: Any = None, scheduler
 
 
 def finalize_checkpoint(output_dir: str | Path, step: int, run: str, check_held: Callable[[], None] | None = None,
-                        durable: bool = True) -> Path:
+                        durable: bool = True, manifest: bool = True) -> Path:
     """Check, list, flush and rename the complete `tmp-checkpoint-<step>-<run>` to `checkpoint-<step>`; return the
     path.
 
@@ -211,7 +211,8 @@ def finalize_checkpoint(output_dir: str | Path, step: int, run: str, check_held:
 
     `check_held` raises when this run no longer holds the output-directory lock (the rename would put a folder
     among another run's). An existing folder of the same step (a resumed run saving again) is replaced
-    (`folders.replace_checkpoint`). `durable=False` skips the flushes (measuring their cost only).
+    (`folders.replace_checkpoint`). `durable=False` skips the flushes, `manifest=False` the manifest (measuring
+    their cost only: bench/bench_checkpoint_save.py).
 
     Raises:
         FileNotFoundError: the temporary folder is missing or lacks its weights (the model's or a PEFT adapter's)
@@ -228,7 +229,8 @@ def finalize_checkpoint(output_dir: str | Path, step: int, run: str, check_held:
                                 f"{CHECKPOINT_PREFIX}-{step}.")
     if check_held is not None:
         check_held()
-    write_manifest(tmp, step)
+    if manifest:
+        write_manifest(tmp, step)
     if durable:
         fsync_tree(tmp)
     final = output_dir / f"{CHECKPOINT_PREFIX}-{step}"
