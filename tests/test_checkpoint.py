@@ -76,7 +76,7 @@ def test_save_only_model_and_save_model(tmp_path):
     trainer.train()
     assert sorted(os.listdir(tmp_path / "out" / "checkpoint-2")) == sorted([
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-        "training_args.bin", "trainer_state.json",
+        "training_args.bin", "trainer_state.json", "checkpoint_manifest.json",
     ])
     trainer.save_model()
     root = sorted(p for p in os.listdir(tmp_path / "out") if not p.startswith("checkpoint-"))
