@@ -229,10 +229,13 @@ def finalize_checkpoint(output_dir: str | Path, step: int, run: str, check_held:
                                 f"{CHECKPOINT_PREFIX}-{step}.")
     if check_held is not None:
         check_held()
-    if manifest:
+    def list_files() -> None:
         write_manifest(tmp, step)
-    if durable:
-        fsync_tree(tmp)
+
+    if durable:  # the checksums are computed while the device stores the files (`fsync_tree`)
+        fsync_tree(tmp, during=list_files if manifest else None)
+    elif manifest:
+        list_files()
     final = output_dir / f"{CHECKPOINT_PREFIX}-{step}"
     replace_checkpoint(tmp, final, run)
     return final
