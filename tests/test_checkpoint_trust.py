@@ -278,3 +278,6 @@ def test_the_finite_check_names_the_first_bad_tensor_and_not_a_huge_finite_one()
     with torch.no_grad():
         huge.bias[1] = float("-inf")
     assert first_nonfinite(huge) == ("bias", "inf")
+    masked = torch.nn.Linear(2, 2)
+    masked.register_buffer("mask", torch.full((2, 2), float("-inf")))  # a mask kept as -inf on purpose: not a weight
+    assert first_nonfinite(masked) is None

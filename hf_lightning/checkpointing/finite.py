@@ -6,10 +6,11 @@ picks it and `save_total_limit` rotates the good ones away. hf_lightning stops a
 (`NonFiniteWeightsError`, raised by `callbacks/checkpoint_saver.py`) unless `save_nonfinite_checkpoints=True`.
 
 The check is one fused pass: `torch._foreach_norm` (2-norm, accumulated in float32) over every floating parameter
-and buffer, whose results are finite exactly when the tensor is (a float32 overflow of a finite tensor's norm is
-confirmed per tensor with `isfinite`, so a huge but finite weight is not mistaken for inf). Under sharding each
-process checks its own shards (a `DTensor`'s local tensor, DeepSpeed ZeRO-3's partition) and the processes agree
-through one sum of the per-tensor flags (`reduce`), so all of them name the same first non-finite tensor.
+(not the buffers: some models keep `-inf` masks there on purpose), whose results are finite exactly when the tensor
+is (a float32 overflow of a finite tensor's norm is confirmed per tensor with `isfinite`, so a huge but finite
+weight is not mistaken for inf). Under sharding each process checks its own shards (a `DTensor`'s local tensor,
+DeepSpeed ZeRO-3's partition) and the processes agree through one sum of the per-tensor flags (`reduce`), so all of
+them name the same first non-finite tensor.
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _named_tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """The floating parameters and buffers of `model` (each shared tensor once), in the model's order."""
-    named = [*model.named_parameters(), *model.named_buffers()]
-    return [(name, _local(t).detach()) for name, t in named if t.is_floating_point()]
+    """The floating parameters of `model` (each shared tensor once), in the model's order."""
+    return [(name, _local(t).detach()) for name, t in model.named_parameters() if t.is_floating_point()]
 
 
 def nonfinite_flags(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -59,7 +59,7 @@ def nonfinite_flags(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 def first_nonfinite(model: nn.Module, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None
                     ) -> tuple[str, str] | None:
-    """`(name, "NaN" | "inf" | "NaN or inf")` of the first parameter or buffer of `model` that is not finite, or None.
+    """`(name, "NaN" | "inf" | "NaN or inf")` of the first parameter of `model` that is not finite, or None.
 
     Args:
         model: the model (plain, or sharded: each process checks its shards).
