@@ -10,13 +10,18 @@ sides every repeat (ABAB...):
   rotation (no limit);
 - `ours`: `CheckpointSaver.save` as `HFTrainerFlow` calls it: the same files plus `lightning_state.pt`, written into
   `tmp-checkpoint-<n>-<run>`, every file and folder flushed (`fsync`), renamed, the parent flushed, then rotation;
-- `ours-nofsync`: the same without the flushes (`saver.durable = False`), to measure what durability costs.
+- `ours-nofsync`: the same without the flushes (`saver.durable = False`), to measure what durability costs;
+- `ours-nomanifest`: the same without the manifest (`saver.manifest = False`): what the checksums of every file
+  (`checkpoint_manifest.json`, xxh3_128) cost inside a real save.
 
-The three alternate every repeat (rotating order). Each timed save goes to a new step number (so no save replaces
+The four alternate every repeat (rotating order). Each timed save goes to a new step number (so no save replaces
 an existing folder); the folder is deleted after the timing, outside the timed region. Reported: the median time
-per save of each side, the ratio ours / hf (target: <= 1.0, "not slower") and ours / ours-nofsync (the cost of
-`fsync`), plus the per-repeat paired ratios' medians. `--dir` chooses the file system (default: the temp dir):
-the cost of `fsync` depends on it (tmpfs: none; a local SSD: the time to write the checkpoint's bytes).
+per save of each side, the ratio ours / hf (target: <= 1.0, "not slower"), ours / ours-nofsync (the cost of
+`fsync`) and ours / ours-nomanifest (the cost of the manifest, target <= 1.05), plus the per-repeat paired ratios'
+medians. The manifest is also timed alone (`write_manifest` on a just-written checkpoint folder, its files in the
+page cache as right after a save), with blake2b (hashlib) in place of xxh3_128 for comparison. `--dir` chooses the
+file system (default: the temp dir): the cost of `fsync` depends on it (tmpfs: none; a local SSD: the time to write
+the checkpoint's bytes).
 
 Usage: python bench/bench_checkpoint_save.py [--repeats 25] [--threads 1] [--dir PATH] [--json out.json]
 """
@@ -64,11 +69,16 @@ def build_ours(root: str):
     return trainer
 
 
+CPU: dict[str, list[float]] = {}
+"""Process CPU seconds (all threads) of each timed save, by side: what the save costs whatever the machine's load."""
+
+
 def save_hf(trainer, step: int, keep: bool = False) -> float:
     trainer.state.global_step = step
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     trainer._save_checkpoint(trainer.model, trial=None)
     elapsed = time.perf_counter() - start
+    CPU.setdefault("hf", []).append(time.process_time() - cpu)
     if not keep:
         shutil.rmtree(os.path.join(trainer.args.output_dir, f"checkpoint-{step}"))
     return elapsed
@@ -78,9 +88,11 @@ def save_ours(trainer, step: int, keep: bool = False, durable: bool = True) -> f
     flow = trainer.flow
     flow.state.global_step = step
     flow.saver.durable = durable
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     flow.saver.save(trainer.lightning_trainer, trainer.module, flow.state, [*flow.handler.callbacks, flow.control])
     elapsed = time.perf_counter() - start
+    side = "ours" if durable and flow.saver.manifest else "ours-nofsync" if flow.saver.manifest else "ours-nomanifest"
+    CPU.setdefault(side, []).append(time.process_time() - cpu)
     if not keep:
         shutil.rmtree(os.path.join(trainer.args.output_dir, f"checkpoint-{step}"))
     return elapsed
@@ -88,6 +100,40 @@ def save_ours(trainer, step: int, keep: bool = False, durable: bool = True) -> f
 
 def save_ours_nofsync(trainer, step: int, keep: bool = False) -> float:
     return save_ours(trainer, step, keep, durable=False)
+
+
+def save_ours_nomanifest(trainer, step: int, keep: bool = False) -> float:
+    trainer.flow.saver.manifest = False
+    try:
+        return save_ours(trainer, step, keep)
+    finally:
+        trainer.flow.saver.manifest = True
+
+
+def time_manifest_alone(folder: str, repeats: int) -> dict[str, float]:
+    """Median seconds to checksum every file of `folder` and write the manifest (xxh3_128), and to checksum them
+    with blake2b instead (the fastest strong hash of hashlib here)."""
+    import hashlib
+
+    from hf_lightning.checkpointing.manifest import MANIFEST_NAME, write_manifest
+
+    def blake2b_all() -> None:
+        for root, _, names in os.walk(folder):
+            for name in names:
+                if name != MANIFEST_NAME:
+                    with open(os.path.join(root, name), "rb") as f:
+                        hashlib.file_digest(f, "blake2b")
+
+    times: dict[str, list[float]] = {"xxh3_128 manifest": [], "blake2b checksums": [], "xxh3_128 manifest CPU": []}
+    for _ in range(repeats):
+        start, cpu = time.perf_counter(), time.process_time()
+        write_manifest(folder, 1001)
+        times["xxh3_128 manifest"].append(time.perf_counter() - start)
+        times["xxh3_128 manifest CPU"].append(time.process_time() - cpu)
+        start = time.perf_counter()
+        blake2b_all()
+        times["blake2b checksums"].append(time.perf_counter() - start)
+    return {name: median(values) for name, values in times.items()}
 
 
 def main() -> None:
@@ -102,7 +148,8 @@ def main() -> None:
         hf_trainer, our_trainer = build_hf(root), build_ours(root)
         our_trainer.flow.saver.begin_run(our_trainer.lightning_trainer)  # the lock and run id `train()` gave back
         sides = {"hf": (save_hf, hf_trainer), "ours": (save_ours, our_trainer),
-                 "ours-nofsync": (save_ours_nofsync, our_trainer)}
+                 "ours-nofsync": (save_ours_nofsync, our_trainer),
+                 "ours-nomanifest": (save_ours_nomanifest, our_trainer)}
         for saver, trainer in sides.values():
             saver(trainer, 1000)  # warm-up (first-call imports, allocator)
         files = {}
@@ -110,10 +157,12 @@ def main() -> None:
             saver(trainer, 1001, keep=True)
             folder = os.path.join(trainer.args.output_dir, "checkpoint-1001")
             files[name] = {f: os.path.getsize(os.path.join(folder, f)) for f in sorted(os.listdir(folder))}
+        alone = time_manifest_alone(os.path.join(our_trainer.args.output_dir, "checkpoint-1001"), options.repeats)
         times: dict[str, list[float]] = {name: [] for name in sides}
+        CPU.clear()  # the warm-up saves are not counted
         names = list(sides)
         for repeat in range(options.repeats):
-            for name in names[repeat % 3:] + names[: repeat % 3]:  # rotate the order every repeat
+            for name in names[repeat % len(names):] + names[: repeat % len(names)]:  # rotate the order every repeat
                 saver, trainer = sides[name]
                 times[name].append(saver(trainer, 2000 + repeat))
         our_trainer.flow.saver.end_run()
@@ -121,6 +170,8 @@ def main() -> None:
     hf_median, our_median, plain_median = median(times["hf"]), median(times["ours"]), median(times["ours-nofsync"])
     paired = median([o / h for o, h in zip(times["ours"], times["hf"])])
     fsync_paired = median([o / p for o, p in zip(times["ours"], times["ours-nofsync"])])
+    bare_median = median(times["ours-nomanifest"])
+    manifest_paired = median([o / p for o, p in zip(times["ours"], times["ours-nomanifest"])])
     for name, listing in files.items():
         print(f"  {name} files: " + ", ".join(f"{f} ({size / 1e6:.2f} MB)" for f, size in listing.items()))
     params = sum(p.numel() for p in our_trainer.model.parameters()) / 1e6
@@ -133,10 +184,24 @@ def main() -> None:
           f"target <= 1.0: {'met' if our_median / hf_median <= 1.0 else 'NOT met'}")
     print(f"  cost of fsync: ours/ours-nofsync of medians {our_median / plain_median:.3f}, paired "
           f"{fsync_paired:.3f} ({(our_median - plain_median) * 1000:+.1f} ms per save)")
+    print(f"  ours without manifest (saver.manifest=False): median {bare_median * 1000:7.1f} ms")
+    print(f"  cost of the manifest: ours/ours-nomanifest of medians {our_median / bare_median:.3f}, paired "
+          f"{manifest_paired:.3f} ({(our_median - bare_median) * 1000:+.1f} ms per save)")
+    for name in ("xxh3_128 manifest", "blake2b checksums"):
+        seconds = alone[name]
+        print(f"  {name} alone, files in the page cache: median {seconds * 1000:6.2f} ms = "
+              f"{seconds / our_median:.1%} of our save's wall time (target <= 5%)")
+    cpu = {name: median(values) for name, values in CPU.items() if values}
+    print("  CPU time per save (process, all threads; independent of other processes' load): " + ", ".join(
+        f"{name} {seconds * 1000:.1f} ms" for name, seconds in cpu.items()))
+    print(f"  xxh3_128 manifest alone: {alone['xxh3_128 manifest CPU'] * 1000:.2f} ms CPU = "
+          f"{alone['xxh3_128 manifest CPU'] / cpu['ours']:.1%} of our save's CPU time (target <= 5%)")
     if options.json:
         with open(options.json, "w") as f:
             json.dump({**times, "ratio_of_medians": our_median / hf_median, "median_paired_ratio": paired,
                        "fsync_ratio_of_medians": our_median / plain_median, "fsync_median_paired_ratio": fsync_paired,
+                       "manifest_ratio_of_medians": our_median / bare_median,
+                       "manifest_median_paired_ratio": manifest_paired, "manifest_alone": alone, "cpu": CPU,
                        "files": files}, f, indent=2)
 
 

@@ -53,7 +53,7 @@ def test_checkpoint_layout_schema_and_from_pretrained_logits(tmp_path):
     assert sorted(os.listdir(folder)) == sorted([
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
         "training_args.bin", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json",
-        "lightning_state.pt",
+        "lightning_state.pt", "checkpoint_manifest.json",
     ])
     state = json.loads((folder / "trainer_state.json").read_text())
     assert set(state) == {f.name for f in dataclasses.fields(transformers.TrainerState)}  # HF's full schema
@@ -76,7 +76,7 @@ def test_save_only_model_and_save_model(tmp_path):
     trainer.train()
     assert sorted(os.listdir(tmp_path / "out" / "checkpoint-2")) == sorted([
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-        "training_args.bin", "trainer_state.json",
+        "training_args.bin", "trainer_state.json", "checkpoint_manifest.json",
     ])
     trainer.save_model()
     root = sorted(p for p in os.listdir(tmp_path / "out") if not p.startswith("checkpoint-"))

@@ -111,3 +111,29 @@ def test_two_process_save_and_exact_resume(tmp_path, strategy):
         assert torch.equal(reloaded.state_dict()[name], tensor), name
         assert torch.equal(weights[name], tensor), name  # the resumed run ends where the uninterrupted one did
     assert not [p for p in os.listdir(tmp_path / "full") if p.startswith("tmp-")]
+    # every checkpoint carries a manifest written by the rank that finalised it, after every rank's files existed
+    # (the other rank's RNG file, the optimizer shards, with save_async too), and verifies
+    from hf_lightning.checkpointing.verify import verify_path
+
+    verdicts = verify_path(tmp_path / "full")
+    assert [v.folder.name for v in verdicts] == ["checkpoint-4", "checkpoint-6"]
+    assert all(v.ok and v.has_manifest for v in verdicts), [v.problems for v in verdicts]
+    listed = json.loads((folder / "checkpoint_manifest.json").read_text())["files"]
+    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "trainer_state.json"} <= set(listed)
+    assert any(name.startswith("optimizer_sharded/") for name in listed) == sharded
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_a_nan_in_one_ranks_shard_stops_every_rank_before_the_save(tmp_path, strategy):
+    """Rank 1 alone holds a NaN (in its FSDP2 shard) at the save of update 4: one sum over the processes makes every
+    rank refuse the save naming the same parameter (without it, rank 0 would enter the save's collectives alone)."""
+    result = tmp_path / "result.json"
+    proc = _run("nonfinite", str(tmp_path), strategy, str(result), cwd=tmp_path)
+    outcomes = [json.loads((tmp_path / f"result.json.{rank}").read_text()) for rank in (0, 1)]
+    assert all(o["error"] == "NonFiniteWeightsError" for o in outcomes), (outcomes, proc.stderr[-3000:])
+    assert [o["sharded"] for o in outcomes] == [strategy == "fsdp2"] * 2
+    for rank, outcome in enumerate(outcomes):
+        kind = "NaN" if rank == 1 else "NaN or inf"  # rank 0's own shard is finite
+        assert outcome["message"].startswith(f"Saving at step 4: the model's weights are not finite "
+                                             f"('transformer.h.1.mlp.c_fc.weight' holds {kind}), so no checkpoint-4")
+    assert sorted(os.listdir(tmp_path / "out")) == ["checkpoint-2"]

@@ -96,7 +96,7 @@ def test_lora_trains_like_hf_and_writes_hfs_peft_files(uninterrupted):
     assert sorted(p.name for p in (root / "ours").iterdir()) == sorted(p.name for p in (root / "hf").iterdir())
     ours, theirs = ({p.name for p in (root / d / "checkpoint-4").iterdir()} for d in ("ours", "hf"))
     assert "adapter_model.safetensors" in theirs and "adapter_config.json" in theirs
-    assert ours == theirs | {"lightning_state.pt"}
+    assert ours == theirs | {"lightning_state.pt", "checkpoint_manifest.json"}
     # only the adapter is trained and saved: the base weights are those of the untrained model
     saved = load_file(str(root / "ours" / "checkpoint-4" / "adapter_model.safetensors"))
     assert saved and all("lora_" in key for key in saved)

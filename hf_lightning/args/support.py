@@ -96,6 +96,9 @@ OURS: dict[str, str] = {
     "include_throughput": "`tokens_per_second` (and `mfu`) in every training log entry, `train_tokens_per_second` "
                           "(and `train_mfu`) in the end-of-training metrics",
     "peak_flops_per_device": "the device's peak FLOP/s for `mfu` (default: from a table of GPUs and the precision)",
+    "save_nonfinite_checkpoints": "default False: a save whose weights hold a NaN or inf stops the run with "
+                                  "`NonFiniteWeightsError` (the step, the first such parameter) and writes nothing, "
+                                  "so the last checkpoint stays the newest; True saves them, as HF does",
 }
 """hf_lightning's own fields (not in `transformers.TrainingArguments`), with what they do (the README map's rows)."""
 

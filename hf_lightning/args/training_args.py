@@ -334,6 +334,9 @@ class TrainingArguments(ProcessLayoutMixin):
     `mfu` with every training log entry, and their averages in the end-of-training metrics."""
     peak_flops_per_device: float | None = None
     """Peak FLOP/s of one device for `mfu` (default: looked up from the GPU name and precision; unknown on CPU)."""
+    save_nonfinite_checkpoints: bool = False
+    """Write a checkpoint even when a weight is NaN or inf (HF's behaviour). By default such a save stops the run
+    with `NonFiniteWeightsError` naming the step and the first non-finite parameter, and writes nothing."""
 
     def __post_init__(self) -> None:
         normalise_and_check(self)

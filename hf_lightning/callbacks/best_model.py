@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.checkpointing.verify import checkpoint_error, checkpoint_problems
 from hf_lightning.checkpointing.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 from hf_lightning.hf_messages import logger
 from hf_lightning.resume.load import load_weights
@@ -120,11 +121,19 @@ class BestModelTracker:
 
     def load_best(self, model: Any, state: Any, strategy: Any = None) -> None:
         """`load_best_model_at_end` (T:2001-2003, 2280-2353): the best checkpoint's weights into `model` (sharded by
-        `strategy`, if any: FSDP, DeepSpeed ZeRO-3)."""
+        `strategy`, if any: FSDP, DeepSpeed ZeRO-3), once the folder is verified (`checkpointing/verify.py`).
+
+        Raises:
+            DamagedCheckpointError: a file of the best checkpoint is damaged or altered since its save (named, with
+                the previous good checkpoint).
+        """
         folder = state.best_model_checkpoint
         if not self.args.load_best_model_at_end or folder is None:
             return
         logger.info(f"Loading best model from {folder} (score: {state.best_metric}).")  # T:3737
+        problems = checkpoint_problems(folder)
+        if problems:
+            raise checkpoint_error(folder, problems, what="load_best_model_at_end")
         weights = weights_file(folder)  # full weights, or a PEFT model's adapter
         if weights is None:
             raise FileNotFoundError(f"load_best_model_at_end: no weights file in {folder} (expected one of "

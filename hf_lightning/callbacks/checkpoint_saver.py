@@ -4,7 +4,9 @@ tracking: `best_model.py`).
 - `begin_run` / `end_run` bracket a `fit`: rank 0 takes the output-directory lock (`checkpointing/run_lock.py`),
   removes what killed runs left behind (`checkpointing/folders.py`), and every rank learns the run id that names
   this run's temporary folders.
-- `save` is `Trainer._save_checkpoint` (T:3355-3422): point `best_model_checkpoint` at
+- `save` is `Trainer._save_checkpoint` (T:3355-3422), after one difference: weights holding a NaN or inf stop the run
+  with `NonFiniteWeightsError` and no checkpoint (`checkpointing/finite.py`; `save_nonfinite_checkpoints=True`
+  saves them, as HF does). Then: point `best_model_checkpoint` at
   `checkpoint-<best_global_step>` if that folder exists, write `tmp-checkpoint-<step>-<run>` (rank 0 the shared
   files, every rank its RNG file, all ranks the FSDP and DeepSpeed collectives), check, flush and rename it on
   rank 0 once all ranks are done, then rotate with HF's rule on rank 0 after a barrier. Rotation deletes by
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import torch
 
 from hf_lightning._lightning_compat import datamodule_of, grad_scaler, position_in_epoch
 from hf_lightning.args import TrainingArguments
@@ -33,7 +36,14 @@ from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.background import BackgroundWriter, mark_failed, mark_written, wait_for_ranks
 from hf_lightning.checkpointing.checks import output_dir_problem
 from hf_lightning.checkpointing.content import CheckpointContent, StreamPosition, cpu_copy, write_content
-from hf_lightning.checkpointing.folders import clean_leftovers, list_checkpoints, remove_checkpoint, tmp_folder
+from hf_lightning.checkpointing.finite import NonFiniteWeightsError, first_nonfinite
+from hf_lightning.checkpointing.folders import (
+    checkpoint_folders,
+    clean_leftovers,
+    list_checkpoints,
+    remove_checkpoint,
+    tmp_folder,
+)
 from hf_lightning.checkpointing.io import (
     CHECKPOINT_PREFIX,
     SHARDED_OPTIMIZER_DIR,
@@ -104,6 +114,8 @@ class CheckpointSaver:
         """This run's id (every rank): names its temporary folders; None outside `begin_run` / `end_run`."""
         self.durable = True
         """Flush files and folders before renaming a checkpoint into place (False only to measure the cost)."""
+        self.manifest = True
+        """Write each checkpoint's manifest of checksums (False only to measure the cost)."""
         self.background = BackgroundWriter()
         """The save in flight with `save_async=True`."""
         self.save_model: Callable[[str], None] | None = None
@@ -169,6 +181,8 @@ class CheckpointSaver:
         if self.args.save_async:
             self.background.wait()  # the previous save of this process is complete (at most one in flight)
         step = state.global_step
+        if not self.args.save_nonfinite_checkpoints:
+            self._refuse_nonfinite(trainer, pl_module, step)
         if self.args.save_strategy in ("steps", "epoch", "best") and state.best_global_step:
             best = os.path.join(self.output_dir, f"{CHECKPOINT_PREFIX}-{state.best_global_step}")
             if os.path.exists(best) or state.best_global_step == step:
@@ -182,6 +196,33 @@ class CheckpointSaver:
         if trainer.is_global_zero:
             self._rotate(state.best_model_checkpoint)
         trainer.strategy.barrier("hf_lightning_rotate")
+
+    def _refuse_nonfinite(self, trainer: pl.Trainer, pl_module: pl.LightningModule, step: int) -> None:
+        """Stop before writing `checkpoint-<step>` when a weight is NaN or inf (every process, the same decision).
+
+        Raises:
+            NonFiniteWeightsError: naming the step, the first non-finite tensor and the checkpoint that is kept.
+        """
+        strategy = trainer.strategy
+
+        def total(flags: torch.Tensor) -> torch.Tensor:
+            return strategy.reduce(flags.to(strategy.root_device), reduce_op="sum")
+
+        found = first_nonfinite(flow_model(pl_module), total if trainer.world_size > 1 else None)
+        if found is None:
+            return
+        name, kind = found
+        earlier = {n: path for n, path in checkpoint_folders(self.output_dir).items() if n < step}
+        kept = (f"The newest checkpoint, {str(earlier[max(earlier)])!r}, is kept (nothing rotates it away); resume "
+                "from it (resume_from_checkpoint=True) once the cause is fixed." if earlier
+                else "No checkpoint was saved before it.")
+        raise NonFiniteWeightsError(
+            f"Saving at step {step}: the model's weights are not finite ({name!r} holds {kind}), so no "
+            f"{CHECKPOINT_PREFIX}-{step} is written and training stops. {kept} A NaN or inf weight usually comes from "
+            "the data (a NaN or inf label or feature), a learning_rate too high, or an fp16 overflow; the logged loss "
+            "shows when it started. To save such weights anyway, as transformers.Trainer does, pass "
+            "save_nonfinite_checkpoints=True."
+        )
 
     def wait(self, trainer: pl.Trainer) -> None:
         """Block until the background save (if any) is complete on every process; re-raise its error."""
@@ -218,7 +259,7 @@ class CheckpointSaver:
             raise
         if trainer.is_global_zero:
             finalize_checkpoint(self.output_dir, step, run, self.lock.check_held if self.lock else None,
-                                durable=self.durable)
+                                durable=self.durable, manifest=self.manifest)
 
     def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int, tmp: Path,
                      epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
@@ -315,7 +356,7 @@ class CheckpointSaver:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         finalize_checkpoint(self.output_dir, step, self._run_id(), self.lock.check_held if self.lock else None,
-                            durable=self.durable)
+                            durable=self.durable, manifest=self.manifest)
         self._rotate(best)
 
     def finish(self, trainer: pl.Trainer, state: Any) -> None:

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -76,15 +77,26 @@ def fsync_file(path: str | Path) -> None:
 fsync_dir = fsync_file
 
 
-def fsync_tree(folder: str | Path) -> None:
+def fsync_tree(folder: str | Path, during: Callable[[], None] | None = None) -> None:
     """Flush every file of `folder` (recursively), then every directory, bottom-up.
 
     The files are flushed from a few threads at once (`fsync` releases the GIL): the device then writes them in
-    parallel, which measured faster than one after the other (bench/README.md)."""
+    parallel, which measured faster than one after the other (bench/README.md). `during` runs in this thread while
+    they are flushed (the checkpoint's checksums: CPU work that then costs no time of its own while the device
+    writes); the files it creates in `folder` are flushed after it."""
     walked = list(os.walk(folder, topdown=False))
     files = [os.path.join(root, name) for root, _, names in walked for name in names]
     with ThreadPoolExecutor(max_workers=min(8, max(len(files), 1))) as pool:
-        list(pool.map(fsync_file, files))
+        flushed = pool.map(fsync_file, files)  # every flush is submitted now
+        if during is not None:
+            during()
+        list(flushed)
+    if during is not None:
+        known = set(files)
+        for root, _, names in os.walk(folder):
+            for name in names:
+                if os.path.join(root, name) not in known:
+                    fsync_file(os.path.join(root, name))
     for root, _, _ in walked:
         fsync_dir(root)
 

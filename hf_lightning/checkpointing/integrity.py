@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from hf_lightning.checkpointing.folders import checkpoint_folders
 from hf_lightning.checkpointing.weight_files import adapter_subfolders
 
 __all__ = ["DamagedCheckpointError", "damaged_file_error", "file_problem", "folder_problems",
-           "previous_complete_checkpoint"]
+           "previous_complete_checkpoint", "step_problem"]
 
 _CHECKED_SUFFIXES = (".json", ".safetensors", ".pt", ".pth", ".bin")
 
@@ -95,24 +96,49 @@ def folder_problems(folder: str | Path) -> dict[str, str]:
     return problems
 
 
-def previous_complete_checkpoint(folder: str | Path) -> Path | None:
-    """The newest `checkpoint-<m>` beside `folder` with m below its step whose files are all whole, or None."""
+def step_problem(folder: str | Path) -> str | None:
+    """Why `trainer_state.json`'s `global_step` is not the step of the folder's name `checkpoint-<n>`, else None.
+
+    A resume continues from `global_step` on the folder's weights: a state from another step would silently skip
+    (or repeat) updates. Folders not named `checkpoint-<n>`, and a missing or unreadable state file (reported by the
+    other checks), pass here.
+    """
+    folder = Path(folder)
+    prefix, _, suffix = folder.name.rpartition("-")
+    if prefix != "checkpoint" or not suffix.isdigit():
+        return None
+    try:
+        step = json.loads((folder / "trainer_state.json").read_text()).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if step != int(suffix):
+        return (f"its global_step is {step!r}, but the folder is {folder.name} (a state file from another step, or "
+                "an edited one)")
+    return None
+
+
+def previous_complete_checkpoint(folder: str | Path, is_good: Callable[[Path], bool] | None = None) -> Path | None:
+    """The newest `checkpoint-<m>` beside `folder` with m below its step whose files are all whole (`is_good`, when
+    given, decides instead), or None."""
     folder = Path(folder)
     step = folder.name.rpartition("-")[2]
     if not step.isdigit():
         return None
     for other_step, other in sorted(checkpoint_folders(folder.parent).items(), reverse=True):
-        if other_step < int(step) and not folder_problems(other) and (other / "trainer_state.json").is_file():
+        if other_step >= int(step):
+            continue
+        if is_good(other) if is_good is not None else (
+                not folder_problems(other) and (other / "trainer_state.json").is_file()):
             return other
     return None
 
 
-def damaged_file_error(folder: str | Path, problems: dict[str, str], what: str = "resume_from_checkpoint"
-                       ) -> DamagedCheckpointError:
+def damaged_file_error(folder: str | Path, problems: dict[str, str], what: str = "resume_from_checkpoint",
+                       is_good: Callable[[Path], bool] | None = None) -> DamagedCheckpointError:
     """The error for the damaged files (`{name: problem}`) of checkpoint `folder`, suggesting the previous
-    complete checkpoint."""
+    complete checkpoint (`is_good`: what counts as complete, see `previous_complete_checkpoint`)."""
     folder = Path(folder)
-    previous = previous_complete_checkpoint(folder)
+    previous = previous_complete_checkpoint(folder, is_good)
     if previous is not None:
         advice = (f"The previous complete checkpoint is {str(previous)!r}: move {folder.name} out of "
                   f"{str(folder.parent)!r} and resume with resume_from_checkpoint=True (or pass that folder).")

@@ -7,7 +7,8 @@ lock still names this run) and flushed to disk. The file set is HF's (T:3355-342
 (safetensors), tokenizer / processor files, `training_args.bin`, and unless `save_only_model`: `optimizer.pt`,
 `scheduler.pt`, `scaler.pt` (fp16), `rng_state.pth` (per rank under DDP: `rng_state_<rank>.pth`), then
 `trainer_state.json`. hf_lightning adds `lightning_state.pt` (Lightning loop position and Lightning callback states,
-a few KB; never the weights) and, under FSDP2, `optimizer_sharded/` (a `torch.distributed.checkpoint` folder)
+a few KB; never the weights), `checkpoint_manifest.json` (every file's size and checksum, `manifest.py`) and, under
+FSDP2, `optimizer_sharded/` (a `torch.distributed.checkpoint` folder)
 instead of `optimizer.pt`.
 
 A write that fails for lack of space raises `CheckpointWriteError` naming the file and the free space; the
@@ -39,6 +40,7 @@ from hf_lightning.checkpointing.folders import (
     replace_checkpoint,
     tmp_folder,
 )
+from hf_lightning.checkpointing.manifest import write_manifest
 from hf_lightning.checkpointing.permissions import apply_umask
 from hf_lightning.checkpointing.weight_files import weights_file
 
@@ -200,12 +202,17 @@ def write_training_files(folder: str | Path, *, optimizer: Any = None, scheduler
 
 
 def finalize_checkpoint(output_dir: str | Path, step: int, run: str, check_held: Callable[[], None] | None = None,
-                        durable: bool = True) -> Path:
-    """Check, flush and rename the complete `tmp-checkpoint-<step>-<run>` to `checkpoint-<step>`; return the path.
+                        durable: bool = True, manifest: bool = True) -> Path:
+    """Check, list, flush and rename the complete `tmp-checkpoint-<step>-<run>` to `checkpoint-<step>`; return the
+    path.
+
+    The manifest (`manifest.py`: every file's size and checksum) is written after every file exists and before the
+    flush, so a `checkpoint-<n>` without a valid one was not written by this function.
 
     `check_held` raises when this run no longer holds the output-directory lock (the rename would put a folder
     among another run's). An existing folder of the same step (a resumed run saving again) is replaced
-    (`folders.replace_checkpoint`). `durable=False` skips the flushes (measuring their cost only).
+    (`folders.replace_checkpoint`). `durable=False` skips the flushes, `manifest=False` the manifest (measuring
+    their cost only: bench/bench_checkpoint_save.py).
 
     Raises:
         FileNotFoundError: the temporary folder is missing or lacks its weights (the model's or a PEFT adapter's)
@@ -222,8 +229,13 @@ def finalize_checkpoint(output_dir: str | Path, step: int, run: str, check_held:
                                 f"{CHECKPOINT_PREFIX}-{step}.")
     if check_held is not None:
         check_held()
-    if durable:
-        fsync_tree(tmp)
+    def list_files() -> None:
+        write_manifest(tmp, step)
+
+    if durable:  # the checksums are computed while the device stores the files (`fsync_tree`)
+        fsync_tree(tmp, during=list_files if manifest else None)
+    elif manifest:
+        list_files()
     final = output_dir / f"{CHECKPOINT_PREFIX}-{step}"
     replace_checkpoint(tmp, final, run)
     return final

@@ -1,4 +1,5 @@
-"""The `hf-lightning` command: `quickstart`, and `fit|validate|predict --config <yaml>` (a `LightningCLI`).
+"""The `hf-lightning` command: `quickstart`, `verify PATH` (checkpoints, `cli/verify.py`), and
+`fit|validate|predict --config <yaml>` (a `LightningCLI`).
 
 A config has these sections::
 
@@ -32,12 +33,13 @@ from typing import Any
 
 __all__ = ["main", "run_cli"]
 
-_USAGE = """usage: hf-lightning {quickstart,fit,validate,predict} [options]
+_USAGE = """usage: hf-lightning {quickstart,fit,validate,predict,verify} [options]
 
   quickstart   train a tiny BERT on a generated sentiment task (CPU, well under a minute, no downloads)
   fit          train from a YAML config (LightningCLI; `hf-lightning fit --help` lists every option)
   validate     evaluate from a YAML config (prints the metrics, writes eval_results.json)
   predict      predict from a YAML config (writes predictions.npz in args.output_dir)
+  verify       check checkpoint folders against their manifests (`hf-lightning verify OUTPUT_DIR`)
 
 example:
   hf-lightning fit --config configs/text_classification.yaml --args.max_steps 50 --trainer.devices 2 \\
@@ -97,6 +99,10 @@ def main(argv: list[str] | None = None) -> None:
 
         quickstart(args[1:])
         return
+    if args[0] == "verify":
+        from hf_lightning.cli.verify import verify_main
+
+        sys.exit(verify_main(args[1:]))
     if args[0] in ("fit", "validate", "predict"):
         run_cli(args)
         return

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from hf_lightning.checkpointing.folders import checkpoint_folders, restorable_checkpoints
-from hf_lightning.checkpointing.integrity import damaged_file_error, folder_problems
+from hf_lightning.checkpointing.integrity import folder_problems
 from hf_lightning.checkpointing.io import (
     LIGHTNING_STATE_NAME,
     SHARDED_OPTIMIZER_DIR,
     TRAINER_STATE_NAME,
     rng_file_name,
 )
+from hf_lightning.checkpointing.verify import checkpoint_error, checkpoint_problems
 from hf_lightning.checkpointing.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 from hf_lightning.resume.same_run import argument_differences
 
@@ -62,15 +63,16 @@ class CheckpointFiles:
     """DeepSpeed's own checkpoint (`global_step<N>/` and `latest`, written under DeepSpeed, as HF's): the folder."""
 
 
-def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> CheckpointFiles:
-    """The files of checkpoint folder `path`.
+def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0, verify: bool = True) -> CheckpointFiles:
+    """The files of checkpoint folder `path`, verified (`checkpointing/verify.py`: whole files, the manifest's
+    checksums, the step of `trainer_state.json`); `verify=False` checks only that the files are there and whole.
 
     Raises:
         FileNotFoundError: the folder does not exist; no weights file; no `trainer_state.json`; one of
             `optimizer.pt` / `scheduler.pt` without the other, or RNG / Lightning state without either (a
             half-copied checkpoint).
-        DamagedCheckpointError: a truncated or corrupted file (each one named, the previous complete checkpoint
-            suggested).
+        DamagedCheckpointError: a truncated, corrupted or altered file, or a `trainer_state.json` of another step
+            (each one named, the previous good checkpoint suggested).
     """
     folder = Path(path)
     where = f"resume_from_checkpoint={str(folder)!r}"
@@ -101,9 +103,9 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
         # a `save_only_model` folder has no RNG or loop state either: this one lost its optimizer files
         raise FileNotFoundError(f"{where}: incomplete checkpoint, optimizer.pt and scheduler.pt are missing "
                                 f"({', '.join(training_state)} exist, so it was not saved with save_only_model).")
-    problems = folder_problems(folder)
+    problems = checkpoint_problems(folder) if verify else folder_problems(folder)
     if problems:
-        raise damaged_file_error(folder, problems)
+        raise checkpoint_error(folder, problems)
     return CheckpointFiles(
         path=folder, weights=weights, optimizer=optimizer, sharded_optimizer=sharded, scheduler=scheduler,
         scaler=optional("scaler.pt"), rng=optional(rng_file_name(world_size, rank)),
@@ -113,7 +115,7 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0) -> Ch
 
 def resolve_checkpoint(output_dir: str, resume_from_checkpoint: str | bool, world_size: int = 1, rank: int = 0
                        ) -> str:
-    """The checkpoint folder to resume from, checked for completeness.
+    """The checkpoint folder to resume from, checked for completeness and verified (`check_checkpoint`).
 
     Raises:
         ValueError: `True` with no checkpoint in `output_dir` (HF's message).

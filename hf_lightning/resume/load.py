@@ -30,10 +30,10 @@ from torch import nn
 from hf_lightning._lightning_compat import datamodule_of, grad_scaler, restart_train_iterator
 from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.adapters import load_adapter_checkpoint
-from hf_lightning.checkpointing.integrity import damaged_file_error
 from hf_lightning.checkpointing.io import TRAINER_STATE_NAME
 from hf_lightning.checkpointing.lightning_state import epoch_geometry, geometry_changes, restore_callback_states
 from hf_lightning.checkpointing.stream_position import read_stream_position
+from hf_lightning.checkpointing.verify import checkpoint_error
 from hf_lightning.checkpointing.weight_files import is_adapter_file
 from hf_lightning.contracts import FlowDataModule, ResumableTrainStream, flow_model
 from hf_lightning.hf_messages import logger as hf_logger
@@ -44,6 +44,7 @@ from hf_lightning.parallel.checkpoint import (
     load_full_weights,
     optimizer_shard_owner,
 )
+from hf_lightning.resume.changed_settings import read_recorded_arguments, setting_changes
 from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
@@ -57,6 +58,7 @@ from hf_lightning.resume.position import (
     nothing_left_to_train,
     resume_position,
 )
+from hf_lightning.resume.same_run import plain_values
 
 __all__ = ["CheckpointRestorer", "load_weights", "read_file", "read_weights", "start_fit", "weight_mismatches"]
 
@@ -75,7 +77,7 @@ def read_file(path: str | Path, loader: Callable[[Path], Any], what: str = "resu
     except Exception as err:
         detail = " ".join(f"{type(err).__name__}: {err}".split())  # one line, whatever the library printed
         detail = detail if len(detail) <= 300 else detail[:297] + "..."
-        raise damaged_file_error(path.parent, {path.name: detail}, what) from err
+        raise checkpoint_error(path.parent, {path.name: detail}, what) from err
 
 
 def read_weights(path: str | Path, what: str = "resume_from_checkpoint") -> dict[str, torch.Tensor]:
@@ -198,6 +200,7 @@ class CheckpointRestorer:
         if conflict:
             raise ValueError(conflict)
         _say_replaced(trainer, self.args, global_step)
+        _check_changed_settings(trainer, files, self.args, global_step)
         model = flow_model(pl_module)
         strategy = trainer.strategy
         hf_logger.info(f"Loading model from {self.path}.")  # HF's message (T:3659)
@@ -332,6 +335,25 @@ class CheckpointRestorer:
                 torch.cuda.random.set_rng_state_all(cuda)
             else:
                 torch.cuda.random.set_rng_state(cuda)
+
+
+def _check_changed_settings(trainer: pl.Trainer, files: CheckpointFiles, args: Any, step: int) -> None:
+    """Name each setting changed since the checkpoint, once (global rank zero), with what the run does; refuse another
+    optimizer class on every rank before anything is loaded (`changed_settings.py`).
+
+    Raises:
+        ValueError: `optim` builds another optimizer class than the checkpoint's, whose state it holds.
+    """
+    recorded = read_recorded_arguments(files.path)
+    if recorded is None:
+        return
+    has_optimizer_state = any(f is not None for f in (files.optimizer, files.sharded_optimizer, files.engine_state))
+    changes = setting_changes(recorded, plain_values(args), step, has_optimizer_state, str(files.path))
+    if changes.refusal is not None:
+        raise ValueError(changes.refusal)
+    if changes.lines and trainer.is_global_zero:
+        log.warning("resume_from_checkpoint=%r: %d setting(s) differ from the checkpoint's training_args.bin:\n  %s",
+                    str(files.path), len(changes.lines), "\n  ".join(changes.lines))
 
 
 def _say_replaced(trainer: pl.Trainer, args: Any, resume_step: int | None) -> None:

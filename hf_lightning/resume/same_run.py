@@ -20,7 +20,7 @@ import torch
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.from_transformers import from_hf_training_arguments
 
-__all__ = ["EXEMPT", "argument_differences"]
+__all__ = ["EXEMPT", "argument_differences", "plain_values"]
 
 EXEMPT = frozenset({
     "output_dir", "logging_dir", "resume_from_checkpoint", "do_train", "do_eval", "do_predict", "run_name",
@@ -41,7 +41,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _values(args: Any) -> dict[str, Any]:
+def plain_values(args: Any) -> dict[str, Any]:
     """The fields as hf_lightning holds them: a `transformers.TrainingArguments` is converted first, so the values HF
     derives in its `__post_init__` (an `AcceleratorConfig`, `debug=[]`) compare equal to ours."""
     if not isinstance(args, TrainingArguments):
@@ -59,8 +59,8 @@ def argument_differences(checkpoint: str | Path, args: Any) -> list[str] | None:
     if not path.is_file():
         return None
     try:
-        before = _values(torch.load(path, map_location="cpu", weights_only=False))
-        now = _values(args)
+        before = plain_values(torch.load(path, map_location="cpu", weights_only=False))
+        now = plain_values(args)
     except Exception:  # noqa: BLE001 - unreadable, or arguments we do not take (another version): nothing is known
         return None
     return [f"{name}: {before[name]!r} -> {now[name]!r}" for name in sorted(set(before) & set(now))

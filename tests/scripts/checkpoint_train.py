@@ -17,6 +17,10 @@ Usage:
       "auto" values), each with `full_determinism` (deterministic CUDA kernels).
       A "-async" suffix ("ddp-async", "fsdp2-async", "gpu-fsdp1-async"...) adds `save_async=True`; under a sharded
       strategy the run writes the error it gets (no checkpoint, no resume) to RESULT_JSON instead.
+  python checkpoint_train.py nonfinite OUT_DIR STRATEGY RESULT_JSON
+      On 2 CPU processes (STRATEGY as above, without "-async"): right before the save at update 4, rank 1 alone puts
+      a NaN into its local part (its shard under FSDP2) of `transformer.h.1.mlp.c_fc.weight`. Every rank writes the
+      error its `train()` raised to RESULT_JSON.<rank>.
 """
 
 import json
@@ -145,9 +149,40 @@ def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
                        "sharded": any(type(p).__name__ == "DTensor" for p in resumed.model.parameters())}, f)
 
 
+NAN_PARAMETER = "transformer.h.1.mlp.c_fc.weight"
+
+
+def nonfinite(out_dir: str, strategy_name: str, result_json: str) -> None:
+    from transformers import TrainerCallback
+
+    hf_args = {"fsdp2": {"fsdp": "full_shard auto_wrap"}}.get(strategy_name, {})
+    lightning_kwargs = {"devices": 2, "strategy": "ddp"} if strategy_name == "ddp" else {"devices": 2}
+    trainer = make_trainer(os.path.join(out_dir, "out"), lightning_kwargs, save_total_limit=None, **hf_args)
+
+    class PoisonOneRank(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 4 and torch.distributed.get_rank() == 1:
+                parameter = dict(trainer.model.named_parameters())[NAN_PARAMETER]
+                local = parameter.to_local() if hasattr(parameter, "to_local") else parameter
+                with torch.no_grad():
+                    local.view(-1)[0] = float("nan")
+
+    trainer.add_callback(PoisonOneRank())
+    try:
+        trainer.train()
+        outcome = {"error": None}
+    except Exception as error:  # noqa: BLE001 - the test checks which
+        outcome = {"error": type(error).__name__, "message": str(error)}
+    outcome["sharded"] = any(type(p).__name__ == "DTensor" for p in trainer.model.parameters())
+    with open(f"{result_json}.{torch.distributed.get_rank()}", "w") as f:
+        json.dump(outcome, f)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     if sys.argv[1] == "kill":
         kill(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "nonfinite":
+        nonfinite(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         resume(sys.argv[2], sys.argv[3], sys.argv[4])
