@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.args.deepspeed_config": 0,
     "hf_lightning.batch_search": 0,
     "hf_lightning.cadence": 0,
+    "hf_lightning.interruption": 0,
     "hf_lightning.callbacks": 0,
     "hf_lightning.callbacks.hf_bridge": 0,
     "hf_lightning.checkpointing": 0,
@@ -121,6 +122,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.text_metrics": 1,
     # L2: Lightning objects
     "hf_lightning._lightning_compat": 2,
+    "hf_lightning.callbacks.preemption": 2,
     "hf_lightning.callbacks.best_model": 2,
     "hf_lightning.callbacks.checkpoint_saver": 2,
     "hf_lightning.callbacks.early_stopping": 2,

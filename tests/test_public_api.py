@@ -7,7 +7,7 @@ import hf_lightning
 
 EXPECTED = [
     "HFEarlyStopping", "HFTrainerFlow", "Seq2SeqTrainer", "Seq2SeqTrainingArguments", "Seq2SeqTransformerModule",
-    "Trainer", "TrainingArguments", "TransformerDataModule", "TransformerModule", "__version__",
+    "Trainer", "TrainingArguments", "TrainingPreempted", "TransformerDataModule", "TransformerModule", "__version__",
 ]
 
 
