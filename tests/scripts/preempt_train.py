@@ -13,7 +13,8 @@ SPEC_JSON (a file) holds:
       first moment of PHASE where `state.global_step == N`, send the signal `count` times to this process.
       PHASE: `step_begin` / `substep_end` / `pre_optimizer_step` / `step_end` (HF's events), `forward` (the model's
       forward in training), `eval` (the model's forward in an evaluation), `save` (the checkpoint of step N being
-      written: its tokenizer's `save_pretrained`, in the background thread with `save_async`).
+      written: the first `torch.save` of this process into it, on every rank, in the background thread with
+      `save_async`). Signal `RAISE` raises an `OSError` there instead.
   settings: TrainingArguments overrides (e.g. enable_jit_checkpoint, save_async, save_steps).
   ddp: 2 CPU processes (Lightning's DDP, gloo).
 """
@@ -42,6 +43,7 @@ class Signaller(TrainerCallback):
     def __init__(self, triggers) -> None:
         self.triggers = [dict(t) for t in triggers]
         self.trainer = None
+        self.saves: list[int] = []  # the steps of HF's `on_save` events
 
     def fire(self, phase: str, step: int) -> None:
         rank = self.trainer.lightning_trainer.global_rank if self.trainer.lightning_trainer is not None else 0
@@ -50,11 +52,16 @@ class Signaller(TrainerCallback):
                     or trigger["step"] != step:
                 continue
             trigger["fired"] = True
+            if trigger["signal"] == "RAISE":  # a failing write (a full disk...) at this instant
+                raise OSError(5, "Input/output error (simulated by the test's trigger)")
             for _ in range(trigger.get("count", 1)):
                 os.kill(os.getpid(), getattr(signal, trigger["signal"]))
 
     def on_step_begin(self, args, state, control, **kwargs):
         self.fire("step_begin", state.global_step)
+
+    def on_save(self, args, state, control, **kwargs):
+        self.saves.append(state.global_step)
 
     def on_substep_end(self, args, state, control, **kwargs):
         self.fire("substep_end", state.global_step)
@@ -69,16 +76,17 @@ class Signaller(TrainerCallback):
         self.fire("forward" if module.training else "eval", self.trainer.state.global_step)
 
 
-class SignallingTokenizer:
-    """A processing class saved into every checkpoint: its `save_pretrained` is the `save` phase."""
+SIGNALLERS: list = []
+_torch_save = torch.save
 
-    def __init__(self, signaller: Signaller) -> None:
-        self.signaller = signaller
 
-    def save_pretrained(self, directory) -> None:
-        name = os.path.basename(str(directory))  # tmp-checkpoint-<step>-<run>
-        if name.startswith("tmp-checkpoint-"):
-            self.signaller.fire("save", int(name.split("-")[2]))
+def _save(obj, f, *args, **kwargs):
+    """`torch.save`, and the `save` phase of the signallers when `f` is in a checkpoint being written."""
+    parent = os.path.basename(os.path.dirname(str(getattr(f, "name", f))))  # tmp-checkpoint-<step>-<run>
+    if parent.startswith("tmp-checkpoint-"):
+        for signaller in SIGNALLERS:
+            signaller.fire("save", int(parent.split("-")[2]))
+    return _torch_save(obj, f, *args, **kwargs)
 
 
 def make_trainer(out: str, triggers=(), ddp: bool = False, **overrides) -> hf_lightning.Trainer:
@@ -87,12 +95,13 @@ def make_trainer(out: str, triggers=(), ddp: bool = False, **overrides) -> hf_li
                     report_to="none", disable_tqdm=True, optim="adamw_torch", enable_jit_checkpoint=True)
     settings.update(overrides)
     signaller = Signaller(triggers)
+    SIGNALLERS[:] = [signaller]
     model = tiny_gpt2(dropout=0.1)
     model.register_forward_pre_hook(signaller.forward_hook)
     more = {"devices": 2, "strategy": "ddp"} if ddp else {}
     trainer = hf_lightning.Trainer(
         model=model, args=hf_lightning.TrainingArguments(**settings), train_dataset=lm_dataset(n=16),
-        eval_dataset=lm_dataset(n=4, seed=1), processing_class=SignallingTokenizer(signaller), callbacks=[signaller],
+        eval_dataset=lm_dataset(n=4, seed=1), callbacks=[signaller],
         lightning_kwargs={"accelerator": "cpu", "logger": False, "enable_progress_bar": False, **more},
     )
     signaller.trainer = trainer
@@ -110,6 +119,7 @@ def eval_losses(history) -> list:
 def once(spec: dict) -> None:
     trainer = make_trainer(spec["out"], spec.get("triggers", ()), spec.get("ddp", False), **spec.get("settings", {}))
     result = {"stopped": None}
+    sigterm_before = signal.getsignal(signal.SIGTERM)
     try:
         trainer.train(resume_from_checkpoint=True if spec.get("resume") else None)
     except hf_lightning.TrainingPreempted as stop:
@@ -124,7 +134,9 @@ def once(spec: dict) -> None:
             raise
     finally:
         result.update(global_step=trainer.state.global_step, losses=losses(trainer.state.log_history),
-                      eval_losses=eval_losses(trainer.state.log_history))
+                      eval_losses=eval_losses(trainer.state.log_history), saves=SIGNALLERS[0].saves,
+                      handlers_restored=signal.getsignal(signal.SIGTERM) is sigterm_before
+                      and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
         if trainer.lightning_trainer is None or trainer.lightning_trainer.is_global_zero:
             with open(spec["result"], "w") as f:
                 json.dump(result, f)
@@ -180,6 +192,7 @@ def trials(spec: dict) -> None:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
+    torch.save = _save  # the `save` phase (only in the script's own processes, not when a test imports it)
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     (trials if spec["mode"] == "trials" else once)(spec)
