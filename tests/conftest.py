@@ -47,6 +47,7 @@ TIERS = {
     "test_lightning_compat.py": "unit",
     "test_public_api.py": "unit",
     "test_text_metrics.py": "unit",
+    "test_test_hygiene.py": "unit",
     "test_units.py": "unit",
     "test_where_things_live.py": "unit",
     "test_best_metric_check.py": "parity",

@@ -266,29 +266,38 @@ def test_cli_ctrl_c_ends_with_130_and_one_line(tmp_path):
 
 # ----- two processes -----
 STEP_PHASES = ("step_begin", "substep_end", "pre_optimizer_step", "forward")  # at global_step g: update g + 1 runs
+CATEGORIES = ("step", "eval", "save", "save_async")
 
 
-def _random_trigger(rng: random.Random, rank: int) -> tuple[dict, int | None]:
-    """A trigger at a random phase and step of the 6-update run (evaluations at 3 and 6, saves at 2, 4, 6), and the
-    update after which the run must stop (None: any update from the trigger's on, for a background write)."""
-    phase = rng.choice([*STEP_PHASES, "step_end", "eval", "save"])
-    if phase in STEP_PHASES:
-        step = rng.randrange(0, 6)
-        return {"rank": rank, "phase": phase, "step": step, "signal": "SIGTERM"}, step + 1
-    step = rng.choice({"step_end": [1, 2, 3, 4, 5, 6], "eval": [3, 6], "save": [2, 4, 6]}[phase])
+def _random_trigger(rng: random.Random, rank: int, category: str | None) -> tuple[dict, int]:
+    """A trigger at a random phase of `category` (None: any) and step of the 6-update run (evaluations at 3 and 6,
+    saves at 2, 4, 6), and the update after which the run must stop (for a background write: at the earliest)."""
+    if category is None:
+        category = rng.choice(CATEGORIES[:3])
+    if category == "step":
+        phase = rng.choice([*STEP_PHASES, "step_end"])
+        step = rng.randrange(1, 7) if phase == "step_end" else rng.randrange(0, 6)
+        return {"rank": rank, "phase": phase, "step": step, "signal": "SIGTERM"}, step + (phase != "step_end")
+    phase = "eval" if category == "eval" else "save"
+    step = rng.choice([3, 6] if phase == "eval" else [2, 4, 6])
     return {"rank": rank, "phase": phase, "step": step, "signal": "SIGTERM"}, step
 
 
 def _trials(count: int, seed: int) -> list[dict]:
-    """`count` trials: the signal to rank 0, to rank 1, or to both (at independent instants), half of them with
-    `save_async` (where a `save` trigger fires in the background write)."""
+    """`count` trials; trial i signals rank 0, rank 1 or both (i % 3), the first of them in a step, an evaluation,
+    a save or a `save_async` background write (i % 4: 12 trials cover every pair); the other rank of a "both" trial
+    at the same instant or a random one."""
     rng = random.Random(seed)
     trials = []
     for index in range(count):
         ranks = [[0], [1], [0, 1]][index % 3]
-        drawn = [_random_trigger(rng, rank) for rank in ranks]
-        save_async = rng.random() < 0.5
-        expected = [step if not (save_async and t["phase"] == "save") else None for t, step in drawn]
+        category = CATEGORIES[index % 4]
+        save_async = category == "save_async" or rng.random() < 0.3
+        drawn = [_random_trigger(rng, ranks[0], category)]
+        if len(ranks) == 2:
+            same = rng.random() < 0.5
+            drawn.append(({**drawn[0][0], "rank": 1}, drawn[0][1]) if same else _random_trigger(rng, 1, None))
+        expected = [None if save_async and t["phase"] == "save" else step for t, step in drawn]
         trials.append({"triggers": [t for t, _ in drawn], "save_async": save_async, "expected": expected})
     return trials
 
@@ -298,7 +307,7 @@ def _run_trials(tmp_path: Path, count: int, seed: int) -> list[dict]:
             "trials": _trials(count, seed)}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
     proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path / "spec.json")], env=ENV, capture_output=True,
-                          text=True, timeout=900)
+                          text=True, timeout=780)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((tmp_path / "result.json").read_text())
     assert len(results) == count

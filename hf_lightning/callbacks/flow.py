@@ -112,6 +112,7 @@ class HFTrainerFlow(HFLoopSteps):
         self._summary: dict[str, Any] | None = None  # the train summary of the fit running now
         self.preemption = PreemptionGuard()
         self._keyboard_interrupt: KeyboardInterrupt | None = None  # Ctrl-C seen by `on_exception` in this fit
+        self._late_signal = 0  # a pre-emption signal after the last update (`on_train_end`'s agreement)
 
     @property
     @override
@@ -137,7 +138,7 @@ class HFTrainerFlow(HFLoopSteps):
         """
         previous = self.resume_from_checkpoint
         self.resume_from_checkpoint = resume_from_checkpoint
-        self._keyboard_interrupt = None
+        self._keyboard_interrupt, self._late_signal = None, 0
         try:
             trainer.fit(module, datamodule=datamodule)
             metrics, self._summary = dict(self._summary or {}), None
@@ -149,8 +150,10 @@ class HFTrainerFlow(HFLoopSteps):
             raise interrupt from None
         finally:
             self.resume_from_checkpoint = previous
-        late = self.preemption.local_signal  # after the last update's agreement (on_train_end): nothing to save
-        if late is not None:
+        # a signal after the last update (agreed at the end of `on_train_end`, or in the instant after): the run is
+        # complete, its checkpoints are what `save_strategy` wrote; the process was still asked to stop
+        late = self._late_signal or self.preemption.local_signal
+        if late:
             raise self.preempted(trainer, late, saved=False)
         metrics["epoch"] = self.state.epoch
         return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
@@ -373,6 +376,7 @@ class HFTrainerFlow(HFLoopSteps):
         self.hf_event("on_train_end")
         self._end_steps()
         self.neftune.stop()
+        self._late_signal = self.preemption.agreed(trainer)  # every rank ends here: one collective, as per update
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:

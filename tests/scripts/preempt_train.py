@@ -28,13 +28,10 @@ import traceback
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
+from helpers import lm_dataset, tiny_gpt2  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
-from helpers import lm_dataset, tiny_gpt2  # noqa: E402
-
 import hf_lightning  # noqa: E402
-
-STEP_EVENTS = ("step_begin", "substep_end", "pre_optimizer_step", "step_end")
 
 
 class Signaller(TrainerCallback):
@@ -90,7 +87,8 @@ def _save(obj, f, *args, **kwargs):
 
 
 def make_trainer(out: str, triggers=(), ddp: bool = False, **overrides) -> hf_lightning.Trainer:
-    settings = dict(output_dir=out, per_device_train_batch_size=2, max_steps=6, learning_rate=1e-2, logging_steps=1,
+    settings = dict(output_dir=out, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=6,
+                    learning_rate=1e-2, logging_steps=1,
                     save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=3, seed=5,
                     report_to="none", disable_tqdm=True, optim="adamw_torch", enable_jit_checkpoint=True)
     settings.update(overrides)
