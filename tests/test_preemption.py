@@ -47,13 +47,14 @@ def _script():
     return module
 
 
-def _child(tmp_path: Path, timeout: int = 300, **spec) -> tuple[subprocess.CompletedProcess, dict]:
+def _child(tmp_path: Path, timeout: int = 300, env: dict | None = None, **spec
+           ) -> tuple[subprocess.CompletedProcess, dict]:
     """Run the script once (`mode: once`) into tmp_path/out; its process and its result file."""
     spec = {"mode": "once", "out": str(tmp_path / "out"), "result": str(tmp_path / "result.json"), **spec}
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(path)], env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(path)], env={**ENV, **(env or {})}, capture_output=True,
+                          text=True, timeout=timeout)
     result = json.loads(Path(spec["result"]).read_text()) if Path(spec["result"]).exists() else {}
     return proc, result
 
@@ -215,6 +216,30 @@ def test_the_handler_is_installed_for_training_only(tmp_path, one_thread):
     assert seen and seen[0] is not before and getattr(seen[0], "__self__", None) is not None
     assert type(seen[0].__self__).__name__ == "PreemptionConnector"
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.parametrize("signal_name", ["SIGUSR1", "SIGTERM"])
+def test_under_slurm_auto_requeue_the_requeue_signal_requeues_after_the_checkpoint(tmp_path, signal_name):
+    """Lightning's `SLURMEnvironment(auto_requeue=True)`: its requeue signal (SIGUSR1) writes the checkpoint, then
+    rank 0 runs `scontrol requeue <job id>` (a stand-in `scontrol` on PATH records its arguments and what the output
+    folder held then), and the process ends with 138. SIGTERM (`scancel`) stops the same way without a requeue."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "scontrol.txt"
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@ $(ls {tmp_path / 'out'} | grep '^checkpoint-' | tr '\\n' ' ')\" "
+                        f">> {record}\n")
+    scontrol.chmod(0o755)
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+             "SLURM_NODEID": "0", "SLURM_JOB_NAME": "train", "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    triggers = [{"rank": 0, "phase": "step_begin", "step": 2, "signal": signal_name}]
+    proc, _ = _child(tmp_path, triggers=triggers, slurm=True, env=slurm)
+    assert proc.returncode == (138 if signal_name == "SIGUSR1" else 143), proc.stderr[-3000:]
+    assert _folders(tmp_path / "out") == ["checkpoint-2", "checkpoint-3"]
+    if signal_name == "SIGUSR1":
+        assert record.read_text().split() == ["requeue", "4242", "checkpoint-2", "checkpoint-3"]
+    else:
+        assert not record.exists()
 
 
 # ----- the command line -----

@@ -17,6 +17,7 @@ SPEC_JSON (a file) holds:
       `save_async`). Signal `RAISE` raises an `OSError` there instead.
   settings: TrainingArguments overrides (e.g. enable_jit_checkpoint, save_async, save_steps).
   ddp: 2 CPU processes (Lightning's DDP, gloo).
+  slurm: run under Lightning's `SLURMEnvironment(auto_requeue=True)` (the SLURM_* variables set by the test).
 """
 
 import json
@@ -86,7 +87,7 @@ def _save(obj, f, *args, **kwargs):
     return _torch_save(obj, f, *args, **kwargs)
 
 
-def make_trainer(out: str, triggers=(), ddp: bool = False, **overrides) -> hf_lightning.Trainer:
+def make_trainer(out: str, triggers=(), ddp: bool = False, slurm: bool = False, **overrides) -> hf_lightning.Trainer:
     settings = dict(output_dir=out, per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=6,
                     learning_rate=1e-2, logging_steps=1,
                     save_strategy="steps", save_steps=2, eval_strategy="steps", eval_steps=3, seed=5,
@@ -97,6 +98,10 @@ def make_trainer(out: str, triggers=(), ddp: bool = False, **overrides) -> hf_li
     model = tiny_gpt2(dropout=0.1)
     model.register_forward_pre_hook(signaller.forward_hook)
     more = {"devices": 2, "strategy": "ddp"} if ddp else {}
+    if slurm:
+        from lightning.fabric.plugins.environments import SLURMEnvironment
+
+        more["plugins"] = [SLURMEnvironment(auto_requeue=True)]
     trainer = hf_lightning.Trainer(
         model=model, args=hf_lightning.TrainingArguments(**settings), train_dataset=lm_dataset(n=16),
         eval_dataset=lm_dataset(n=4, seed=1), callbacks=[signaller],
@@ -115,7 +120,8 @@ def eval_losses(history) -> list:
 
 
 def once(spec: dict) -> None:
-    trainer = make_trainer(spec["out"], spec.get("triggers", ()), spec.get("ddp", False), **spec.get("settings", {}))
+    trainer = make_trainer(spec["out"], spec.get("triggers", ()), spec.get("ddp", False), spec.get("slurm", False),
+                           **spec.get("settings", {}))
     result = {"stopped": None}
     sigterm_before = signal.getsignal(signal.SIGTERM)
     try:
