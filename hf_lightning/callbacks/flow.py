@@ -14,6 +14,9 @@ trigger is switched off (`_lightning_compat.disable_validation_trigger`). `Train
 honoured exactly where HF reads them. Logged entries go to `state.log_history` in HF's format and to every Lightning
 logger at `step=global_step` with HF's TensorBoard tag names.
 
+Pre-emption signals are agreed after every update (`HFLoopSteps.stop_if_preempted`); Ctrl-C leaves `fit` as
+`KeyboardInterrupt`, not Lightning's `SystemExit(1)`.
+
 What the flow needs from the module and the data module is declared in `hf_lightning.contracts` and checked once in
 `setup`. `fit`, `evaluate` and `predict` run Lightning's entry points and return HF's results.
 """
@@ -132,8 +135,7 @@ class HFTrainerFlow(HFLoopSteps):
         """`trainer.fit`, resuming from `resume_from_checkpoint` (see the attribute); returns HF's `TrainOutput`.
 
         Raises:
-            TrainingPreempted: a pre-emption signal stopped the run (`stop_if_preempted`), or arrived after the last
-                update (the run is complete; the process was still asked to stop).
+            TrainingPreempted: a pre-emption signal stopped the run, or arrived after its last update.
             KeyboardInterrupt: Ctrl-C (Lightning turns it into `SystemExit(1)`; HF's `train()` raises it).
         """
         previous = self.resume_from_checkpoint
@@ -150,8 +152,7 @@ class HFTrainerFlow(HFLoopSteps):
             raise interrupt from None
         finally:
             self.resume_from_checkpoint = previous
-        # a signal after the last update (agreed at the end of `on_train_end`, or in the instant after): the run is
-        # complete, its checkpoints are what `save_strategy` wrote; the process was still asked to stop
+        # a signal after the last update (agreed at the end of `on_train_end`, or just after): the run is complete
         late = self._late_signal or self.preemption.local_signal
         if late:
             raise self.preempted(trainer, late, saved=False)
