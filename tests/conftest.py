@@ -148,6 +148,7 @@ DISTRIBUTED = {
     "test_preemption.py::test_no_second_save_when_the_update_saved_its_own_step",
     "test_preemption.py::test_cli_sigterm_ends_with_143_and_the_printed_ckpt_path_resumes",
     "test_preemption.py::test_cli_ctrl_c_ends_with_130_and_one_line",
+    "test_preemption.py::test_sigterm_during_evaluate_ends_with_143_not_0",
     "test_preemption.py::test_under_slurm_auto_requeue_the_requeue_signal_requeues_after_the_checkpoint",
 }
 """Files, or `file::test` names, whose tests spawn 2 processes."""

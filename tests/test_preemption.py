@@ -197,6 +197,16 @@ def test_ctrl_c_raises_keyboard_interrupt_and_names_the_last_checkpoint(tmp_path
     assert f"resume with trainer.train(resume_from_checkpoint='{out}/checkpoint-4')" in line
 
 
+def test_sigterm_during_evaluate_ends_with_143_not_0(tmp_path):
+    """A standalone `evaluate()`: Lightning stops it at the next batch with its `SIGTERMException` (status 0);
+    ours ends with `TrainingPreempted`, status 143."""
+    proc, result = _child(tmp_path, triggers=[{"rank": 0, "phase": "eval", "step": 0, "signal": "SIGTERM"}],
+                          evaluate=True, settings={"per_device_eval_batch_size": 1})
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    (line,) = _stop_lines(proc.stderr)
+    assert line.startswith("Training stopped by SIGTERM during evaluate() / predict() after update 0; no complete")
+
+
 def test_the_handler_is_installed_for_training_only(tmp_path, one_thread):
     """As HF's JIT callback: a SIGTERM handler of the run's own during training, the previous handler after."""
     import signal

@@ -14,8 +14,7 @@ trigger is switched off (`_lightning_compat.disable_validation_trigger`). `Train
 honoured exactly where HF reads them. Logged entries go to `state.log_history` in HF's format and to every Lightning
 logger at `step=global_step` with HF's TensorBoard tag names.
 
-Pre-emption signals are agreed after every update (`HFLoopSteps.stop_if_preempted`); Ctrl-C leaves `fit` as
-`KeyboardInterrupt`, not Lightning's `SystemExit(1)`.
+Pre-emption: `HFLoopSteps.stop_if_preempted`; Ctrl-C leaves `fit` as `KeyboardInterrupt` (not `SystemExit(1)`).
 
 What the flow needs from the module and the data module is declared in `hf_lightning.contracts` and checked once in
 `setup`. `fit`, `evaluate` and `predict` run Lightning's entry points and return HF's results.
@@ -166,7 +165,8 @@ class HFTrainerFlow(HFLoopSteps):
         """HF's `evaluate()` with `trainer.validate`: every eval dataset's result (`.metrics`: HF's return value)."""
         cast_for_full_eval(flow_model(module), self.args)  # bf16 / fp16_full_eval, outside training only (as HF)
         request = EvalRequest(metric_key_prefix, ignore_keys)
-        return self.evaluator.evaluate(trainer, module, datamodule, request, ckpt_path)
+        with self.preempted_outside_training(trainer):
+            return self.evaluator.evaluate(trainer, module, datamodule, request, ckpt_path)
 
     def predict(
         self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, ignore_keys: list[str] | None = None,
@@ -175,7 +175,8 @@ class HFTrainerFlow(HFLoopSteps):
         """HF's `predict()` with `trainer.predict`: the predictions, labels and metrics (`PredictionOutput`'s)."""
         cast_for_full_eval(flow_model(module), self.args)
         request = EvalRequest(metric_key_prefix, ignore_keys, is_prediction=True)
-        return self.evaluator.predict(trainer, module, datamodule, request, ckpt_path)
+        with self.preempted_outside_training(trainer):
+            return self.evaluator.predict(trainer, module, datamodule, request, ckpt_path)
 
     # ----- setup -----
     @override

@@ -10,13 +10,16 @@ runs where HF's runs and `super()` reaches the built-in. Without an owner (the C
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from hf_lightning._lightning_compat import datamodule_of, reload_validation_data
 from hf_lightning.callbacks.best_model import BestModelTracker
@@ -182,14 +185,31 @@ class HFLoopSteps(EvaluationHooks):
         self.preemption.requeue(trainer, signum)  # Lightning's SLURM auto-requeue, once the checkpoint is complete
         raise self.preempted(trainer, signum, saved=jit)
 
-    def preempted(self, trainer: pl.Trainer, signum: int, saved: bool) -> TrainingPreempted:
-        """The exception for a run stopped by `signum`; its one line printed on global rank 0."""
+    def preempted(self, trainer: pl.Trainer, signum: int, saved: bool, during: str = "") -> TrainingPreempted:
+        """The exception for a run stopped by `signum` (`during`: where, after the signal's name); its one line
+        printed on global rank 0."""
         checkpoint = last_checkpoint(self.args.resolved_output_dir)
         save_hint = None if self.args.enable_jit_checkpoint else \
             "enable_jit_checkpoint=True writes a checkpoint when a run is pre-empted"
-        line = stop_line(signal_name(signum), self.state.global_step, checkpoint, self.resume_hint, saved, save_hint)
+        line = stop_line(signal_name(signum) + during, self.state.global_step, checkpoint, self.resume_hint, saved,
+                         save_hint)
         self.say_stopped(trainer, line)
         return TrainingPreempted(signum, self.state.global_step, checkpoint, saved, line)
+
+    @contextmanager
+    def preempted_outside_training(self, trainer: pl.Trainer) -> Iterator[None]:
+        """`evaluate()` / `predict()`: Lightning ends them at the next batch after a SIGTERM with its
+        `SIGTERMException` (a `SystemExit` with status 0: a scheduler would see success); `TrainingPreempted`
+        (status 143, with the line) instead.
+
+        Raises:
+            TrainingPreempted: Lightning stopped the run on SIGTERM.
+        """
+        try:
+            yield
+        except SIGTERMException:
+            raise self.preempted(trainer, int(signal.SIGTERM), saved=False, during=" during evaluate() / predict()"
+                                 ) from None
 
     def interrupted_line(self, trainer: pl.Trainer) -> None:
         """Ctrl-C: print the line naming the last complete checkpoint (global rank 0)."""

@@ -3,7 +3,8 @@
 Usage: python preempt_train.py SPEC_JSON
 
 SPEC_JSON (a file) holds:
-  mode: "once"   one `train()` into `out` (resuming when `resume` is true); with `catch` the `TrainingPreempted` /
+  mode: "once"   one `train()` into `out` (resuming when `resume` is true; `evaluate()` with `evaluate`); with
+                 `catch` the `TrainingPreempted` /
                  `KeyboardInterrupt` is caught and described in `result`, else it ends the process;
         "trials" (2 processes with `ddp`) for each of `trials` (each a dict with `triggers` and `save_async`): the
                  uninterrupted run (once per `save_async`), the signalled run (its `TrainingPreempted` caught), then
@@ -125,7 +126,10 @@ def once(spec: dict) -> None:
     result = {"stopped": None}
     sigterm_before = signal.getsignal(signal.SIGTERM)
     try:
-        trainer.train(resume_from_checkpoint=True if spec.get("resume") else None)
+        if spec.get("evaluate"):
+            trainer.evaluate()
+        else:
+            trainer.train(resume_from_checkpoint=True if spec.get("resume") else None)
     except hf_lightning.TrainingPreempted as stop:
         result["stopped"] = {"type": "TrainingPreempted", "code": stop.code, "step": stop.step,
                              "checkpoint": stop.checkpoint, "saved": stop.saved, "message": str(stop),
