@@ -22,6 +22,7 @@ _EXPORTS = {
     "Seq2SeqTrainingArguments": "hf_lightning.seq2seq.args",
     "Seq2SeqTransformerModule": "hf_lightning.seq2seq.module",
     "Trainer": "hf_lightning.facade",
+    "TrainingPreempted": "hf_lightning.interruption",
     "TrainingArguments": "hf_lightning.args",
     "TransformerDataModule": "hf_lightning.data.datamodule",
     "TransformerModule": "hf_lightning.module",
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from hf_lightning.callbacks.flow import HFTrainerFlow
     from hf_lightning.data.datamodule import TransformerDataModule
     from hf_lightning.facade import Trainer
+    from hf_lightning.interruption import TrainingPreempted
     from hf_lightning.module import TransformerModule
     from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
     from hf_lightning.seq2seq.module import Seq2SeqTransformerModule

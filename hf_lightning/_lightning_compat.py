@@ -11,7 +11,8 @@ Lightning's own code triggers in torch (its `_pytree` module).
 
 Why `lightning>=2.6,<2.7` (pyproject.toml): the names used below (`_TrainingEpochLoop._should_check_val_fx`,
 `_LoggerConnector._first_loop_iter`, `_EvaluationLoop._combined_loader`, `_TrainingEpochLoop._batches_that_stepped` /
-`_restarting`, the progress trackers' counters, `_AcceleratorConnector.use_distributed_sampler`,
+`_restarting`, `Trainer._signal_connector`, `_AcceleratorConnector.cluster_environment`, the progress trackers'
+counters, `_AcceleratorConnector.use_distributed_sampler`,
 `LightningModule._trainer`, `lightning.pytorch.utilities.imports._RICH_AVAILABLE`, the `rank_zero` logger names, the
 `_pytree` module, `DDPStrategy._ddp_kwargs` / `_process_group_backend` / `_timeout`, and torch's
 `Optimizer._step_supports_amp_scaling` that Lightning reads too) are private and may change in any minor release.
@@ -29,12 +30,15 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.trainer.connectors.signal_connector import _SignalConnector
 from lightning.pytorch.utilities import CombinedLoader
 from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
 __all__ = [
+    "SignalConnector",
     "attached_trainer",
     "callbacks_of",
+    "cluster_environment",
     "datamodule_of",
     "defer_validation_data",
     "disable_validation_trigger",
@@ -47,6 +51,7 @@ __all__ = [
     "restart_train_iterator",
     "rich_progress_bar_available",
     "reload_validation_data",
+    "replace_signal_connector",
     "run_validation_now",
     "set_ddp_options",
     "set_loop_position",
@@ -232,3 +237,21 @@ def set_ddp_options(strategy: Any, ddp_kwargs: dict[str, Any], backend: str | No
     if backend is not None:
         strategy._process_group_backend = backend
     strategy._timeout = timeout
+
+
+SignalConnector = _SignalConnector
+"""Lightning's signal connector (private): registers the fit's signal handlers when its loop starts and restores the
+original handlers at teardown; `callbacks/preemption.py` subclasses it (see `replace_signal_connector`)."""
+
+
+def cluster_environment(trainer: pl.Trainer) -> Any:
+    """The trainer's cluster environment (`SLURMEnvironment`, `LightningEnvironment`...), as Lightning's signal
+    connector reads it (`_accelerator_connector.cluster_environment`)."""
+    return trainer._accelerator_connector.cluster_environment
+
+
+def replace_signal_connector(trainer: pl.Trainer, connector: Any) -> None:
+    """Make `connector` (a `_SignalConnector` subclass) the one Lightning registers at the start of the fit loop and
+    tears down at its end (`Trainer._signal_connector`; `trainer.received_sigterm` reads it). Call it before `fit`
+    reaches its loop (a callback's `setup` is in time)."""
+    trainer._signal_connector = connector

@@ -222,6 +222,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
             self._trainer_kwargs["enable_progress_bar"] = False
         self.flow = build_flow(self.args, [*hf_callbacks, *console], processing_class)
         self.flow.owner = self
+        self.flow.resume_hint = "trainer.train(resume_from_checkpoint={path!r})"  # the line a stopped run prints
         if "save_model" in self._overridden:
             self.flow.saver.save_model = lambda folder: self.save_model(folder, _internal_call=True)
         self.lightning_trainer: pl.Trainer | None = None

@@ -48,6 +48,7 @@ TIERS = {
     "test_lightning_compat.py": "unit",
     "test_public_api.py": "unit",
     "test_text_metrics.py": "unit",
+    "test_test_hygiene.py": "unit",
     "test_units.py": "unit",
     "test_where_things_live.py": "unit",
     "test_best_metric_check.py": "parity",
@@ -111,6 +112,7 @@ TIERS = {
     "test_notebook_generation.py": "e2e",
     "test_notebooks.py": "e2e",
     "test_permissions.py": "e2e",
+    "test_preemption.py": "e2e",
     "test_pretrained_source.py": "e2e",
     "test_quickstart.py": "e2e",
     "test_readme.py": "e2e",
@@ -146,6 +148,17 @@ DISTRIBUTED = {
     "test_readme_examples.py::test_bash_blocks_run_in_order_with_few_updates",  # the README's DDP line
     "test_readme_examples.py::test_bash_blocks_run_exactly_as_written",
     "test_length_grouping.py::test_two_processes_train_on_their_shards_of_the_grouped_order",
+    "test_preemption.py::test_two_processes_stop_together_and_resume_exactly",
+    "test_preemption.py::test_two_processes_at_random_instants_many",
+    # each starts 1 or 2 processes (~10 s each): the fast tier keeps the SIGTERM, TrainingPreempted, no-save and
+    # Ctrl-C tests of tests/test_preemption.py
+    "test_preemption.py::test_sigkill_during_the_preemption_save_leaves_only_complete_checkpoints",
+    "test_preemption.py::test_a_failing_preemption_save_raises_its_error",
+    "test_preemption.py::test_no_second_save_when_the_update_saved_its_own_step",
+    "test_preemption.py::test_cli_sigterm_ends_with_143_and_the_printed_ckpt_path_resumes",
+    "test_preemption.py::test_cli_ctrl_c_ends_with_130_and_one_line",
+    "test_preemption.py::test_sigterm_during_evaluate_ends_with_143_not_0",
+    "test_preemption.py::test_under_slurm_auto_requeue_the_requeue_signal_requeues_after_the_checkpoint",
 }
 """Files, or `file::test` names, whose tests spawn 2 processes."""
 
@@ -156,6 +169,7 @@ SLOW = {
     "test_faults.py::test_two_runs_started_together_never_mix",
     "test_readme_examples.py::test_bash_blocks_run_exactly_as_written",
     "test_compile.py::test_the_default_inductor_backend_trains_like_eager",
+    "test_preemption.py::test_two_processes_at_random_instants_many",
     # the heaviest single-process runs (5 to 27 s each on an idle 2-core machine), kept out of the fast tier: each
     # behaviour they cover has a quicker test there (locks, faults, example parity, README python blocks, CLI configs)
     "test_configs_learn.py",

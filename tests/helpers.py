@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import queue
 import random
+import subprocess
+import threading
 
 import torch
 from datasets import Dataset
@@ -109,3 +112,31 @@ def assert_logs_close(got: list[dict], want: list[dict], rel: float = 1e-5) -> N
     assert [sorted(e) for e in got] == [sorted(e) for e in want] and got
     for a, b in zip(got, want):
         assert a == pytest.approx(b, rel=rel), b["step"]
+
+
+def wait_for_line(process: subprocess.Popen, prefix: str, timeout: float) -> str:
+    """The first line of `process`'s stdout (text mode) starting with `prefix`, waited for at most `timeout` seconds.
+
+    The lines are read in a daemon thread, so a child that never prints the line (or prints it into a full pipe
+    while the test waits) fails the test with what was awaited instead of hanging it; the child is then killed.
+    """
+    found: queue.Queue = queue.Queue()
+
+    def read() -> None:
+        for line in process.stdout:  # type: ignore[union-attr]  # bounded: this thread, awaited with a timeout
+            if line.startswith(prefix):
+                found.put(line)
+                return
+        found.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        line = found.get(timeout=timeout)
+    except queue.Empty:
+        process.kill()
+        process.wait(timeout=60)
+        raise AssertionError(f"the child printed no line starting with {prefix!r} within {timeout} s") from None
+    if line is None:
+        process.wait(timeout=60)
+        raise AssertionError(f"the child ended (status {process.returncode}) without a line starting with {prefix!r}")
+    return line

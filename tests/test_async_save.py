@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 import hf_lightning
-from helpers import lm_dataset, tiny_gpt2
+from helpers import lm_dataset, tiny_gpt2, wait_for_line
 
 LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
 SCRIPT = Path(__file__).parent / "scripts" / "async_save_train.py"
@@ -179,9 +179,7 @@ def test_a_kill_during_a_background_write_leaves_no_checkpoint_and_the_run_resum
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
     process = subprocess.Popen([sys.executable, str(SCRIPT), str(out), "hang-at-3"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in process.stdout:  # the script prints this line when the write of checkpoint-3 has begun
-        if line.startswith("WRITING 3"):
-            break
+    wait_for_line(process, "WRITING 3", timeout=300)  # the script prints it when the write of checkpoint-3 has begun
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=60)
     names = sorted(p.name for p in out.iterdir() if not p.name.startswith("."))

@@ -40,8 +40,9 @@ def _run(argv: list[str]) -> None:
 
 def _subprocess(argv: list[str], env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "hf_lightning", *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, **kwargs)
+    kwargs.setdefault("timeout", 600)  # a stuck child fails the test (pytest-timeout would name it too, later)
+    command = [sys.executable, "-m", "hf_lightning", *argv]
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, **kwargs)  # bounded: above
 
 
 def test_every_config_is_covered():

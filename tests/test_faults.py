@@ -156,7 +156,7 @@ def test_a_second_run_on_a_busy_output_dir_is_refused_naming_the_first(tmp_path)
         for _ in range(6000):  # until the first run holds the lock (it creates `ready`), at most 10 minutes
             if ready.exists() or first.poll() is not None:
                 break
-            subprocess.run(["sleep", "0.1"])
+            subprocess.run(["sleep", "0.1"], timeout=60)
         assert ready.exists(), first.stderr.read()[-3000:] if first.poll() is not None else "no lock taken"
         second = _child("run", str(out), "0", str(tmp_path / "second.json"))
         assert second.returncode != 0
@@ -208,7 +208,7 @@ def test_under_ddp_a_busy_output_dir_stops_every_rank(tmp_path):
 
 def test_a_stale_lock_of_a_dead_process_is_taken_over_with_a_warning(tmp_path, caplog, one_thread):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead.wait(timeout=60)
     out = tmp_path / "out"
     out.mkdir()
     (out / LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "run": "deadbeef",
@@ -331,7 +331,7 @@ def test_a_checkpoint_that_lost_its_optimizer_files_is_not_resumed_as_model_only
 def _mount_tmpfs(path: Path, options: str) -> None:
     path.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True,
-                          text=True)
+                          text=True, timeout=60)
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or 'not permitted'}): run as root to test a "
                     "full or read-only disk")
@@ -352,7 +352,7 @@ def test_a_full_disk_names_the_file_and_keeps_earlier_checkpoints(tmp_path, two_
         assert sorted(os.listdir(disk / "out")) == ["checkpoint-1"]  # no lock, no unfinished folder left
         assert_every_checkpoint_complete(disk / "out")
     finally:
-        subprocess.run(["umount", str(disk)], check=False)
+        subprocess.run(["umount", str(disk)], check=False, timeout=60)
 
 
 def test_a_read_only_output_dir_is_refused_at_construction(tmp_path):
@@ -362,7 +362,7 @@ def test_a_read_only_output_dir_is_refused_at_construction(tmp_path):
         with pytest.raises(ValueError, match=r"output_dir='.*/ro/out' is not writable \(Read-only file system"):
             _script().make_trainer(str(readonly / "out"))
     finally:
-        subprocess.run(["umount", str(readonly)], check=False)
+        subprocess.run(["umount", str(readonly)], check=False, timeout=60)
     target = tmp_path / "a-file"
     target.write_text("")
     with pytest.raises(ValueError, match=r"output_dir='.*/a-file' is a file, not a folder"):

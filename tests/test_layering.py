@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.args.deepspeed_config": 0,
     "hf_lightning.batch_search": 0,
     "hf_lightning.cadence": 0,
+    "hf_lightning.interruption": 0,
     "hf_lightning.callbacks": 0,
     "hf_lightning.callbacks.hf_bridge": 0,
     "hf_lightning.checkpointing": 0,
@@ -125,6 +126,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.text_metrics": 1,
     # L2: Lightning objects
     "hf_lightning._lightning_compat": 2,
+    "hf_lightning.callbacks.preemption": 2,
     "hf_lightning.callbacks.best_model": 2,
     "hf_lightning.callbacks.checkpoint_saver": 2,
     "hf_lightning.callbacks.early_stopping": 2,
@@ -390,5 +392,5 @@ def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
 def test_light_entry_points_stay_light(code, heavy):
     """The package root, the arguments and `hf-lightning --help` load none of the ML stack."""
     probe = f"import sys; {code}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -307,3 +307,37 @@ def test_ignore_internal_deprecation_warnings_only_where_lightning_raises_them()
         _tree_flatten(torch.ones(1))
         warnings.warn("`isinstance(treespec, LeafSpec)` is deprecated (here)", FutureWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["`isinstance(treespec, LeafSpec)` is deprecated (here)"]
+
+
+def test_cluster_environment():
+    from lightning.fabric.plugins.environments import LightningEnvironment, SLURMEnvironment
+
+    assert isinstance(compat.cluster_environment(_trainer()), LightningEnvironment)
+    slurm = SLURMEnvironment(auto_requeue=True)
+    assert compat.cluster_environment(_trainer(plugins=[slurm])) is slurm
+
+
+def test_replace_signal_connector_is_registered_at_the_loop_and_torn_down_after():
+    """The replaced connector is the one Lightning registers when the fit loop starts (its handler is installed
+    during training) and tears down at the end (the original handler is back); `received_sigterm` reads it."""
+    import signal
+
+    class Connector(compat.SignalConnector):
+        def register_signal_handlers(self) -> None:
+            self._original_handlers = self._get_current_signal_handlers()
+            self._register_signal(signal.SIGTERM, self.handler)
+
+        def handler(self, signum, frame) -> None:
+            self.received_sigterm = True
+
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+    trainer = _trainer([_Hook("on_train_batch_start", lambda trainer, module, *_: seen.append(
+        signal.getsignal(signal.SIGTERM)))])
+    connector = Connector(trainer)
+    compat.replace_signal_connector(trainer, connector)
+    trainer.fit(Tiny(), train_dataloaders=_loader())
+    assert seen and all(handler == connector.handler for handler in seen)
+    assert signal.getsignal(signal.SIGTERM) is before
+    connector.received_sigterm = True
+    assert trainer.received_sigterm

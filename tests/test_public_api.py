@@ -7,7 +7,7 @@ import hf_lightning
 
 EXPECTED = [
     "HFEarlyStopping", "HFTrainerFlow", "Seq2SeqTrainer", "Seq2SeqTrainingArguments", "Seq2SeqTransformerModule",
-    "Trainer", "TrainingArguments", "TransformerDataModule", "TransformerModule", "__version__",
+    "Trainer", "TrainingArguments", "TrainingPreempted", "TransformerDataModule", "TransformerModule", "__version__",
 ]
 
 
@@ -42,7 +42,8 @@ print([m for m in sys.modules if m == "transformers.trainer" or m.startswith("tr
 def test_import_does_not_pull_transformers_trainer(tmp_path) -> None:
     """`transformers.trainer` drags pandas / pyarrow in; no module of the library, nor a train / evaluate / predict /
     save, needs it."""
-    out = subprocess.run([sys.executable, "-c", _NO_HF_TRAINER, str(tmp_path)], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", _NO_HF_TRAINER, str(tmp_path)], capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -50,5 +51,5 @@ def test_import_does_not_pull_transformers_trainer(tmp_path) -> None:
 def test_args_module_imports_without_torch() -> None:
     """`TrainingArguments` is pure Python, so the CLI can parse configs before loading torch."""
     code = "import sys, hf_lightning.args as a; a.TrainingArguments(); print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     assert out.stdout.strip() == "False"

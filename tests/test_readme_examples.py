@@ -118,7 +118,7 @@ def shell_line(command: str, fast: bool) -> str | None:
 def _copy_repository(destination: Path) -> Path:
     """The repository's files (tracked and new, not ignored) under `destination/repo`."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
-                            text=True, check=True).stdout.splitlines()
+                            text=True, check=True, timeout=60).stdout.splitlines()
     root = destination / "repo"
     for name in listed:
         source = REPO / name
@@ -185,6 +185,7 @@ def _run_python_blocks(tmp_path: Path) -> None:
     assert [int(n) for n in ran] == [b.line for b in blocks]
 
 
+@pytest.mark.timeout(2400)  # one child for every block (its own limit: 1800 s)
 def test_python_blocks_run_as_written(tmp_path):
     _run_python_blocks(tmp_path)
 
@@ -205,6 +206,7 @@ def _run_bash_blocks(tmp_path: Path, fast: bool) -> list[tuple[str, str]]:
     return ran
 
 
+@pytest.mark.timeout(3600)  # one child per command (each limited to 1800 s)
 def test_bash_blocks_run_in_order_with_few_updates(tmp_path):
     ran = _run_bash_blocks(tmp_path, fast=True)
     fits = [out for command, out in ran if command.startswith("hf-lightning fit") and "--help" not in command
@@ -212,6 +214,7 @@ def test_bash_blocks_run_in_order_with_few_updates(tmp_path):
     assert fits and all("Training done: 2 updates" in out for out in fits)
 
 
+@pytest.mark.timeout(3600)  # one child per command (each limited to 1800 s)
 def test_bash_blocks_run_exactly_as_written(tmp_path):
     ran = _run_bash_blocks(tmp_path, fast=False)
     assert any(command.startswith("hf-lightning quickstart") for command, _ in ran)

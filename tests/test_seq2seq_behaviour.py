@@ -127,7 +127,7 @@ def test_seq2seq_args_module_imports_without_torch() -> None:
 
     code = ("import sys, hf_lightning.seq2seq.args as a; a.Seq2SeqTrainingArguments(predict_with_generate=True); "
             "print('torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
     assert out.stdout.strip() == "False"
 
 

@@ -29,7 +29,6 @@ UNSUPPORTED: dict[str, str] = {
     "trackio_static_space_id": _TRACKIO,
     "eval_use_gather_object": "gather Python objects in your `compute_metrics` yourself",
     "save_on_each_node": "checkpoints are written by global rank 0 (use a shared file system)",
-    "enable_jit_checkpoint": "save from a SIGTERM handler yourself (`trainer.save_model()`)",
     "push_to_hub": _HUB,
     "hub_token": _HUB,
     "hub_private_repo": _HUB,
@@ -85,6 +84,10 @@ DIFFERENCES: dict[str, str] = {
     "ddp_static_graph": "gradients sync on every micro-batch of a window (Lightning's static-graph flush needs it)",
     "ddp_find_unused_parameters": "applies to the `DDPStrategy` Lightning chooses; a strategy you pass keeps its own "
                                   "options (warned)",
+    "enable_jit_checkpoint": "on SIGTERM / SIGUSR1 every process agrees at the next update boundary, writes "
+                             "`checkpoint-<step>` through the normal atomic save (no 3 s wait, no sentinel file) and "
+                             "`train()` raises `TrainingPreempted` (exit status 143); False: the same stop and "
+                             "status without the save (HF: killed by the signal) (README, 'Checkpoints and resume')",
     "auto_find_batch_size": "`args.per_device_train_batch_size` is back to your value after `train()`; "
                             "`state.train_batch_size` holds the size that fit",
 }

@@ -211,7 +211,8 @@ class TrainingArguments(ProcessLayoutMixin):
     save_total_limit: int | None = None
     """Keep at most this many checkpoints (the newest and the best are never deleted)."""
     enable_jit_checkpoint: bool = False
-    """Not supported (checkpoint on SIGTERM): must stay False."""
+    """HF's: on SIGTERM / SIGUSR1 write `checkpoint-<step>` at the next update boundary, agreed by every process,
+    then stop with `TrainingPreempted` (README "Pre-emption"). False: the same stop, without the save."""
 
     # --- Hub (not supported: no hub access) ---
     push_to_hub: bool = False

@@ -121,6 +121,8 @@ class CheckpointSaver:
         self.save_model: Callable[[str], None] | None = None
         """Writes a checkpoint's model files into the folder it is given, on every process (an overridden
         `Trainer.save_model`, called with `_internal_call=True`, as HF's `_save_checkpoint` does); None: built in."""
+        self.last_saved_step: int | None = None
+        """The step of this run's latest `save` (None: none yet): a pre-emption does not write that step again."""
 
     @property
     def output_dir(self) -> str:
@@ -151,6 +153,7 @@ class CheckpointSaver:
         if error is not None:
             raise error(message)
         self.run = run
+        self.last_saved_step = None
         strategy = trainer.strategy
         if self.args.save_async and (optimizer_shard_owner(strategy, flow_model(trainer.lightning_module))
                                      is not None or is_deepspeed(strategy)):
@@ -183,6 +186,7 @@ class CheckpointSaver:
         step = state.global_step
         if not self.args.save_nonfinite_checkpoints:
             self._refuse_nonfinite(trainer, pl_module, step)
+        self.last_saved_step = step
         if self.args.save_strategy in ("steps", "epoch", "best") and state.best_global_step:
             best = os.path.join(self.output_dir, f"{CHECKPOINT_PREFIX}-{state.best_global_step}")
             if os.path.exists(best) or state.best_global_step == step:

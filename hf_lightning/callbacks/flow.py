@@ -14,6 +14,8 @@ trigger is switched off (`_lightning_compat.disable_validation_trigger`). `Train
 honoured exactly where HF reads them. Logged entries go to `state.log_history` in HF's format and to every Lightning
 logger at `step=global_step` with HF's TensorBoard tag names.
 
+Pre-emption: `HFLoopSteps.stop_if_preempted`; Ctrl-C leaves `fit` as `KeyboardInterrupt` (not `SystemExit(1)`).
+
 What the flow needs from the module and the data module is declared in `hf_lightning.contracts` and checked once in
 `setup`. `fit`, `evaluate` and `predict` run Lightning's entry points and return HF's results.
 """
@@ -46,6 +48,7 @@ from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import HFEvaluator
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
 from hf_lightning.callbacks.loop_steps import HFLoopSteps
+from hf_lightning.callbacks.preemption import PreemptionGuard
 from hf_lightning.callbacks.throughput import TokenLogs
 from hf_lightning.callbacks.train_log import (
     FlopsCounter,
@@ -59,6 +62,7 @@ from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, f
 from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
 from hf_lightning.full_eval import cast_for_full_eval
 from hf_lightning.hf_messages import TRAINING_COMPLETED, logger
+from hf_lightning.interruption import TrainingPreempted
 from hf_lightning.neftune import NEFTune
 from hf_lightning.resume.load import CheckpointRestorer, start_fit
 from hf_lightning.threads import warn_if_oversubscribed
@@ -108,6 +112,9 @@ class HFTrainerFlow(HFLoopSteps):
         self._resumes_mid_epoch = False
         self._quiet_resume = ExitStack()  # holds the scoped warning filter of a mid-epoch resume while it is open
         self._summary: dict[str, Any] | None = None  # the train summary of the fit running now
+        self.preemption = PreemptionGuard()
+        self._keyboard_interrupt: KeyboardInterrupt | None = None  # Ctrl-C seen by `on_exception` in this fit
+        self._late_signal = 0  # a pre-emption signal after the last update (`on_train_end`'s agreement)
 
     @property
     @override
@@ -124,14 +131,30 @@ class HFTrainerFlow(HFLoopSteps):
         self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any,
         resume_from_checkpoint: str | bool | None = None,
     ) -> TrainOutput:
-        """`trainer.fit`, resuming from `resume_from_checkpoint` (see the attribute); returns HF's `TrainOutput`."""
+        """`trainer.fit`, resuming from `resume_from_checkpoint` (see the attribute); returns HF's `TrainOutput`.
+
+        Raises:
+            TrainingPreempted: a pre-emption signal stopped the run, or arrived after its last update.
+            KeyboardInterrupt: Ctrl-C (Lightning turns it into `SystemExit(1)`; HF's `train()` raises it).
+        """
         previous = self.resume_from_checkpoint
         self.resume_from_checkpoint = resume_from_checkpoint
+        self._keyboard_interrupt, self._late_signal = None, 0
         try:
             trainer.fit(module, datamodule=datamodule)
             metrics, self._summary = dict(self._summary or {}), None
+        except SystemExit as stop:
+            interrupt, self._keyboard_interrupt = self._keyboard_interrupt, None
+            if interrupt is None or isinstance(stop, TrainingPreempted):
+                raise
+            self.interrupted_line(trainer)
+            raise interrupt from None
         finally:
             self.resume_from_checkpoint = previous
+        # a signal after the last update (agreed at the end of `on_train_end`, or just after): the run is complete
+        late = self._late_signal or self.preemption.local_signal
+        if late:
+            raise self.preempted(trainer, late, saved=False)
         metrics["epoch"] = self.state.epoch
         return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
 
@@ -142,7 +165,8 @@ class HFTrainerFlow(HFLoopSteps):
         """HF's `evaluate()` with `trainer.validate`: every eval dataset's result (`.metrics`: HF's return value)."""
         cast_for_full_eval(flow_model(module), self.args)  # bf16 / fp16_full_eval, outside training only (as HF)
         request = EvalRequest(metric_key_prefix, ignore_keys)
-        return self.evaluator.evaluate(trainer, module, datamodule, request, ckpt_path)
+        with self.preempted_outside_training(trainer):
+            return self.evaluator.evaluate(trainer, module, datamodule, request, ckpt_path)
 
     def predict(
         self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, ignore_keys: list[str] | None = None,
@@ -151,7 +175,8 @@ class HFTrainerFlow(HFLoopSteps):
         """HF's `predict()` with `trainer.predict`: the predictions, labels and metrics (`PredictionOutput`'s)."""
         cast_for_full_eval(flow_model(module), self.args)
         request = EvalRequest(metric_key_prefix, ignore_keys, is_prediction=True)
-        return self.evaluator.predict(trainer, module, datamodule, request, ckpt_path)
+        with self.preempted_outside_training(trainer):
+            return self.evaluator.predict(trainer, module, datamodule, request, ckpt_path)
 
     # ----- setup -----
     @override
@@ -163,6 +188,7 @@ class HFTrainerFlow(HFLoopSteps):
         self._eval_listeners = [cb for cb in callbacks_of(trainer) if isinstance(cb, HFEvaluationListener)]
         if stage != "fit":
             return
+        self.preemption.install(trainer)  # before Lightning registers its signal handlers (callbacks/preemption.py)
         self.plan = plan = plan_training(self.args, datamodule.num_train_microbatches())
         loss_only = flow_module(pl_module).prediction_loss_only(is_prediction=False)
         # an owner (`hf_lightning.Trainer`) checked the metric at construction, knowing which of its methods are
@@ -308,6 +334,7 @@ class HFTrainerFlow(HFLoopSteps):
             # only when a new loss was logged: Lightning's bar keeps a value until it is logged again, and its
             # `log` costs a few milliseconds (signature inspection, result bookkeeping)
             pl_module.log("loss", self.loss.latest_loss, prog_bar=True, logger=False)
+        self.stop_if_preempted(trainer, pl_module)  # one collective per update, at the same point on every rank
 
     # ----- HF events and logging (the steps themselves: loop_steps.py) -----
     def set_eval_dataloader(self, loader: Any) -> None:
@@ -351,9 +378,12 @@ class HFTrainerFlow(HFLoopSteps):
         self.hf_event("on_train_end")
         self._end_steps()
         self.neftune.stop()
+        self._late_signal = self.preemption.agreed(trainer)  # every rank ends here: one collective, as per update
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if isinstance(exception, KeyboardInterrupt):
+            self._keyboard_interrupt = exception  # `fit` raises it instead of Lightning's `SystemExit(1)`
         self._end_quiet_resume()
         self.saver.end_run(trainer)  # Lightning skips `teardown` after an exception
         self._end_steps()

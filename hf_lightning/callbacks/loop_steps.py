@@ -10,24 +10,31 @@ runs where HF's runs and `super()` reaches the built-in. Without an owner (the C
 
 from __future__ import annotations
 
+import signal
+import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from hf_lightning._lightning_compat import datamodule_of, reload_validation_data
 from hf_lightning.callbacks.best_model import BestModelTracker
 from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import EvaluationHooks
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
+from hf_lightning.callbacks.preemption import PreemptionGuard
 from hf_lightning.callbacks.throughput import TokenLogs
 from hf_lightning.callbacks.train_log import FlopsCounter, TrainLossTracker, UpdateReport, tensorboard_tag
 from hf_lightning.contracts import HFLoopHooks, flow_model
 from hf_lightning.data.windows import is_sized, num_examples
 from hf_lightning.evaluation import EvalRequest
 from hf_lightning.hf_messages import evaluation_header, logger, resume_lines, training_header
+from hf_lightning.interruption import TrainingPreempted, signal_name, stop_line
+from hf_lightning.resume.find import last_checkpoint
 
 __all__ = ["HFLoopSteps"]
 
@@ -38,6 +45,8 @@ class HFLoopSteps(EvaluationHooks):
     Attributes:
         owner: the object whose HF methods run the steps (an `hf_lightning.Trainer`), or None for the built-ins.
         ignore_keys_for_eval: `train(ignore_keys_for_eval=...)`, used by every evaluation during training.
+        resume_hint: how the entry point resumes from a checkpoint folder (`{path}`), in the line a stopped run
+            prints (`hf_lightning.Trainer`: `trainer.train(resume_from_checkpoint=...)`, the CLI: `--ckpt_path`).
     """
 
     args: Any
@@ -52,6 +61,8 @@ class HFLoopSteps(EvaluationHooks):
     tokens: TokenLogs
     owner: HFLoopHooks | None = None
     ignore_keys_for_eval: list[str] | None = None
+    preemption: PreemptionGuard
+    resume_hint: str = "flow.resume_from_checkpoint = {path!r} before the next fit"
     _train_start: float = 0.0
     _epoch_index: int = 0
     _running: tuple[pl.Trainer, pl.LightningModule] | None = None
@@ -151,6 +162,66 @@ class HFLoopSteps(EvaluationHooks):
             self.saver.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
                             epoch_ending=self.control.should_epoch_stop, skip_callbacks=(self,))
             self.hf_event("on_save")
+
+    # ----- pre-emption (callbacks/preemption.py, interruption.py) -----
+    def stop_if_preempted(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """At the end of every update, on every rank (one collective): when any rank received a pre-emption signal,
+        write this update's checkpoint through the normal save (`enable_jit_checkpoint=True`, unless this update's
+        own save wrote it), wait until it is complete, and raise `TrainingPreempted`: no further update runs.
+
+        Raises:
+            TrainingPreempted: a rank was signalled (every rank raises it, after the same save).
+        """
+        signum = self.preemption.agreed(trainer)
+        if not signum:
+            return
+        jit = bool(self.args.enable_jit_checkpoint)
+        if jit and self.saver.last_saved_step != self.state.global_step:
+            self.flos.store(self.state, trainer)
+            self.saver.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
+                            epoch_ending=self.control.should_epoch_stop, skip_callbacks=(self,))
+            self.hf_event("on_save")
+        self.saver.wait(trainer)  # `save_async`: the checkpoint in flight is in place before the process ends
+        self.preemption.requeue(trainer, signum)  # Lightning's SLURM auto-requeue, once the checkpoint is complete
+        raise self.preempted(trainer, signum, saved=jit)
+
+    def preempted(self, trainer: pl.Trainer, signum: int, saved: bool, during: str = "") -> TrainingPreempted:
+        """The exception for a run stopped by `signum` (`during`: where, after the signal's name); its one line
+        printed on global rank 0."""
+        checkpoint = last_checkpoint(self.args.resolved_output_dir)
+        save_hint = None if self.args.enable_jit_checkpoint else \
+            "enable_jit_checkpoint=True writes a checkpoint when a run is pre-empted"
+        line = stop_line(signal_name(signum) + during, self.state.global_step, checkpoint, self.resume_hint, saved,
+                         save_hint)
+        self.say_stopped(trainer, line)
+        return TrainingPreempted(signum, self.state.global_step, checkpoint, saved, line)
+
+    @contextmanager
+    def preempted_outside_training(self, trainer: pl.Trainer) -> Iterator[None]:
+        """`evaluate()` / `predict()`: Lightning ends them at the next batch after a SIGTERM with its
+        `SIGTERMException` (a `SystemExit` with status 0: a scheduler would see success); `TrainingPreempted`
+        (status 143, with the line) instead.
+
+        Raises:
+            TrainingPreempted: Lightning stopped the run on SIGTERM.
+        """
+        try:
+            yield
+        except SIGTERMException:
+            raise self.preempted(trainer, int(signal.SIGTERM), saved=False, during=" during evaluate() / predict()"
+                                 ) from None
+
+    def interrupted_line(self, trainer: pl.Trainer) -> None:
+        """Ctrl-C: print the line naming the last complete checkpoint (global rank 0)."""
+        checkpoint = last_checkpoint(self.args.resolved_output_dir)
+        self.say_stopped(trainer, stop_line("Ctrl-C (KeyboardInterrupt)", self.state.global_step, checkpoint,
+                                            self.resume_hint))
+
+    @staticmethod
+    def say_stopped(trainer: pl.Trainer, line: str) -> None:
+        # printed, not logged: the run's log level (`log_level="error"`...) must not hide where to resume from
+        if trainer.is_global_zero:
+            print(line, file=sys.stderr, flush=True)
 
     # ----- logging -----
     def hf_log(self, trainer: pl.Trainer | None, logs: dict[str, Any], start_time: float | None = None) -> None:

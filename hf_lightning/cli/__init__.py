@@ -16,6 +16,8 @@ A config has these sections::
     eval_loss_weighting: samples   # optional: HF's eval_loss ("samples") or the per-token mean ("tokens")
 
 - `precheck`: the `task` / `args` / `model` / `data` sections checked before Lightning is imported.
+- A pre-empted `fit` (SIGTERM, SIGUSR1) ends with status 143 / 138 (`hf_lightning.TrainingPreempted`), Ctrl-C with
+  130; both print one line naming the last complete checkpoint and the `--ckpt_path` that resumes it.
 - `lightning_cli`: `HFLightningCLI`, which builds the model, data module, `HFTrainerFlow` and `lightning.Trainer`
   with the same functions as the `hf_lightning.Trainer` facade (`lightning_trainer.py`, `args/to_lightning.py`), so
   both behave the same. Lightning options the HF arguments decide (`trainer.max_steps`...) are rejected with the
@@ -104,7 +106,11 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(verify_main(args[1:]))
     if args[0] in ("fit", "validate", "predict"):
-        run_cli(args)
+        try:
+            run_cli(args)
+        except KeyboardInterrupt:
+            # Ctrl-C: the run printed the line naming the last complete checkpoint and how to resume; no traceback
+            sys.exit(130)  # what a shell reports for a process ended by SIGINT
         return
     sys.exit(f"hf-lightning: unknown command {args[0]!r}\n{_USAGE}")
 

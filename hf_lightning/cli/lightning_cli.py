@@ -260,6 +260,7 @@ class HFLightningCLI(LightningCLI):
             raise ValueError(str(err).replace("lightning_kwargs", "trainer options").replace(
                 "TrainingArguments.", "args.")) from None
         self.flow = build_flow(args, hf_callbacks, tokenizer)
+        self.flow.resume_hint = "the same command and --ckpt_path {path}"  # the line a stopped run prints
         self.flow.hf_init_end(model)
         save_config = SaveConfigCallback(self._parser(sub), self.config[sub], **self.save_config_kwargs)
 
