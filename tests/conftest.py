@@ -57,6 +57,7 @@ TIERS = {
     "test_data.py": "parity",
     "test_strategies.py": "parity",
     "test_deepspeed_config.py": "parity",
+    "test_deepspeed_cpu.py": "e2e",
     "test_early_stopping.py": "parity",
     "test_examples.py": "parity",
     "test_eval_parity.py": "parity",
@@ -155,6 +156,7 @@ SLOW = {
     "test_examples.py::test_rerunning_a_command_into_its_output_dir_resumes_as_hf",
     "test_examples.py::test_resume_from_checkpoint_continues_the_run",
     "test_readme_examples.py::test_python_blocks_run_as_written",
+    "test_gpu.py::test_the_best_model_flow_of_the_gpu_harness_runs_on_the_cpu",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 

@@ -22,6 +22,7 @@ import torch
 from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpointing.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 from hf_lightning.hf_messages import logger
+from hf_lightning.parallel.checkpoint import load_engine_state
 from hf_lightning.resume.load import load_weights
 
 __all__ = ["BestModelTracker", "metric_key", "unreachable_best_metric"]
@@ -120,11 +121,15 @@ class BestModelTracker:
 
     def load_best(self, model: Any, state: Any, strategy: Any = None) -> None:
         """`load_best_model_at_end` (T:2001-2003, 2280-2353): the best checkpoint's weights into `model` (sharded by
-        `strategy`, if any: FSDP, DeepSpeed ZeRO-3)."""
+        `strategy`, if any: FSDP, DeepSpeed; under DeepSpeed the engine's checkpoint of that folder, as HF)."""
         folder = state.best_model_checkpoint
         if not self.args.load_best_model_at_end or folder is None:
             return
         logger.info(f"Loading best model from {folder} (score: {state.best_metric}).")  # T:3737
+        if load_engine_state(strategy, folder):
+            # DeepSpeed, as HF (`deepspeed_load_checkpoint`): the engine's checkpoint puts the best weights into every
+            # rank's partitions and fp32 master weights (and the optimizer state with them)
+            return
         weights = weights_file(folder)  # full weights, or a PEFT model's adapter
         if weights is None:
             raise FileNotFoundError(f"load_best_model_at_end: no weights file in {folder} (expected one of "

@@ -27,6 +27,7 @@ from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelPa
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 from torch import nn
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import set_ddp_options
@@ -49,7 +50,8 @@ from hf_lightning.args.parallel import (
 from hf_lightning.contracts import flow_model
 from hf_lightning.optim import build_scheduler
 
-__all__ = ["HFFSDP2Strategy", "HFDeepSpeedStrategy", "strategy_request", "build_strategy", "adopt_ddp_options"]
+__all__ = ["HFFSDP2Strategy", "HFDeepSpeedStrategy", "strategy_request", "build_strategy", "adopt_ddp_options",
+           "scheduler_base_optimizer"]
 
 
 class HFFSDP2Strategy(ModelParallelStrategy):
@@ -83,8 +85,18 @@ class HFDeepSpeedStrategy(DeepSpeedStrategy):
     """Lightning's `DeepSpeedStrategy` with an HF config: `"auto"` values filled from the arguments when the run
     starts (world size, model and number of updates are known then), as `HfTrainerDeepSpeedConfig` does.
 
-    Without a `scheduler` section but with an `optimizer` one, HF's scheduler (`lr_scheduler_type`) is built on
-    DeepSpeed's optimizer, as HF does (transformers `integrations/deepspeed.py`, `deepspeed_optim_sched`).
+    The optimizer and the scheduler follow HF's four combinations (transformers `integrations/deepspeed.py`,
+    `deepspeed_optim_sched`, with accelerate's `DummyOptim` / `DummyScheduler`):
+
+    - no `optimizer` / no `scheduler` section: HF's optimizer and HF's scheduler (`configure_optimizers`).
+    - `optimizer` section only: DeepSpeed's optimizer, HF's scheduler (`lr_scheduler_type`) built on the engine's
+      *basic* optimizer (`scheduler_base_optimizer`): HF hands DeepSpeed a scheduler callable, which the engine
+      calls with `engine.basic_optimizer`. DeepSpeed's ZeRO wrapper is not a `torch.optim.Optimizer`.
+    - `scheduler` section (with or without `optimizer`): DeepSpeed's scheduler from the section, on the optimizer in
+      use; HF's own scheduler is not passed to the engine (DeepSpeed would take it and ignore the section).
+
+    Lightning steps the scheduler (it detaches it from the engine), once per update as HF's engine does. Every run
+    builds its optimizer afresh, as HF's `deepspeed_init` does (see `_init_optimizers`).
 
     Args:
         hf_config: the user's DeepSpeed config (`"auto"` values unfilled).
@@ -120,13 +132,53 @@ class HFDeepSpeedStrategy(DeepSpeedStrategy):
             yield
 
     @override
+    def _init_optimizers(self) -> tuple[Optimizer, LRSchedulerConfig | None]:
+        module: Any = self.lightning_module  # a TransformerModule (HF's `optimizer`), or any LightningModule
+        if getattr(module, "optimizer", None) is not None:
+            # HF's `deepspeed_init` ("important for when deepspeed_init is used as re-init"): a fresh optimizer per
+            # run. An earlier run's engine made its optimizer DeepSpeed's: ZeRO replaced the parameter groups' params
+            # with its flat fp32 partitions, so a next engine would train those copies, not the model.
+            module.optimizer = None
+        optimizer, scheduler = super()._init_optimizers()
+        if "scheduler" in (self.config or {}):
+            scheduler = None  # DeepSpeed builds the section's scheduler only without a client one (HF's DummyScheduler)
+        return optimizer, scheduler
+
+    @override
     def setup(self, trainer: pl.Trainer) -> None:
         self._fill_hf_config()
         super().setup(trainer)
-        if trainer.state.fn == TrainerFn.FITTING and not self.lr_scheduler_configs and self.optimizers \
-                and "optimizer" in (self.config or {}):
-            scheduler = build_scheduler(self.optimizers[0], self._hf_args, int(trainer.max_steps))
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        if not self.lr_scheduler_configs and "optimizer" in (self.config or {}):
+            optimizer = scheduler_base_optimizer(self.deepspeed_engine)
+            scheduler = build_scheduler(optimizer, self._hf_args, int(trainer.max_steps))
             self.lr_scheduler_configs = [LRSchedulerConfig(scheduler, interval="step")]
+        module: Any = self.lightning_module
+        if self.lr_scheduler_configs and hasattr(module, "lr_scheduler"):
+            # HF's `trainer.lr_scheduler` is the scheduler in use; a later fit builds its own again
+            module.lr_scheduler = self.lr_scheduler_configs[0].scheduler
+            module._created_lr_scheduler = True
+
+
+def scheduler_base_optimizer(engine: Any) -> Optimizer:
+    """The torch optimizer HF's scheduler is built on when DeepSpeed's config has an `optimizer` section.
+
+    DeepSpeed builds the section's optimizer (`engine.basic_optimizer`, e.g. `torch.optim.AdamW`) and wraps it (ZeRO:
+    `DeepSpeedZeroOptimizer`, `DeepSpeedZeroOptimizer_Stage3`; bf16 / fp16: `BF16_Optimizer`, `FP16_Optimizer`);
+    the wrappers are not `torch.optim.Optimizer`s, so torch's schedulers refuse them. HF gets its scheduler built on
+    the basic optimizer (the engine calls HF's scheduler callable with it), and the wrappers step that object.
+
+    Raises:
+        TypeError: the engine has no torch optimizer to schedule (named, with what to do).
+    """
+    basic = getattr(engine, "basic_optimizer", None)
+    if not isinstance(basic, Optimizer):
+        raise TypeError(
+            f"DeepSpeed's `optimizer` section gave the engine a {type(basic).__name__}, not a torch.optim.Optimizer: "
+            "HF's `lr_scheduler_type` cannot be built on it. Add a `scheduler` section to the DeepSpeed config, or "
+            "remove the `optimizer` section to use HF's optimizer (`optim`).")
+    return basic
 
 
 def _is_pretrained(model: nn.Module) -> bool:
