@@ -58,6 +58,8 @@ TIERS = {
     "test_strategies.py": "parity",
     "test_deepspeed_config.py": "parity",
     "test_deepspeed_cpu.py": "e2e",
+    "test_fsdp1.py": "parity",
+    "test_multinode.py": "distributed",
     "test_early_stopping.py": "parity",
     "test_examples.py": "parity",
     "test_eval_parity.py": "parity",
@@ -138,6 +140,7 @@ DISTRIBUTED = {
     "test_readme_examples.py::test_bash_blocks_run_in_order_with_few_updates",  # the README's DDP line
     "test_readme_examples.py::test_bash_blocks_run_exactly_as_written",
     "test_length_grouping.py::test_two_processes_train_on_their_shards_of_the_grouped_order",
+    "test_fsdp1.py::test_fsdp1_trains_like_ddp_on_cpu_processes",
 }
 """Files, or `file::test` names, whose tests spawn 2 processes."""
 

@@ -8,7 +8,8 @@ Usage:
   python checkpoint_train.py resume OUT_DIR STRATEGY RESULT_JSON
       On 2 CPU processes (gloo): an uninterrupted run of 6 updates (save_total_limit=2), then a run resumed from its
       checkpoint-4 (mid-epoch) in another output directory; rank 0 writes both log histories to RESULT_JSON.
-      STRATEGY: "ddp" (`lightning_kwargs["strategy"]="ddp"`), "hf-ddp" (HF's `ddp_*` arguments, Lightning chooses
+      STRATEGY: "launched" (the processes torchrun started, on one node or several: README "Multi-node"), "ddp"
+      (`lightning_kwargs["strategy"]="ddp"`), "hf-ddp" (HF's `ddp_*` arguments, Lightning chooses
       DDP), "fsdp2" (HF's `fsdp="full_shard auto_wrap"`: FSDP2 sharded by the default policy), "fsdp2-plain" (a plain
       `ModelParallelStrategy` given in `lightning_kwargs`, no `configure_model` of ours) or "fsdp2-subclass" (a user
       subclass sharding in its own `configure_model`).
@@ -139,6 +140,7 @@ def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
     extra = {"save_async": True} if asynchronous else {}
     module_class = FSDP2Module if strategy_name == "fsdp2-subclass" else None
     hf_args = {"fsdp2": {"fsdp": "full_shard auto_wrap"},
+               "fsdp1": {"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 1}},
                "hf-ddp": {"ddp_find_unused_parameters": False, "ddp_static_graph": True}}.get(strategy_name, {})
     if strategy_name in GPU_ARGS:
         hf_args = dict(GPU_ARGS[strategy_name])  # seeded, not full_determinism: see GPU_DETERMINISM
@@ -146,6 +148,8 @@ def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
     def kwargs() -> dict:  # a strategy object belongs to one Lightning trainer: a fresh one per run
         if strategy_name.startswith("gpu-"):
             return {"accelerator": "gpu", "devices": min(2, torch.cuda.device_count())}
+        if strategy_name == "launched":  # started by torchrun: devices, nodes and DDP come from its environment
+            return {}
         if strategy_name == "ddp":
             return {"devices": 2, "strategy": "ddp"}
         if strategy_name in ("fsdp2-plain", "fsdp2-subclass"):
