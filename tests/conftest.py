@@ -60,6 +60,7 @@ TIERS = {
     "test_deepspeed_cpu.py": "e2e",
     "test_fsdp1.py": "parity",
     "test_multinode.py": "distributed",
+    "test_gpu_check.py": "e2e",
     "test_early_stopping.py": "parity",
     "test_examples.py": "parity",
     "test_eval_parity.py": "parity",

@@ -23,7 +23,7 @@ Usage::
 
     python bench/gpu/bench_throughput.py --json out.json                 # every case, 1 repeat
     python bench/gpu/bench_throughput.py --case gpt2 --repeats 3 --steps 60
-    python bench/gpu/bench_throughput.py --tiny-cpu --json out.json      # tiny models on the CPU, 3 updates: a check
+    python bench/gpu/bench_throughput.py --tiny-cpu --json out.json      # tiny gpt2 and llama-lora on the CPU, 3 updates: a check
                                                                           # that the script runs (bench/gpu/check.sh
                                                                           # --dry-run), no figures
 """
@@ -258,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     device_name = "cpu" if tiny else torch.cuda.get_device_name()
     peak = None if tiny else peak_flops(device_name, "bf16")
     summaries = []
-    for name in CASES if opts.case == "all" else [opts.case]:
+    names = list(CASES) if opts.case == "all" else [opts.case]
+    if tiny and opts.case == "all":
+        names = ["gpt2", "llama1b-lora"]  # both model families and PEFT: the code paths, in half the time
+    for name in names:
         case = CASES[name]
         steps = 3 if tiny else (opts.steps or case.steps)
         warmup = 1 if tiny else max(1, min(case.warmup, steps // 2))
