@@ -142,6 +142,7 @@ DISTRIBUTED = {
     "test_readme_examples.py::test_bash_blocks_run_exactly_as_written",
     "test_length_grouping.py::test_two_processes_train_on_their_shards_of_the_grouped_order",
     "test_fsdp1.py::test_fsdp1_trains_like_ddp_on_cpu_processes",
+    "test_fsdp1.py::test_fsdp1_checkpoints_and_resumes_exactly_on_cpu_processes",
 }
 """Files, or `file::test` names, whose tests spawn 2 processes."""
 

@@ -93,3 +93,25 @@ def test_the_step_model_under_fsdp1_is_the_model_to_hf_code_and_calls_the_root()
     ids = torch.tensor([[3, 4, 5]])
     assert torch.equal(wrapped(input_ids=ids).logits, model(input_ids=ids).logits)
     assert calls == [["input_ids"]]
+
+
+def test_fsdp1_checkpoints_and_resumes_exactly_on_cpu_processes(tmp_path):
+    """HF-layout checkpoints under FSDP1 (gathered weights, sharded optimizer) and an exact mid-epoch resume
+    (tests/scripts/checkpoint_train.py `resume ... fsdp1`, as test_checkpoint_processes' DDP / FSDP2 scenarios)."""
+    from safetensors.torch import load_file
+    from test_checkpoint_processes import _losses
+    from test_checkpoint_processes import _run as run_script
+
+    result = tmp_path / "result.json"
+    proc = run_script("resume", str(tmp_path), "fsdp1", str(result), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads(result.read_text())
+    assert data["strategy"] == "HFFSDPStrategy" and data["world_size"] == 2
+    assert [e[0] for e in _losses(data["full"])] == [1, 2, 3, 4, 5, 6]
+    assert _losses(data["resumed"], after=4) == _losses(data["full"], after=4)  # bit-identical continuation
+    files = set(os.listdir(tmp_path / "full" / "checkpoint-4"))
+    assert {"model.safetensors", "optimizer_sharded", "scheduler.pt", "rng_state_0.pth", "rng_state_1.pth"} <= files
+    weights = load_file(str(tmp_path / "full" / "checkpoint-6" / "model.safetensors"))
+    final = load_file(str(tmp_path / "resumed" / "checkpoint-6" / "model.safetensors"))
+    assert weights["transformer.wte.weight"].shape == (64, 32)
+    assert all(torch.equal(weights[k], final[k]) for k in final)

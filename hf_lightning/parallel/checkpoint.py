@@ -70,7 +70,10 @@ def gather_full_weights(strategy: Strategy | None, model: nn.Module) -> dict[str
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         root = _fsdp_root(strategy)
-        state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # torch's FSDP1 full state dict with `cpu_offload` crashes (SIGSEGV, torch 2.13) on CPU processes, where the
+        # tensors are on the CPU already
+        offload = strategy.root_device.type != "cpu"
+        state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
         return _strip(state)
     if isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3:
         # the engine gathers parameter by parameter onto rank 0 (transformers / accelerate `get_state_dict` use it)

@@ -94,7 +94,7 @@ class HFFSDPStrategy(FSDPStrategy):
     forward of its own (`parallel.runtime.step_model`), as HF's is through accelerate's FSDP wrapper.
 
     A subclass, so Lightning's check that FSDP runs on CUDA (which looks for `FSDPStrategy` itself) does not apply:
-    FSDP1 also runs on CPU processes (gloo), which is how tests/test_fsdp1_cpu.py checks it.
+    FSDP1 also runs on CPU processes (gloo), which is how tests/test_fsdp1.py checks it.
     """
 
     @override
