@@ -10,7 +10,8 @@ checkpoints must be HF-layout folders with the full weights, loadable by `from_p
 
 - fp16 (`fp16=True`): Lightning's grad scaler, saved as HF's `scaler.pt` and restored.
 - bf16 (`bf16=True`).
-- FSDP1 (`fsdp="full_shard auto_wrap"`, `fsdp_config={"version": 1}`): Lightning's FSDPStrategy.
+- FSDP1 (`fsdp="full_shard auto_wrap"`, `fsdp_config={"version": 1}`): `HFFSDPStrategy` (Lightning's FSDPStrategy,
+  the update outside the root's forward).
 - FSDP2 (`fsdp="full_shard auto_wrap"`): HF's default version, sharded per layer by the default policy.
 - DeepSpeed ZeRO-2 / ZeRO-3 (`deepspeed=` a config with HF's "auto" values): the engine's checkpoint
   (`global_step<N>/`, `latest`) next to the gathered weights; with an `optimizer` section (HF's scheduler on the
@@ -35,7 +36,7 @@ SCENARIOS = {
                  "files": {"scaler.pt", "optimizer.pt"}},
     "gpu-bf16": {"strategy": {"SingleDeviceStrategy", "DDPStrategy"}, "precision": "bf16-mixed",
                  "files": {"optimizer.pt"}},
-    "gpu-fsdp1": {"strategy": {"FSDPStrategy"}, "precision": "32-true", "files": {"optimizer_sharded"}},
+    "gpu-fsdp1": {"strategy": {"HFFSDPStrategy"}, "precision": "32-true", "files": {"optimizer_sharded"}},
     "gpu-fsdp2": {"strategy": {"HFFSDP2Strategy"}, "precision": "32-true", "files": {"optimizer_sharded"}},
     "gpu-zero2": {"strategy": {"HFDeepSpeedStrategy"}, "precision": "32-true", "files": {"latest", "global_step4"}},
     "gpu-zero3": {"strategy": {"HFDeepSpeedStrategy"}, "precision": "32-true", "files": {"latest", "global_step4"}},
