@@ -23,9 +23,9 @@ Usage::
 
     python bench/gpu/bench_throughput.py --json out.json                 # every case, 1 repeat
     python bench/gpu/bench_throughput.py --case gpt2 --repeats 3 --steps 60
-    python bench/gpu/bench_throughput.py --tiny-cpu --json out.json      # tiny gpt2 and llama-lora on the CPU, 3 updates: a check
-                                                                          # that the script runs (bench/gpu/check.sh
-                                                                          # --dry-run), no figures
+    python bench/gpu/bench_throughput.py --tiny-cpu --json out.json      # tiny gpt2 and llama-lora on the CPU,
+                                                                          # 3 updates: a check that the script runs
+                                                                          # (check.sh --dry-run), no figures
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -217,8 +217,8 @@ def run_one(name: str, case: Case, steps: int, warmup: int, tiny: bool, peak: fl
 
 
 def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+    ordered, middle = sorted(values), len(values) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def summarize(case: Case, runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
