@@ -90,7 +90,8 @@ note_part wheels 0 0 "${WHEELS_MIB} MiB wheels + ${TREE_MIB} MiB tracked files (
 # ---- install ------------------------------------------------------------------------------------------------------
 DS_SKIP=""
 [ -d "$WHEELS" ] && ls "$WHEELS"/deepspeed-*.whl >/dev/null 2>&1 || DS_SKIP="no deepspeed wheel in bench/gpu/wheels (fetch_wheels.sh builds it from PyPI's source tarball)"
-export DS_BUILD_OPS=0 DS_ACCELERATOR=cuda   # DeepSpeed: no op compiled at install; CUDA even if it cannot tell
+# DeepSpeed: no op compiled at install; CUDA even if it cannot tell (not in a dry run: no GPU there)
+[ "$DRY" = 0 ] && export DS_BUILD_OPS=0 DS_ACCELERATOR=cuda
 install() {
   set -e
   local found="$WHEELS"
