@@ -13,9 +13,9 @@ evaluation, the same random-token rows in the same seeded order. Runners are int
 repeat). Timing: `torch.cuda.synchronize()` then `perf_counter()` at the end of each update (HF's `on_step_end`, the
 loop's own end of update), steady rate over the updates after `warmup`: tokens/s = updates/s x batch x 1024. MFU =
 tokens/s x FLOPs per token / the GPU's dense bf16 peak (`hf_lightning.peak_flops`); FLOPs per token = 6 N + 12 L d S
-(weights forward and backward, plus attention scores; N the parameters outside the embeddings), with LoRA 4 N_base +
-6 N_lora + 12 L d S (no weight gradients for the frozen base). Peak memory: `torch.cuda.max_memory_allocated()` over
-the run (reset before it).
+(weights forward and backward, plus attention scores; N the parameters outside the input embeddings, the output
+projection counted even when tied to them), with LoRA 4 N_base + 6 N_lora + 12 L d S (no weight gradients for the
+frozen base). Peak memory: `torch.cuda.max_memory_allocated()` over the run (reset before it).
 
 Targets: ours >= 1.0x HF tokens/s, ours >= 0.97x the hand loop, ours' peak memory <= HF's.
 
@@ -128,6 +128,8 @@ def flops_per_token(model: torch.nn.Module, case: Case, tiny: bool) -> float:
     base = sum(p.numel() for n, p in model.named_parameters()
                if not any(f"{e}." in n for e in embedding) and "lora_" not in n)
     lora = sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+    if not any("lm_head" in n for n, _ in model.named_parameters()):  # tied to the input embedding (GPT-2): the
+        base += config.get("vocab_size", 0) * width  # output projection is still a matmul per token
     attention = 12 * layers * width * SEQ
     return (4 * base + 6 * lora + attention) if case.lora else (6 * base + attention)
 
