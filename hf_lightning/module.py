@@ -36,10 +36,12 @@ from hf_lightning.model_wrappers import without_compile
 from hf_lightning.module_hooks import HFHooksModule, WindowContext
 from hf_lightning.parallel.lockstep import needs_lockstep_forwards
 from hf_lightning.parallel.runtime import (
+    check_update_strategy,
     clip_by_strategy,
     configure_model_for_strategy,
     deepspeed_step_report,
     micro_batch_context,
+    step_model,
     steps_like_a_scheduler,
 )
 from hf_lightning.torch_compile import model_to_call
@@ -184,6 +186,7 @@ class TransformerModule(HFHooksModule):
         strategy = self.trainer.strategy
         self._grad_norm = None
         hooks = self.hooks
+        model = step_model(strategy, self.model_wrapped)  # FSDP1: each micro-batch a forward of the FSDP root
 
         def closure() -> None:
             micro_losses.clear()  # a closure is called once, but an optimizer may call it again (LBFGS)
@@ -192,7 +195,7 @@ class TransformerModule(HFHooksModule):
                 self._micro_index = i
                 # Gradients are all-reduced once per update: no sync on every micro-batch but the last.
                 with micro_batch_context(strategy, last):
-                    loss = hooks.training_step(self.model_wrapped, dict(micro), num_items)
+                    loss = hooks.training_step(model, dict(micro), num_items)
                 # HF logs what `training_step` returns (with a process-global count: the share times the world
                 # size, averaged over processes at log time, which is the global mean)
                 micro_losses.append(torch.as_tensor(loss).detach().reshape(()))
@@ -299,7 +302,12 @@ class TransformerModule(HFHooksModule):
     @override
     def on_fit_start(self) -> None:
         """`from_pretrained` returns a model in eval mode; HF trains with dropout on, so do we. Here rather than in
-        `on_train_start`: Lightning warns about modules in eval mode between the two hooks."""
+        `on_train_start`: Lightning warns about modules in eval mode between the two hooks.
+
+        Raises:
+            ValueError: a strategy that cannot run one update per `training_step` (`check_update_strategy`).
+        """
+        check_update_strategy(self.trainer.strategy)
         self.model.train()
 
     @override

@@ -59,6 +59,10 @@ TIERS = {
     "test_data.py": "parity",
     "test_strategies.py": "parity",
     "test_deepspeed_config.py": "parity",
+    "test_deepspeed_cpu.py": "e2e",
+    "test_fsdp1.py": "parity",
+    "test_multinode.py": "distributed",
+    "test_gpu_check.py": "e2e",
     "test_early_stopping.py": "parity",
     "test_examples.py": "parity",
     "test_eval_parity.py": "parity",
@@ -159,6 +163,8 @@ DISTRIBUTED = {
     "test_preemption.py::test_cli_ctrl_c_ends_with_130_and_one_line",
     "test_preemption.py::test_sigterm_during_evaluate_ends_with_143_not_0",
     "test_preemption.py::test_under_slurm_auto_requeue_the_requeue_signal_requeues_after_the_checkpoint",
+    "test_fsdp1.py::test_fsdp1_trains_like_ddp_on_cpu_processes",
+    "test_fsdp1.py::test_fsdp1_checkpoints_and_resumes_exactly_on_cpu_processes",
 }
 """Files, or `file::test` names, whose tests spawn 2 processes."""
 
@@ -178,6 +184,7 @@ SLOW = {
     "test_examples.py::test_rerunning_a_command_into_its_output_dir_resumes_as_hf",
     "test_examples.py::test_resume_from_checkpoint_continues_the_run",
     "test_readme_examples.py::test_python_blocks_run_as_written",
+    "test_gpu.py::test_the_best_model_flow_of_the_gpu_harness_runs_on_the_cpu",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 

@@ -33,6 +33,17 @@ AUTO_Z2_NO_OPTIMIZER = {
     "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
     "bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"},
 }
+AUTO_OPTIMIZER_ONLY = {  # DeepSpeed's optimizer, HF's scheduler (the usual ZeRO config)
+    "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"},
+}
+AUTO_SCHEDULER_ONLY = {  # HF's optimizer, DeepSpeed's scheduler
+    "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                  "warmup_num_steps": "auto"}},
+    "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": "auto"},
+}
 FIXED_VALUES = {  # numbers instead of "auto": they must equal the Trainer's
     "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 3, "gradient_clipping": 0.5,
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
@@ -89,7 +100,8 @@ def _ours(config: dict, settings: dict, world_size: int, steps: int) -> tuple[di
     return filled, None
 
 
-@pytest.mark.parametrize("config", [AUTO_Z3, AUTO_Z2_NO_OPTIMIZER, FIXED_VALUES], ids=["auto-z3", "auto-z2", "fixed"])
+@pytest.mark.parametrize("config", [AUTO_Z3, AUTO_Z2_NO_OPTIMIZER, AUTO_OPTIMIZER_ONLY, AUTO_SCHEDULER_ONLY, FIXED_VALUES],
+                         ids=["auto-z3", "auto-z2", "optimizer-only", "scheduler-only", "fixed"])
 @pytest.mark.parametrize("settings", SETTINGS, ids=["defaults", "bf16", "matching", "full-eval-autofind"])
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_filled_config_and_mismatches_equal_hf(hf_deepspeed_config, config, settings, world_size):
@@ -111,6 +123,8 @@ def test_for_lightning_drops_what_lightning_sets_and_allows_hf_optimizer():
     out = for_lightning(filled)
     assert out == {"zero_optimization": {"stage": 2}, "zero_allow_untested_optimizer": True}
     assert "zero_allow_untested_optimizer" not in for_lightning({"optimizer": {"type": "AdamW"}})
+    # HF's optimizer under DeepSpeed's scheduler: HF sets the flag too (no `optimizer` section)
+    assert for_lightning({"scheduler": {"type": "WarmupLR"}})["zero_allow_untested_optimizer"] is True
 
 
 def test_a_json_file_is_read(tmp_path):

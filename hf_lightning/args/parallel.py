@@ -6,7 +6,8 @@ reproduces those rules without torch, Lightning or accelerate, and returns plain
 `hf_lightning.parallel.strategies` turns into Lightning strategies:
 
 - `fsdp_config["version"]` 2 (HF 5's default) -> FSDP2 (`fully_shard`) through Lightning's `ModelParallelStrategy`
-  with a default per-layer policy; 1 -> Lightning's `FSDPStrategy` (FSDP1, CUDA only).
+  with a default per-layer policy; 1 -> FSDP1, `HFFSDPStrategy` (Lightning's `FSDPStrategy`, the update outside the
+  FSDP root's forward).
 - `deepspeed` -> Lightning's `DeepSpeedStrategy` with HF's `"auto"` values filled (`args/deepspeed_config.py`).
 - otherwise, when Lightning runs several processes with DDP: HF's `ddp_*` options.
 
@@ -127,7 +128,7 @@ def _apply_legacy_options(fsdp: Any, config: dict[str, Any]) -> None:
                 if item not in ("full_shard", "shard_grad_op"):
                     raise ValueError(
                         f"`fsdp={item}` is only available with FSDP1. Set `fsdp_config['version'] = 1` to use it "
-                        "(as in transformers; FSDP1 needs CUDA)."
+                        "(as in transformers)."
                     )
                 config.setdefault("reshard_after_forward", item == "full_shard")
             else:

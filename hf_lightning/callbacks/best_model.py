@@ -23,6 +23,7 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpointing.verify import checkpoint_error, checkpoint_problems
 from hf_lightning.checkpointing.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 from hf_lightning.hf_messages import logger
+from hf_lightning.parallel.checkpoint import load_engine_state
 from hf_lightning.resume.load import load_weights
 
 __all__ = ["BestModelTracker", "metric_key", "unreachable_best_metric"]
@@ -121,7 +122,8 @@ class BestModelTracker:
 
     def load_best(self, model: Any, state: Any, strategy: Any = None) -> None:
         """`load_best_model_at_end` (T:2001-2003, 2280-2353): the best checkpoint's weights into `model` (sharded by
-        `strategy`, if any: FSDP, DeepSpeed ZeRO-3), once the folder is verified (`checkpointing/verify.py`).
+        `strategy`, if any: FSDP, DeepSpeed; under DeepSpeed the engine's checkpoint of that folder, as HF), once the
+        folder is verified (`checkpointing/verify.py`).
 
         Raises:
             DamagedCheckpointError: a file of the best checkpoint is damaged or altered since its save (named, with
@@ -134,6 +136,10 @@ class BestModelTracker:
         problems = checkpoint_problems(folder)
         if problems:
             raise checkpoint_error(folder, problems, what="load_best_model_at_end")
+        if load_engine_state(strategy, folder):
+            # DeepSpeed, as HF (`deepspeed_load_checkpoint`): the engine's checkpoint puts the best weights into every
+            # rank's partitions and fp32 master weights (and the optimizer state with them)
+            return
         weights = weights_file(folder)  # full weights, or a PEFT model's adapter
         if weights is None:
             raise FileNotFoundError(f"load_best_model_at_end: no weights file in {folder} (expected one of "

@@ -7,6 +7,8 @@ where the model alone is not enough, and fall back to it otherwise:
   outside the wrapped layers. Full weights are gathered, and loaded, through that root (names relative to the
   LightningModule: `model.` is stripped / added); the optimizer state is sharded with `torch.distributed.checkpoint`
   through the root too (`optimizer_sharded/`).
+- DeepSpeed: full weights loaded into a running engine reach every rank and the optimizer's fp32 master weights
+  (`load_into_engine`), else the next step would bring the old weights back.
 - DeepSpeed: the engine's own checkpoint (`global_step<N>/` and `latest`, as HF's DeepSpeed checkpoints) holds the
   partitioned optimizer and the fp32 master weights for an exact resume; the HF weights file holds the full weights
   (ZeRO-3: gathered from the partitions with the engine's consolidation, HF's way to save 16-bit weights, but
@@ -25,7 +27,7 @@ from hf_lightning.checkpointing import distributed as dist_state
 from hf_lightning.checkpointing.io import write_file
 
 __all__ = ["ENGINE_LATEST", "full_shapes", "gather_full_weights", "load_full_weights", "optimizer_shard_owner",
-           "save_engine_state", "load_engine_state", "is_deepspeed"]
+           "save_engine_state", "load_engine_state", "is_deepspeed", "load_into_engine"]
 
 ENGINE_LATEST = "latest"
 """The file DeepSpeed's `save_checkpoint` writes next to `global_step<N>/` (its presence marks engine state)."""
@@ -68,7 +70,10 @@ def gather_full_weights(strategy: Strategy | None, model: nn.Module) -> dict[str
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         root = _fsdp_root(strategy)
-        state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # torch's FSDP1 full state dict with `cpu_offload` crashes (SIGSEGV, torch 2.13) on CPU processes, where the
+        # tensors are on the CPU already
+        offload = strategy.root_device.type != "cpu"
+        state = get_model_state_dict(root, options=StateDictOptions(full_state_dict=True, cpu_offload=offload))
         return dist_state.alias_tied_weights(_strip(state), model)  # tied weights saved once, as HF saves them
     if isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3:
         # the engine gathers parameter by parameter onto rank 0 (transformers / accelerate `get_state_dict` use it)
@@ -86,15 +91,38 @@ def load_full_weights(strategy: Strategy | None, model: nn.Module, state_dict: d
         set_model_state_dict(_fsdp_root(strategy), prefixed, options=StateDictOptions(full_state_dict=True,
                                                                                       strict=False))
         return
-    if isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3:
-        import deepspeed
-
-        params = list(model.parameters())
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
-            if strategy.global_rank == 0:
-                model.load_state_dict(state_dict, strict=False)
+    if isinstance(strategy, DeepSpeedStrategy):
+        load_into_engine(strategy.deepspeed_engine, model, state_dict, strategy.zero_stage_3)
         return
     dist_state.load_model_state(model, state_dict)
+
+
+def load_into_engine(engine: Any, model: nn.Module, state_dict: dict[str, Any], zero3: bool) -> None:
+    """Full weights into a model trained by a DeepSpeed engine, on every rank (a collective under ZeRO-3).
+
+    The engine's optimizer keeps fp32 master weights (ZeRO-1/2/3, bf16, fp16) that its next step copies back into
+    the model: writing the model alone would be undone by that step (or by a checkpoint of the engine). So after the
+    model's weights (ZeRO-3: its partitions, written under `GatheredParameters(modifier_rank=0)`, which rank 0's
+    values reach on every rank) the masters are refreshed from them on every rank (`refresh_fp32_params`,
+    DeepSpeed's own "weights changed outside the optimizer" call).
+
+    Args:
+        engine: the `DeepSpeedEngine` (its `optimizer` holds the masters; a plain torch optimizer has none).
+        model: the model inside the engine (`flow_model` of the LightningModule).
+        state_dict: the full weights, the same on every rank.
+        zero3: whether the parameters are ZeRO-3 partitions.
+    """
+    if zero3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=0):
+            # every rank loads (its buffers are not partitioned); the parameters are rank 0's on exit
+            model.load_state_dict(state_dict, strict=False)
+    else:
+        dist_state.load_model_state(model, state_dict)
+    refresh = getattr(engine.optimizer, "refresh_fp32_params", None)
+    if callable(refresh):
+        refresh()
 
 
 def optimizer_shard_owner(strategy: Strategy | None, model: nn.Module) -> nn.Module | None:

@@ -15,13 +15,18 @@
 - `generation_context`: FSDP1 runs `generate` inside `summon_full_params` of the root, as HF's
   `Seq2SeqTrainer.prediction_step` does (`generate` calls submodules outside the root's forward, where the root's
   flat parameters are still sharded). FSDP2 registers `generate` as a forward method instead (`fsdp2.py`).
+- `step_model`: the model a micro-batch's HF `training_step` gets. Under FSDP1 (`HFFSDPStrategy`) its calls are
+  forwards of the FSDP root, which wraps the LightningModule (whose `forward` calls the model): FSDP1 unshards the
+  root's parameters, and hooks the backward that finalises the gradient shards, only around a root forward. A plain
+  `FSDPStrategy` calls the whole update from inside one root forward, which FSDP1 cannot run: refused
+  (`check_update_strategy`).
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
@@ -39,10 +44,10 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from hf_lightning.args.parallel import FSDPSettings
 from hf_lightning.checkpointing.distributed import is_sharded
 from hf_lightning.parallel.fsdp2 import shard_model
-from hf_lightning.parallel.strategies import HFFSDP2Strategy
+from hf_lightning.parallel.strategies import HFFSDP2Strategy, HFFSDPStrategy
 
 __all__ = ["configure_model_for_strategy", "micro_batch_context", "clip_by_strategy", "deepspeed_step_report",
-           "generation_context", "steps_like_a_scheduler"]
+           "generation_context", "steps_like_a_scheduler", "step_model", "check_update_strategy", "FSDPRootCall"]
 
 
 def configure_model_for_strategy(module: pl.LightningModule, model: nn.Module) -> None:
@@ -111,3 +116,50 @@ def generation_context(strategy: Strategy | None) -> AbstractContextManager[Any]
     if isinstance(strategy, FSDPStrategy) and strategy.model is not None:
         return FullyShardedDataParallel.summon_full_params(strategy.model, writeback=False)
     return nullcontext()
+
+
+class FSDPRootCall:
+    """The model as HF's `training_step` sees it under FSDP1: each call is a forward of the FSDP root.
+
+    HF's steps get accelerate's FSDP wrapper of the model (`model_wrapped`); here the root wraps the LightningModule,
+    whose `forward(**inputs)` calls the model. Every attribute is the model's (`config`, `_get_name()`, `training`...),
+    `module` is the model (as on torch's wrappers). Not an `nn.Module` itself: it owns nothing, and a module's own
+    methods (`_get_name`, which HF's label smoother checks) would answer for it instead of the model's.
+
+    Args:
+        root: the FullyShardedDataParallel root (`strategy.model`).
+        model: the model the LightningModule's `forward` calls (`model_wrapped`).
+    """
+
+    def __init__(self, root: nn.Module, model: nn.Module) -> None:
+        self._root = root
+        self.module = model
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._root(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.module, name)
+
+
+def step_model(strategy: Strategy, model: nn.Module) -> nn.Module:
+    """The model a micro-batch's HF `training_step` calls: `model` itself, or under FSDP1 its `FSDPRootCall` (typed
+    as the module it stands for: HF's hooks call it and read its attributes, which are the model's)."""
+    if isinstance(strategy, HFFSDPStrategy) and strategy.model is not None:
+        return cast(nn.Module, FSDPRootCall(strategy.model, model))
+    return model
+
+
+def check_update_strategy(strategy: Strategy) -> None:
+    """Refuse a strategy that runs `TransformerModule.training_step` (a whole update) where it cannot work.
+
+    Raises:
+        ValueError: Lightning's own `FSDPStrategy` (it calls the step from inside the FSDP root's forward, see
+            `HFFSDPStrategy`), naming what to use instead.
+    """
+    if isinstance(strategy, FSDPStrategy) and not isinstance(strategy, HFFSDPStrategy):
+        raise ValueError(
+            "Lightning's FSDPStrategy runs training_step inside the FSDP root's forward, where FSDP1 cannot run a "
+            "whole update (backward and optimizer step included). Use HF's `fsdp=\"full_shard auto_wrap\"` with "
+            "`fsdp_config={\"version\": 1}`, or `hf_lightning.parallel.strategies.HFFSDPStrategy` (the same "
+            "arguments as FSDPStrategy) in place of FSDPStrategy.")

@@ -5,8 +5,8 @@ fresh Lightning strategy from it for every run (a strategy object belongs to one
 
 - `fsdp=...` with `fsdp_config["version"]` 2 (HF's default): `HFFSDP2Strategy`, a `ModelParallelStrategy` over every
   process; `TransformerModule.configure_model` shards the model per layer (`parallel/fsdp2.py`).
-- `fsdp=...` with version 1: Lightning's `FSDPStrategy` (CUDA only) with the matching sharding strategy, offload and
-  wrap policies.
+- `fsdp=...` with version 1: `HFFSDPStrategy`, Lightning's `FSDPStrategy` with the matching sharding strategy, offload
+  and wrap policies, whose training step runs outside the FSDP root's forward (see the class).
 - `deepspeed=<dict or JSON file>`: `HFDeepSpeedStrategy`, Lightning's `DeepSpeedStrategy` with HF's `"auto"` values
   filled when the run starts.
 - neither: Lightning's own choice; when that is DDP (several processes), HF's `ddp_*` options are given to it.
@@ -23,10 +23,11 @@ from datetime import timedelta
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, Strategy
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.types import LRSchedulerConfig
 from torch import nn
+from torch.optim import Optimizer
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import set_ddp_options
@@ -49,7 +50,8 @@ from hf_lightning.args.parallel import (
 from hf_lightning.contracts import flow_model
 from hf_lightning.optim import build_scheduler
 
-__all__ = ["HFFSDP2Strategy", "HFDeepSpeedStrategy", "strategy_request", "build_strategy", "adopt_ddp_options"]
+__all__ = ["HFFSDP2Strategy", "HFFSDPStrategy", "HFDeepSpeedStrategy", "strategy_request", "build_strategy",
+           "adopt_ddp_options", "scheduler_base_optimizer"]
 
 
 class HFFSDP2Strategy(ModelParallelStrategy):
@@ -79,12 +81,72 @@ class HFFSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
 
 
+class HFFSDPStrategy(FSDPStrategy):
+    """Lightning's `FSDPStrategy` (FSDP1) with `training_step` called directly, not from inside the FSDP root's forward.
+
+    Lightning calls a LightningModule's `training_step` through the root's forward (`_forward_redirection`) so that a
+    step's one forward is the root's and its backward, run by Lightning after the step returns, is hooked by it.
+    `TransformerModule.training_step` is a whole update: every micro-batch's forward and backward, then the optimizer
+    step. Inside the root's forward FSDP1 cannot work (torch `fsdp/_runtime_utils.py`): the root's post-backward hook
+    asserts its handle is in a backward state (it is still `FORWARD`), and the root's pre-backward hook, the one that
+    queues `_post_backward_final_callback` (which moves the reduced gradient shards into `.grad`), is registered only
+    on the outputs of a finished root forward. So the step runs outside, and each micro-batch's forward is a root
+    forward of its own (`parallel.runtime.step_model`), as HF's is through accelerate's FSDP wrapper.
+
+    A subclass, so Lightning's check that FSDP runs on CUDA (which looks for `FSDPStrategy` itself) does not apply:
+    FSDP1 also runs on CPU processes (gloo), which is how tests/test_fsdp1.py checks it.
+    """
+
+    @override
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        assert self.lightning_module is not None
+        with self.precision_plugin.train_step_context():
+            return self.lightning_module.training_step(*args, **kwargs)
+
+    @override
+    def _setup_model(self, model: nn.Module) -> nn.Module:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if self.root_device.type != "cpu" or any(isinstance(m, FullyShardedDataParallel) for m in model.modules()):
+            return super()._setup_model(model)
+        # torch runs FSDP1 on CPU processes when told the device (`device_id`), which Lightning passes for CUDA only:
+        # wrap here, then Lightning's setup of an already wrapped model (activation checkpointing), without the
+        # policy it would otherwise warn about and drop. torch's `sync_module_states` refuses CPU tensors: rank 0's
+        # weights are broadcast here instead, before wrapping.
+        kwargs = dict(self.kwargs)
+        if kwargs.pop("sync_module_states", False):
+            import torch.distributed as dist
+
+            for tensor in model.state_dict().values():
+                dist.broadcast(tensor.data, src=0)
+        model = FullyShardedDataParallel(module=model, cpu_offload=self.cpu_offload,
+                                         mixed_precision=self.mixed_precision_config,
+                                         sharding_strategy=self.sharding_strategy, device_id=self.root_device,
+                                         **kwargs)
+        policy = self.kwargs.pop("auto_wrap_policy", None)
+        try:
+            return super()._setup_model(model)
+        finally:
+            if policy is not None:
+                self.kwargs["auto_wrap_policy"] = policy
+
+
 class HFDeepSpeedStrategy(DeepSpeedStrategy):
     """Lightning's `DeepSpeedStrategy` with an HF config: `"auto"` values filled from the arguments when the run
     starts (world size, model and number of updates are known then), as `HfTrainerDeepSpeedConfig` does.
 
-    Without a `scheduler` section but with an `optimizer` one, HF's scheduler (`lr_scheduler_type`) is built on
-    DeepSpeed's optimizer, as HF does (transformers `integrations/deepspeed.py`, `deepspeed_optim_sched`).
+    The optimizer and the scheduler follow HF's four combinations (transformers `integrations/deepspeed.py`,
+    `deepspeed_optim_sched`, with accelerate's `DummyOptim` / `DummyScheduler`):
+
+    - no `optimizer` / no `scheduler` section: HF's optimizer and HF's scheduler (`configure_optimizers`).
+    - `optimizer` section only: DeepSpeed's optimizer, HF's scheduler (`lr_scheduler_type`) built on the engine's
+      *basic* optimizer (`scheduler_base_optimizer`): HF hands DeepSpeed a scheduler callable, which the engine
+      calls with `engine.basic_optimizer`. DeepSpeed's ZeRO wrapper is not a `torch.optim.Optimizer`.
+    - `scheduler` section (with or without `optimizer`): DeepSpeed's scheduler from the section, on the optimizer in
+      use; HF's own scheduler is not passed to the engine (DeepSpeed would take it and ignore the section).
+
+    Lightning steps the scheduler (it detaches it from the engine), once per update as HF's engine does. Every run
+    builds its optimizer afresh, as HF's `deepspeed_init` does (see `_init_optimizers`).
 
     Args:
         hf_config: the user's DeepSpeed config (`"auto"` values unfilled).
@@ -120,13 +182,53 @@ class HFDeepSpeedStrategy(DeepSpeedStrategy):
             yield
 
     @override
+    def _init_optimizers(self) -> tuple[Optimizer, LRSchedulerConfig | None]:
+        module: Any = self.lightning_module  # a TransformerModule (HF's `optimizer`), or any LightningModule
+        if getattr(module, "optimizer", None) is not None:
+            # HF's `deepspeed_init` ("important for when deepspeed_init is used as re-init"): a fresh optimizer per
+            # run. An earlier run's engine made its optimizer DeepSpeed's: ZeRO replaced the parameter groups' params
+            # with its flat fp32 partitions, so a next engine would train those copies, not the model.
+            module.optimizer = None
+        optimizer, scheduler = super()._init_optimizers()
+        if "scheduler" in (self.config or {}):
+            scheduler = None  # DeepSpeed builds the section's scheduler only without a client one (HF's DummyScheduler)
+        return optimizer, scheduler
+
+    @override
     def setup(self, trainer: pl.Trainer) -> None:
         self._fill_hf_config()
         super().setup(trainer)
-        if trainer.state.fn == TrainerFn.FITTING and not self.lr_scheduler_configs and self.optimizers \
-                and "optimizer" in (self.config or {}):
-            scheduler = build_scheduler(self.optimizers[0], self._hf_args, int(trainer.max_steps))
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        if not self.lr_scheduler_configs and "optimizer" in (self.config or {}):
+            optimizer = scheduler_base_optimizer(self.deepspeed_engine)
+            scheduler = build_scheduler(optimizer, self._hf_args, int(trainer.max_steps))
             self.lr_scheduler_configs = [LRSchedulerConfig(scheduler, interval="step")]
+        module: Any = self.lightning_module
+        if self.lr_scheduler_configs and hasattr(module, "lr_scheduler"):
+            # HF's `trainer.lr_scheduler` is the scheduler in use; a later fit builds its own again
+            module.lr_scheduler = self.lr_scheduler_configs[0].scheduler
+            module._created_lr_scheduler = True
+
+
+def scheduler_base_optimizer(engine: Any) -> Optimizer:
+    """The torch optimizer HF's scheduler is built on when DeepSpeed's config has an `optimizer` section.
+
+    DeepSpeed builds the section's optimizer (`engine.basic_optimizer`, e.g. `torch.optim.AdamW`) and wraps it (ZeRO:
+    `DeepSpeedZeroOptimizer`, `DeepSpeedZeroOptimizer_Stage3`; bf16 / fp16: `BF16_Optimizer`, `FP16_Optimizer`);
+    the wrappers are not `torch.optim.Optimizer`s, so torch's schedulers refuse them. HF gets its scheduler built on
+    the basic optimizer (the engine calls HF's scheduler callable with it), and the wrappers step that object.
+
+    Raises:
+        TypeError: the engine has no torch optimizer to schedule (named, with what to do).
+    """
+    basic = getattr(engine, "basic_optimizer", None)
+    if not isinstance(basic, Optimizer):
+        raise TypeError(
+            f"DeepSpeed's `optimizer` section gave the engine a {type(basic).__name__}, not a torch.optim.Optimizer: "
+            "HF's `lr_scheduler_type` cannot be built on it. Add a `scheduler` section to the DeepSpeed config, or "
+            "remove the `optimizer` section to use HF's optimizer (`optim`).")
+    return basic
 
 
 def _is_pretrained(model: nn.Module) -> bool:
@@ -168,8 +270,7 @@ def strategy_request(args: Any, model: nn.Module | None) -> StrategyRequest:
 
 
 def _fsdp1(request: StrategyRequest, timeout: timedelta) -> Strategy:
-    """Lightning's `FSDPStrategy` for HF's FSDP1 settings (HF: accelerate's FSDP1 plugin arguments)."""
-    from lightning.pytorch.strategies import FSDPStrategy
+    """`HFFSDPStrategy` for HF's FSDP1 settings (HF: accelerate's FSDP1 plugin arguments)."""
     from torch.distributed.fsdp import BackwardPrefetch
     from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy, size_based_auto_wrap_policy
 
@@ -202,7 +303,7 @@ def _fsdp1(request: StrategyRequest, timeout: timedelta) -> Strategy:
             raise ValueError("fsdp_config['activation_checkpointing'] needs layers to checkpoint: an auto wrap policy "
                              "other than NO_WRAP, and layer classes (`transformer_layer_cls_to_wrap`).")
         kwargs["activation_checkpointing_policy"] = policy
-    return FSDPStrategy(**kwargs)
+    return HFFSDPStrategy(**kwargs)
 
 
 def build_strategy(request: StrategyRequest) -> Strategy | str:

@@ -8,13 +8,22 @@ Usage:
   python checkpoint_train.py resume OUT_DIR STRATEGY RESULT_JSON
       On 2 CPU processes (gloo): an uninterrupted run of 6 updates (save_total_limit=2), then a run resumed from its
       checkpoint-4 (mid-epoch) in another output directory; rank 0 writes both log histories to RESULT_JSON.
-      STRATEGY: "ddp" (`lightning_kwargs["strategy"]="ddp"`), "hf-ddp" (HF's `ddp_*` arguments, Lightning chooses
+      STRATEGY: "launched" (the processes torchrun started, on one node or several: README "Multi-node"), "ddp"
+      (`lightning_kwargs["strategy"]="ddp"`), "hf-ddp" (HF's `ddp_*` arguments, Lightning chooses
       DDP), "fsdp2" (HF's `fsdp="full_shard auto_wrap"`: FSDP2 sharded by the default policy), "fsdp2-plain" (a plain
       `ModelParallelStrategy` given in `lightning_kwargs`, no `configure_model` of ours) or "fsdp2-subclass" (a user
       subclass sharding in its own `configure_model`).
       CUDA only (tests/test_gpu.py), on min(2, GPUs) devices: "gpu-fp16" (fp16 with the grad scaler), "gpu-bf16",
       "gpu-fsdp1" (`fsdp_config={"version": 1}`), "gpu-fsdp2", "gpu-zero2" / "gpu-zero3" (`deepspeed=` with HF's
-      "auto" values), each with `full_determinism` (deterministic CUDA kernels).
+      "auto" values and no optimizer / scheduler section: HF's), "gpu-zero2-optimizer" (an `optimizer` section: HF's
+      scheduler on DeepSpeed's optimizer), "gpu-zero3-scheduler" (`optimizer` and `scheduler` sections: both
+      DeepSpeed's), "gpu-zero2-hf-optimizer" (a `scheduler` section only: DeepSpeed's scheduler on HF's optimizer).
+      See GPU_DETERMINISM for what the GPU scenarios make deterministic and why not `full_determinism`.
+  python checkpoint_train.py best OUT_DIR STRATEGY RESULT_JSON
+      DeepSpeed on CUDA ("gpu-zero2" / "gpu-zero3"; "cpu": the same flow in one CPU process): `load_best_model_at_end`
+      with the best checkpoint not the last (saved to after_first/), then a second `train()` of the same trainer at
+      learning rate 0 (its updates change nothing: after_second/ must hold the best weights), then a third at 1e-2
+      (after_third/: its updates must reach the model). Rank 0 writes the best and last folders to RESULT_JSON.
       A "-async" suffix ("ddp-async", "fsdp2-async", "gpu-fsdp1-async"...) adds `save_async=True`; under a sharded
       strategy the run writes the error it gets (no checkpoint, no resume) to RESULT_JSON instead.
   python checkpoint_train.py nonfinite OUT_DIR STRATEGY RESULT_JSON
@@ -31,7 +40,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
-
 from helpers import lm_dataset, tiny_gpt2  # noqa: E402
 
 import hf_lightning  # noqa: E402
@@ -58,9 +66,10 @@ def make_trainer(output_dir: str, lightning_kwargs: dict, module_class=None, **o
                     save_steps=2, seed=5, report_to="none", disable_tqdm=True, optim="adamw_torch",
                     max_grad_norm=1.0)
     settings.update(overrides)
+    eval_dataset = settings.pop("eval_dataset", None)
     trainer = hf_lightning.Trainer(
         model=tiny_gpt2(dropout=0.1, seed=settings.pop("model_seed", 0)),
-        args=hf_lightning.TrainingArguments(**settings), train_dataset=lm_dataset(n=24),
+        args=hf_lightning.TrainingArguments(**settings), train_dataset=lm_dataset(n=24), eval_dataset=eval_dataset,
         lightning_kwargs={"accelerator": "cpu", "logger": False, "enable_progress_bar": False, **lightning_kwargs},
     )
     if module_class is not None:
@@ -90,11 +99,19 @@ def kill(out_dir: str, point: str) -> None:
     make_trainer(out_dir, {}).train()
 
 
-def _zero(stage: int) -> dict:
-    """An HF-style DeepSpeed config: every value the Trainer knows is "auto"."""
-    return {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-            "train_batch_size": "auto", "gradient_clipping": "auto",
-            "zero_optimization": {"stage": stage, "reduce_bucket_size": "auto"}}
+def _zero(stage: int, optimizer: bool = False, scheduler: bool = False) -> dict:
+    """An HF-style DeepSpeed config: every value the Trainer knows is "auto"; optionally DeepSpeed's own optimizer
+    (`torch_adam`: DeepSpeed's fused Adam is compiled at first use, which needs the CUDA toolkit) and scheduler."""
+    config: dict = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                    "train_batch_size": "auto", "gradient_clipping": "auto",
+                    "zero_optimization": {"stage": stage, "reduce_bucket_size": "auto"}}
+    if optimizer:
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                           "weight_decay": "auto", "torch_adam": True}}
+    if scheduler:
+        config["scheduler"] = {"type": "WarmupDecayLR", "params": {
+            "warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto", "total_num_steps": "auto"}}
+    return config
 
 
 GPU_ARGS = {
@@ -102,7 +119,23 @@ GPU_ARGS = {
     "gpu-fsdp1": {"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 1}},
     "gpu-fsdp2": {"fsdp": "full_shard auto_wrap"},
     "gpu-zero2": {"deepspeed": _zero(2)}, "gpu-zero3": {"deepspeed": _zero(3)},
+    "gpu-zero2-optimizer": {"deepspeed": _zero(2, optimizer=True)},
+    "gpu-zero3-scheduler": {"deepspeed": _zero(3, optimizer=True, scheduler=True)},
+    "gpu-zero2-hf-optimizer": {"deepspeed": _zero(2, scheduler=True)},
 }
+
+GPU_DETERMINISM = """Why the GPU scenarios set a seed and cuBLAS's fixed workspace, not `full_determinism`.
+
+`full_determinism=True` calls `torch.use_deterministic_algorithms(True)`, under which any CUDA kernel without a
+deterministic implementation raises (some that DeepSpeed's and FSDP's collectives and fused ops use do): a failing
+test would then name the harness, not hf_lightning. What the comparisons need is narrower: the resumed run must
+replay the uninterrupted one's updates 5 and 6. Both runs execute the same kernels on the same shapes in the same
+order, so they are bit-identical except where a kernel accumulates with atomics in a scheduling-dependent order
+(e.g. embedding backward) or cuBLAS picks a split-K reduction per workspace: `CUBLAS_WORKSPACE_CONFIG=:4096:8` pins
+the latter, the seed (`seed=5`, HF's `set_seed`) and the restored RNG states fix dropout. tests/test_gpu.py compares
+with a tolerance per precision that bounds the atomic reordering only (see `TOLERANCE` there) and records whether
+the match was exact.
+"""
 
 
 def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
@@ -111,13 +144,16 @@ def resume(out_dir: str, strategy_name: str, result_json: str) -> None:
     extra = {"save_async": True} if asynchronous else {}
     module_class = FSDP2Module if strategy_name == "fsdp2-subclass" else None
     hf_args = {"fsdp2": {"fsdp": "full_shard auto_wrap"},
+               "fsdp1": {"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 1}},
                "hf-ddp": {"ddp_find_unused_parameters": False, "ddp_static_graph": True}}.get(strategy_name, {})
     if strategy_name in GPU_ARGS:
-        hf_args = {**GPU_ARGS[strategy_name], "full_determinism": True}
+        hf_args = dict(GPU_ARGS[strategy_name])  # seeded, not full_determinism: see GPU_DETERMINISM
 
     def kwargs() -> dict:  # a strategy object belongs to one Lightning trainer: a fresh one per run
         if strategy_name.startswith("gpu-"):
             return {"accelerator": "gpu", "devices": min(2, torch.cuda.device_count())}
+        if strategy_name == "launched":  # started by torchrun: devices, nodes and DDP come from its environment
+            return {}
         if strategy_name == "ddp":
             return {"devices": 2, "strategy": "ddp"}
         if strategy_name in ("fsdp2-plain", "fsdp2-subclass"):
@@ -178,11 +214,49 @@ def nonfinite(out_dir: str, strategy_name: str, result_json: str) -> None:
         json.dump(outcome, f)
 
 
+def best(out_dir: str, strategy_name: str, result_json: str) -> None:
+    """See the module docstring (`best`); "cpu" runs the same flow in one CPU process (the harness's own check)."""
+    if strategy_name == "cpu":
+        kwargs: dict = {"devices": 1}
+    else:
+        kwargs = {"accelerator": "gpu", "devices": min(2, torch.cuda.device_count())}
+    # the eval set is other random tokens, so its loss rises while the training loss falls (4.158, 4.175, 4.180 on
+    # the CPU): the best checkpoint is the first one, not the last (the test checks that it is not the last)
+    trainer = make_trainer(os.path.join(out_dir, "run"), kwargs, eval_strategy="steps", eval_steps=2,
+                           load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False,
+                           eval_dataset=lm_dataset(n=8, seed=3), **GPU_ARGS.get(strategy_name, {}))
+    trainer.train()
+    best_folder = trainer.state.best_model_checkpoint
+    trainer.save_model(os.path.join(out_dir, "after_first"))
+    # the next runs neither evaluate nor save: only their updates matter
+    trainer.args.eval_strategy, trainer.args.save_strategy, trainer.args.load_best_model_at_end = "no", "no", False
+    # Its updates change nothing: it ends on the weights it started from. Under DeepSpeed every run builds a fresh
+    # optimizer (HF's `deepspeed_init`) that reads the new rate; elsewhere HF keeps the optimizer (and its rate)
+    # across `train()` calls, so the CPU check asks for a new one as an HF user would.
+    trainer.args.learning_rate = 0.0
+    if strategy_name == "cpu":
+        trainer.optimizer = None
+    trainer.train()
+    trainer.save_model(os.path.join(out_dir, "after_second"))
+    trainer.args.learning_rate = 1e-2  # its updates must reach the model's own weights
+    if strategy_name == "cpu":
+        trainer.optimizer = None
+    trainer.train()
+    trainer.save_model(os.path.join(out_dir, "after_third"))
+    if trainer.lightning_trainer.is_global_zero:
+        with open(result_json, "w") as f:
+            json.dump({"best": best_folder, "last": os.path.join(out_dir, "run", "checkpoint-6")}, f)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
+    if sys.argv[1].startswith("gpu") or any(a.startswith("gpu-") for a in sys.argv[2:]):
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # see GPU_DETERMINISM
     if sys.argv[1] == "kill":
         kill(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "nonfinite":
         nonfinite(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "best":
+        best(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         resume(sys.argv[2], sys.argv[3], sys.argv[4])
