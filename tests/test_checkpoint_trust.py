@@ -210,24 +210,40 @@ def test_load_best_model_at_end_refuses_an_altered_best_checkpoint(tmp_path, one
 
 
 # ----- non-finite weights -----
-def _nan_label_run(out: Path, **overrides) -> hf_lightning.Trainer:
-    """A tiny BERT regressor whose 10th training row has a NaN label (row order: sequential)."""
-    rows = classification_dataset(n=16).map(lambda r, i: {"label": float("nan") if i == 9 else float(r["label"])},
-                                            with_indices=True)
-    settings = dict(output_dir=str(out), per_device_train_batch_size=2, max_steps=8, save_steps=2,
-                    save_total_limit=1, logging_steps=1, report_to="none", disable_tqdm=True,
-                    train_sampling_strategy="sequential")
+class _PoisonWeights(TrainerCallback):
+    """At the end of update `step`, the word embeddings become NaN, as a diverging run's would: the next update's loss
+    is NaN and its step spreads NaN to every weight. (A NaN label, the issue's first reproduction, is now refused
+    before training: tests/test_bad_rows.py.) Works on both trainers: HF's callback kwargs carry the model."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.step:
+            with torch.no_grad():
+                model.bert.embeddings.word_embeddings.weight.fill_(float("nan"))
+
+
+def _settings(out: Path) -> dict:
+    return dict(output_dir=str(out), per_device_train_batch_size=2, max_steps=8, save_steps=2, save_total_limit=1,
+                logging_steps=1, report_to="none", disable_tqdm=True, train_sampling_strategy="sequential")
+
+
+def _diverging_run(out: Path, **overrides) -> hf_lightning.Trainer:
+    """A tiny BERT regressor whose weights turn NaN after update 5 (`_PoisonWeights`)."""
+    rows = classification_dataset(n=16).map(lambda r: {"label": float(r["label"])})
     return hf_lightning.Trainer(model=tiny_bert(num_labels=1), args=hf_lightning.TrainingArguments(
-        **{**settings, **overrides}), train_dataset=rows, lightning_kwargs=CPU_QUIET)
+        **{**_settings(out), **overrides}), train_dataset=rows, callbacks=[_PoisonWeights(5)],
+        lightning_kwargs=CPU_QUIET)
 
 
-def test_a_nan_label_stops_the_run_at_the_save_and_keeps_the_last_finite_checkpoint(tmp_path, caplog, one_thread):
+def test_nan_weights_stop_the_run_at_the_save_and_keep_the_last_finite_checkpoint(tmp_path, caplog, one_thread):
     out = tmp_path / "out"
-    trainer = _nan_label_run(out)
+    trainer = _diverging_run(out)
     with caplog.at_level(logging.WARNING), pytest.raises(NonFiniteWeightsError) as info:
         trainer.train()
     message = str(info.value)
-    # the NaN row is in update 5: the save at step 6 is refused, checkpoint-4 stays (save_total_limit=1 rotated
+    # the weights turn NaN after update 5: the save at step 6 is refused, checkpoint-4 stays (save_total_limit=1 rotated
     # checkpoint-2 away before, and nothing rotates checkpoint-4 away)
     assert message.startswith("Saving at step 6: the model's weights are not finite ("
                               "'bert.embeddings.word_embeddings.weight' holds NaN), so no checkpoint-6 is written")
@@ -237,7 +253,7 @@ def test_a_nan_label_stops_the_run_at_the_save_and_keeps_the_last_finite_checkpo
     weights = load_file(str(out / "checkpoint-4" / "model.safetensors"))
     assert all(torch.isfinite(t).all() for t in weights.values())
     assert any("NaN or Inf" in r.getMessage() for r in caplog.records)  # the loss window's warning is kept
-    resumed = _nan_label_run(out, max_steps=4)  # the finite checkpoint is what a resume picks
+    resumed = _diverging_run(out, max_steps=4)  # the finite checkpoint is what a resume picks
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == 4
 
@@ -245,15 +261,12 @@ def test_a_nan_label_stops_the_run_at_the_save_and_keeps_the_last_finite_checkpo
 def test_save_nonfinite_checkpoints_saves_them_as_transformers_trainer_does(tmp_path, one_thread):
     import transformers
 
-    ours = _nan_label_run(tmp_path / "ours", save_nonfinite_checkpoints=True)
+    ours = _diverging_run(tmp_path / "ours", save_nonfinite_checkpoints=True)
     ours.train()
-    rows = classification_dataset(n=16).map(lambda r, i: {"label": float("nan") if i == 9 else float(r["label"])},
-                                            with_indices=True)
-    hf_args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf"), per_device_train_batch_size=2, max_steps=8, save_steps=2,
-        save_total_limit=1, logging_steps=1, report_to="none", disable_tqdm=True, use_cpu=True,
-        train_sampling_strategy="sequential")
-    transformers.Trainer(model=tiny_bert(num_labels=1), args=hf_args, train_dataset=rows).train()
+    rows = classification_dataset(n=16).map(lambda r: {"label": float(r["label"])})
+    hf_args = transformers.TrainingArguments(**_settings(tmp_path / "hf"), use_cpu=True)
+    transformers.Trainer(model=tiny_bert(num_labels=1), args=hf_args, train_dataset=rows,
+                         callbacks=[_PoisonWeights(5)]).train()
     for side in ("ours", "hf"):
         assert sorted(os.listdir(tmp_path / side)) == ["checkpoint-8"], side  # the finite ones rotated away
         weights = load_file(str(tmp_path / side / "checkpoint-8" / "model.safetensors"))
