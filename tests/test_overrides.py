@@ -67,7 +67,7 @@ def test_refused_overrides_raise_one_error_naming_each(tmp_path):
         def _save_checkpoint(self, model, trial):
             pass
 
-        def evaluation_loop(self, *args, **kwargs):
+        def _inner_training_loop(self, *args, **kwargs):
             pass
 
         def my_helper(self):  # not an HF method: the user's own
@@ -77,7 +77,7 @@ def test_refused_overrides_raise_one_error_naming_each(tmp_path):
         _trainer(Custom, tmp_path)
     message = str(info.value)
     assert "_save_checkpoint: checkpoints are written by HFTrainerFlow" in message
-    assert "evaluation_loop: evaluation runs Lightning's validation" in message
+    assert "_inner_training_loop: HF's own training loop" in message
     assert "my_helper" not in message
 
 
