@@ -77,6 +77,7 @@ def shard_eval_loader(loader: Any, world_size: int, rank: int) -> Any:
             "batch_size). Pass the loader of `get_eval_dataloader()` / `get_test_dataloader()` called during the run, "
             "or a DataLoader(dataset, batch_size=..., collate_fn=...)."
         )
+    assert dataset is not None  # sized, checked above
     order = None if isinstance(loader.sampler, SequentialSampler) else loader.sampler
     sampler = ContiguousShardSampler(len(dataset), world_size, rank, int(batch_size), order=order)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=loader.collate_fn,

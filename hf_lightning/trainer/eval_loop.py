@@ -88,7 +88,8 @@ class EvalLoopHooks:
             module.compute_metrics = saved
         result = output.results.get("")
         if result is None:  # no batch at all (an empty loader)
-            return EvalLoopOutput(predictions=None, label_ids=None, metrics={}, num_samples=0)
+            nothing: Any = None  # HF's loop returns None predictions and labels when it kept none
+            return EvalLoopOutput(predictions=nothing, label_ids=None, metrics={}, num_samples=0)
         speed = {f"{metric_key_prefix}_{suffix}" for suffix in SPEED_SUFFIXES}
         metrics = {key: value for key, value in result.metrics.items() if key not in speed}
         return EvalLoopOutput(predictions=result.predictions, label_ids=result.label_ids, metrics=metrics,
@@ -98,7 +99,7 @@ class EvalLoopHooks:
         self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
         ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval",
     ) -> EvalLoopOutput:
-        """transformers 4's legacy `prediction_loop` (removed in 5): the same signature and result as
+        """HF 4's legacy `prediction_loop` (removed in 5): the same signature and result as
         `evaluation_loop`, which it runs (HF 4's differed only in how it gathered, not in what it returned)."""
         return self.evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
 
@@ -118,11 +119,11 @@ class EvalLoopHooks:
         output = self._loop()(loader, description="Evaluation",
                               prediction_loss_only=True if self.compute_metrics is None else None,
                               ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
-        self._add_speed(output, metric_key_prefix, start)
-        self.log(output.metrics)
-        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, output.metrics)
-        self.flow.report_to_listeners(self.lightning_trainer, self.module, output.metrics)
-        return output.metrics
+        metrics = self._add_speed(output, metric_key_prefix, start)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        self.flow.report_to_listeners(self.lightning_trainer, self.module, metrics)
+        return metrics
 
     def _predict_through_loop(self, test_dataset: Any, ignore_keys: list[str] | None, metric_key_prefix: str
                               ) -> PredictionOutput:
@@ -131,14 +132,17 @@ class EvalLoopHooks:
         start = time.time()
         output = self._loop()(loader, description="Prediction", ignore_keys=ignore_keys,
                               metric_key_prefix=metric_key_prefix)
-        self._add_speed(output, metric_key_prefix, start)
-        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, output.metrics)
-        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=output.metrics)
+        metrics = self._add_speed(output, metric_key_prefix, start)
+        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics)
+        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=metrics)
 
-    def _add_speed(self, output: EvalLoopOutput, prefix: str, start: float) -> None:
+    def _add_speed(self, output: EvalLoopOutput, prefix: str, start: float) -> dict[str, float]:
+        """The loop's metrics (the same dict) with HF's speed metrics added."""
         trainer = self.lightning_trainer
         world_size = trainer.world_size if trainer is not None else self.args.world_size
         total_batch_size = self.args.per_device_eval_batch_size * world_size
-        assert output.metrics is not None
-        output.metrics.update(speed_metrics(prefix, start, num_samples=output.num_samples,
-                                            num_steps=math.ceil(output.num_samples / total_batch_size)))
+        metrics = output.metrics if output.metrics is not None else {}
+        num_samples = int(output.num_samples or 0)
+        metrics.update(speed_metrics(prefix, start, num_samples=num_samples,
+                                     num_steps=math.ceil(num_samples / total_batch_size)))
+        return metrics
