@@ -140,12 +140,13 @@ def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in metrics.items() if not k.endswith(TIMING)}
 
 
-def build(base: type, out_dir: str, devices: int = 1) -> Any:
+def build(base: type, out_dir: str, devices: int = 1, learning_rate: float = 5e-3) -> Any:
     """The QA trainer on `base`: 8 updates of batch 4 on 32 features, evaluated every 4 on 10 (batch 4: uneven
-    over 2 processes)."""
+    over 2 processes). With `learning_rate=0` the weights stay the initial ones, so runs on 1 and 2 processes
+    (whose updates see other batches) must evaluate alike."""
     train, evaluation = qa_features(32, seed=1), qa_features(10, seed=2)
     kwargs: dict[str, Any] = dict(output_dir=out_dir, max_steps=8, per_device_train_batch_size=4,
-                                  per_device_eval_batch_size=4, learning_rate=5e-3, eval_strategy="steps",
+                                  per_device_eval_batch_size=4, learning_rate=learning_rate, eval_strategy="steps",
                                   eval_steps=4, logging_steps=4, save_strategy="no", report_to="none",
                                   disable_tqdm=True, seed=3, use_cpu=True)
     extra: dict[str, Any] = {}
@@ -166,9 +167,9 @@ def build(base: type, out_dir: str, devices: int = 1) -> Any:
                                   compute_metrics=span_metrics, **extra)
 
 
-def collect(base: type, out_dir: str, devices: int = 1) -> dict[str, Any]:
+def collect(base: type, out_dir: str, devices: int = 1, learning_rate: float = 5e-3) -> dict[str, Any]:
     """Train (evaluating at steps 4 and 8), evaluate, predict; the results as plain JSON values."""
-    trainer = build(base, out_dir, devices)
+    trainer = build(base, out_dir, devices, learning_rate)
     trainer.train()
     evaluation = trainer.evaluate()
     test = qa_features(9, seed=4)
@@ -179,7 +180,7 @@ def collect(base: type, out_dir: str, devices: int = 1) -> dict[str, Any]:
         "predict_metrics": _plain(predicted.metrics),
         "spans": [p["span"] for p in predicted.predictions],
         "ids": [p["id"] for p in predicted.predictions],
-        "weights": float(sum(p.double().sum() for p in trainer.model.parameters())),
+        "weights": float(sum(p.detach().double().sum() for p in trainer.model.parameters())),
     }
 
 
@@ -208,7 +209,7 @@ if __name__ == "__main__":
     import hf_lightning
 
     prefix, devices = sys.argv[1], int(sys.argv[2])
-    result = collect(hf_lightning.Trainer, prefix + ".out", devices)
+    result = collect(hf_lightning.Trainer, prefix + ".out", devices, learning_rate=0.0)
     trainer_for_surface = build(hf_lightning.Trainer, prefix + ".surface", devices)
     trainer_for_surface.evaluate()  # a run attaches the Lightning trainer (and its process group)
     result["surface"] = accelerate_surface(trainer_for_surface)
