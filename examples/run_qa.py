@@ -187,6 +187,7 @@ def squad_metrics(p: EvalPrediction) -> dict[str, float]:
 
 
 def main() -> None:
+    """Parse the arguments, prepare the features, then train / evaluate / predict as asked."""
     parser = HfArgumentParser((ModelArguments, DataTrainingArguments, TrainingArguments))
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
         model_args, data_args, training_args = parser.parse_json_file(json_file=os.path.abspath(sys.argv[1]))

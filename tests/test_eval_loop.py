@@ -1,4 +1,4 @@
-"""`evaluation_loop` / `prediction_loop` and the accelerate surface, each against `transformers.Trainer` in this process.
+"""`evaluation_loop` / `prediction_loop` and the accelerate surface, each against `transformers.Trainer` (one process).
 
 - A question-answering trainer written as HF's examples write it (tests/scripts/qa_loop.py: `evaluate` / `predict`
   overridden, `self.evaluation_loop` called with `compute_metrics` set to None, predictions post-processed) trains,
@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from helpers import tiny_bert
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import EvalLoopOutput
 
 import hf_lightning
-from helpers import tiny_bert
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 import qa_loop  # noqa: E402

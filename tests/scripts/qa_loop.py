@@ -1,4 +1,4 @@
-"""A question-answering trainer written as HF's examples write it, run on `hf_lightning.Trainer` or `transformers.Trainer`.
+"""A question-answering trainer written as HF's examples write it, on `hf_lightning.Trainer` or `transformers.Trainer`.
 
 `qa_trainer_class(base)` is the pattern of HF's `examples/pytorch/question-answering/trainer_qa.py` (written here, not
 copied): `evaluate` / `predict` overridden, `self.evaluation_loop(...)` called with `compute_metrics` set to None,
@@ -26,9 +26,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from transformers.trainer_utils import EvalPrediction, PredictionOutput, speed_metrics  # noqa: E402
-
 from helpers import VOCAB  # noqa: E402
+from transformers.trainer_utils import EvalPrediction, PredictionOutput, speed_metrics  # noqa: E402
 
 LENGTH, START_MARK, END_MARK = 16, 3, 4
 TIMING = ("_runtime", "_samples_per_second", "_steps_per_second", "_model_preparation_time")
