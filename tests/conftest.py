@@ -142,7 +142,8 @@ TIERS = {
 """The tier of each test file."""
 
 DISTRIBUTED = {
-    "test_ddp.py", "test_eval_loop_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py", "test_stream_resume_ddp.py",
+    "test_ddp.py", "test_eval_loop_ddp.py",
+    "test_evaluation_ddp.py", "test_generation_ddp.py", "test_stream_resume_ddp.py",
     "test_tokens_seen_ddp.py", "test_sharded_eval.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
     "test_checkpoint_processes.py::test_a_nan_in_one_ranks_shard_stops_every_rank_before_the_save",
