@@ -178,6 +178,11 @@ def test_strategy_plugins_say_which_sharded_strategy_runs(tmp_path):
     assert deepspeed.accelerator.state.fsdp_plugin is None
     with pytest.raises(AttributeError, match="deepspeed_plugin has no 'hf_ds_config'"):
         plugin.hf_ds_config  # noqa: B018
+    for config, version in ((None, 2), ({"version": 1}, 1)):  # HF's default FSDP version is 2
+        fsdp = _bert_trainer(tmp_path / f"fsdp{version}", fsdp="full_shard", fsdp_config=config)
+        assert fsdp.is_fsdp_enabled and not fsdp.is_deepspeed_enabled
+        assert fsdp.accelerator.state.deepspeed_plugin is None
+        assert fsdp.accelerator.state.fsdp_plugin.fsdp_version == version
 
 
 def test_trainer_attributes_subclasses_read_match_hf(tmp_path):

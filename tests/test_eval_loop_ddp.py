@@ -67,6 +67,10 @@ def test_accelerator_collectives_on_two_processes(runs):
         assert surface["gather_for_metrics_object"] == ["r0", "r1"]
         assert surface["reduce_sum"] == [3.0] and surface["reduce_mean"] == [1.5]
         assert surface["split_batches"] is False and surface["even_batches"] is False
+        assert surface["device"] == "cpu"
+        # what accelerate would shard or wrap here is refused by name, never returned unsharded / unwrapped
+        assert surface["refusals"] == ["accelerator.prepare(DataLoader) under several processes",
+                                       "accelerator.prepare_model"]
     # rank 0 held 1 row, rank 1 two: rank 0's is padded to 2 rows with -1; rank 1's is unchanged
     assert ranks[0]["surface"]["padded"] == [[0.0, 0.0], [-1.0, -1.0]]
     assert ranks[1]["surface"]["padded"] == [[1.0, 1.0], [1.0, 1.0]]
