@@ -71,13 +71,15 @@ def resume_point(training_args, last_checkpoint: str | None) -> str | bool | Non
 
 def make_tiny_model(kind: str, output_dir: str, num_labels: int = 2) -> str:
     """Save a tiny random model of `kind` (`classification`, `token-classification`, `causal-lm`, `masked-lm`,
-    `seq2seq`) with the bundled tokenizer into `output_dir`; scripts load it with `--model_name_or_path`."""
+    `seq2seq`, `question-answering`) with the bundled tokenizer into `output_dir`; scripts load it with
+    `--model_name_or_path`."""
     import torch
     from transformers import (
         BartConfig,
         BartForConditionalGeneration,
         BertConfig,
         BertForMaskedLM,
+        BertForQuestionAnswering,
         BertForSequenceClassification,
         BertForTokenClassification,
         GPT2Config,
@@ -94,6 +96,8 @@ def make_tiny_model(kind: str, output_dir: str, num_labels: int = 2) -> str:
         model = BertForSequenceClassification(BertConfig(**bert, num_labels=num_labels))
     elif kind == "token-classification":
         model = BertForTokenClassification(BertConfig(**bert, num_labels=num_labels))
+    elif kind == "question-answering":
+        model = BertForQuestionAnswering(BertConfig(**bert))
     elif kind == "masked-lm":
         model = BertForMaskedLM(BertConfig(**bert))
     elif kind == "causal-lm":
@@ -106,7 +110,8 @@ def make_tiny_model(kind: str, output_dir: str, num_labels: int = 2) -> str:
             pad_token_id=pad, bos_token_id=cls, eos_token_id=sep, decoder_start_token_id=sep,
             forced_eos_token_id=sep))
     else:
-        raise ValueError(f"kind={kind!r}: one of classification, token-classification, causal-lm, masked-lm, seq2seq")
+        raise ValueError(f"kind={kind!r}: one of classification, token-classification, causal-lm, masked-lm, seq2seq, "
+                         "question-answering")
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return output_dir

@@ -382,7 +382,7 @@ class EvaluationRun:
         self.finished.add(index)
         accumulator = self.accumulators.get(index)
         if accumulator is None:
-            if self.world_size == 1 and not self.request.is_prediction:
+            if self.world_size == 1 and not self.request.keeps_predictions:
                 return None
             accumulator = self.accumulators[index] = self._accumulator(index)
         name = self.name(index)

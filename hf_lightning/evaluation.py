@@ -43,11 +43,23 @@ class EvalRequest:
         metric_key_prefix: the metric keys' prefix (`eval`, `test`, ...).
         ignore_keys: output keys `prediction_step` drops (None: the model config's `keys_to_ignore_at_inference`).
         is_prediction: a `predict()` run: predictions always kept, no log entry, `on_predict` instead of `on_evaluate`.
+        description: set for an `evaluation_loop` call (HF's `description`, e.g. "Evaluation", "Prediction"): the
+            run only computes (no log entry, no `on_evaluate` / `on_predict`, no speed metrics); "Prediction" keeps
+            the predictions as a `predict()` does.
+        prediction_loss_only: the `evaluation_loop` call's resolved `prediction_loss_only`; None: HF's rule of
+            `evaluate()` / `predict()` (the module's `prediction_loss_only`).
     """
 
     metric_key_prefix: str = "eval"
     ignore_keys: list[str] | None = None
     is_prediction: bool = False
+    description: str | None = None
+    prediction_loss_only: bool | None = None
+
+    @property
+    def keeps_predictions(self) -> bool:
+        """Whether the run is a prediction for the accumulators (predictions kept, labels optional)."""
+        return self.is_prediction or self.description == "Prediction"
 
 
 @dataclass

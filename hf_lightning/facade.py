@@ -49,6 +49,7 @@ from hf_lightning.resume.find import resolve_resume
 from hf_lightning.script_api import ScriptApiMixin
 from hf_lightning.seeding import seed_as_hf
 from hf_lightning.trainer.data_hooks import DataHooks
+from hf_lightning.trainer.eval_loop import LOOP_OVERRIDES, EvalLoopHooks
 from hf_lightning.trainer.loop_hooks import LoopHooks
 from hf_lightning.trainer.overrides import METRIC_SOURCES, check_overrides, deepspeed_refusals, overridden_methods
 from hf_lightning.trainer.step_hooks import StepHooks
@@ -121,7 +122,7 @@ def _check_arguments(
         )
 
 
-class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSearchMixin):
+class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, HyperparameterSearchMixin):
     """Drop-in for `transformers.Trainer` with Lightning underneath.
 
     Subclass it and override HF's methods as for a `transformers.Trainer` (README "Subclassing the Trainer"): the
@@ -347,6 +348,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
             return metrics
         if dataset is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        if self._overridden & LOOP_OVERRIDES:  # HF's evaluate() body around the overridden loop
+            return self._evaluate_through_loop(eval_dataset, ignore_keys, metric_key_prefix)
         if isinstance(dataset, str):
             dataset = self.datamodule.get_eval_dataset(dataset)
         request = EvalRequest(metric_key_prefix, ignore_keys)
@@ -360,6 +363,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
         self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
     ) -> PredictionOutput:
         """Predict on `test_dataset`; returns `PredictionOutput(predictions, label_ids, metrics)`, logs nothing."""
+        if self._overridden & LOOP_OVERRIDES:  # HF's predict() body around the overridden loop
+            return self._predict_through_loop(test_dataset, ignore_keys, metric_key_prefix)
         with self.datamodule.predicting(test_dataset):  # its loader comes from `get_test_dataloader`
             result = self.flow.predict(self._lightning_trainer(), self.module, self.datamodule, ignore_keys,
                                        metric_key_prefix)

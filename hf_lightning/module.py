@@ -362,7 +362,10 @@ class TransformerModule(HFHooksModule):
         )
 
     def prediction_loss_only(self, is_prediction: bool) -> bool:
-        """HF's rule: `predict` keeps logits unless `args.prediction_loss_only`; `evaluate` also without metrics."""
+        """HF's rule: `predict` keeps logits unless `args.prediction_loss_only`; `evaluate` also without metrics; an
+        `evaluation_loop` call's own `prediction_loss_only` wins."""
+        if self._eval_request.prediction_loss_only is not None:
+            return self._eval_request.prediction_loss_only
         return bool(self.args.prediction_loss_only) or (not is_prediction and self.compute_metrics is None)
 
     def start_eval_run(self, request: EvalRequest) -> None:

@@ -65,6 +65,7 @@ TIERS = {
     "test_gpu_check.py": "e2e",
     "test_early_stopping.py": "parity",
     "test_examples.py": "parity",
+    "test_eval_loop.py": "parity",
     "test_eval_parity.py": "parity",
     "test_flow.py": "parity",
     "test_hf_console.py": "parity",
@@ -131,6 +132,7 @@ TIERS = {
     "test_streaming_metrics.py": "e2e",
     "test_threads.py": "e2e",
     "test_ddp.py": "distributed",
+    "test_eval_loop_ddp.py": "distributed",
     "test_evaluation_ddp.py": "distributed",
     "test_generation_ddp.py": "distributed",
     "test_stream_resume_ddp.py": "distributed",
@@ -140,7 +142,8 @@ TIERS = {
 """The tier of each test file."""
 
 DISTRIBUTED = {
-    "test_ddp.py", "test_evaluation_ddp.py", "test_generation_ddp.py", "test_stream_resume_ddp.py",
+    "test_ddp.py", "test_eval_loop_ddp.py",
+    "test_evaluation_ddp.py", "test_generation_ddp.py", "test_stream_resume_ddp.py",
     "test_tokens_seen_ddp.py", "test_sharded_eval.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
     "test_checkpoint_processes.py::test_a_nan_in_one_ranks_shard_stops_every_rank_before_the_save",

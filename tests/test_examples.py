@@ -42,6 +42,10 @@ SCRIPTS = {
         "--train_file", DATA / "reverse_train.jsonl", "--validation_file", DATA / "reverse_validation.jsonl",
         "--test_file", DATA / "reverse_validation.jsonl", "--text_column", "source", "--summary_column", "target",
         "--predict_with_generate", "--val_max_target_length", "12", "--max_predict_samples", "8"]),
+    # QuestionAnsweringTrainer calls `evaluation_loop` from its `evaluate` / `predict` (HF's trainer_qa.py pattern)
+    "qa": ("run_qa.py", "question-answering", 2, [
+        "--train_file", DATA / "squad_train.jsonl", "--validation_file", DATA / "squad_validation.jsonl",
+        "--test_file", DATA / "squad_validation.jsonl", "--max_predict_samples", "8"]),
 }
 TIMING = ("_runtime", "_per_second")
 # README "Checkpoints and resume": the Lightning loop position, and the manifest of every file's checksum
@@ -128,6 +132,7 @@ def assert_same_outputs(ours: Path, hf: Path, loss_scale: float = 1.0) -> None:
 
 @pytest.mark.parametrize("name", [
     "classification",
+    "qa",
     pytest.param("clm", marks=pytest.mark.slow),
     pytest.param("ner", marks=pytest.mark.slow),
     pytest.param("summarization", marks=pytest.mark.slow),

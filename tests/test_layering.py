@@ -167,6 +167,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.seq2seq.trainer": 3,
     "hf_lightning.trainer.accelerator": 3,
     "hf_lightning.trainer.data_hooks": 3,
+    "hf_lightning.trainer.eval_loop": 3,
     "hf_lightning.trainer.loop_hooks": 3,
     "hf_lightning.trainer.step_hooks": 3,
 }

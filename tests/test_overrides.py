@@ -67,7 +67,7 @@ def test_refused_overrides_raise_one_error_naming_each(tmp_path):
         def _save_checkpoint(self, model, trial):
             pass
 
-        def evaluation_loop(self, *args, **kwargs):
+        def _inner_training_loop(self, *args, **kwargs):
             pass
 
         def my_helper(self):  # not an HF method: the user's own
@@ -77,7 +77,7 @@ def test_refused_overrides_raise_one_error_naming_each(tmp_path):
         _trainer(Custom, tmp_path)
     message = str(info.value)
     assert "_save_checkpoint: checkpoints are written by HFTrainerFlow" in message
-    assert "evaluation_loop: evaluation runs Lightning's validation" in message
+    assert "_inner_training_loop: HF's own training loop" in message
     assert "my_helper" not in message
 
 
@@ -148,6 +148,6 @@ def test_accelerator_answers_what_hf_code_asks_inside_a_run(tmp_path):
                     (True, 1, 0, True, "NO", 2, "no", True, 2, 1.0, "cpu")]
     assert transformers.Trainer(model=tiny_bert(), args=transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf"), use_cpu=True, report_to="none")).accelerator.distributed_type == "NO"
-    with pytest.raises(AttributeError, match="'state'.*Supported: autocast, backward"):
-        trainer.accelerator.state  # noqa: B018
+    with pytest.raises(AttributeError, match="'gradient_state'.*Supported: autocast, backward"):
+        trainer.accelerator.gradient_state  # noqa: B018
     assert set(SUPPORTED) <= set(dir(type(trainer.accelerator)))

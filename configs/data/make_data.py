@@ -8,6 +8,8 @@
 - tags_{train,validation}.jsonl: tokens (word list), tags (POS / NEG / NOT / O per word)
 - reverse_{train,validation}.jsonl: source, target (a toy seq2seq task: the target is the source's words reversed)
 - reverse_prompts_{train,validation}.jsonl: prompt, completion (the same task in the decoder-only format)
+- squad_{train,validation}.jsonl: id, title, context, question, answers {text, answer_start} (SQuAD's layout; the
+  context is a review, the question asks how one of its subjects was, the answer is that clause's adjective)
 - tokenizer.json: a WordPiece tokenizer with a small vocabulary, so longer words split into sub-words. Its training
   is not reproducible run to run (ties between equally frequent pairs), so it is only written when missing or with
   `--tokenizer`; the data files above are reproducible byte for byte.
@@ -65,6 +67,25 @@ def _write_pairs(split: str, n: int, seed: int) -> None:
     _write_csv(f"pairs_{split}.csv", ["sentence1", "sentence2", "label"], rows)
 
 
+def _write_squad(split: str, texts: list[str], seed: int) -> None:
+    """SQuAD-like rows: "how was the plot?" over a review, answered by the plot clause's last word (a subject that
+    appears once in the review, so the answer is unique)."""
+    rng = random.Random(seed + 40)
+    with open(os.path.join(HERE, f"squad_{split}.jsonl"), "w") as f:
+        for i, context in enumerate(texts):
+            clauses = context.split(" and ")
+            subjects = [c.split(" was ")[0] for c in clauses]
+            unique = [c for c, s in zip(clauses, subjects) if subjects.count(s) == 1 and " was " in c]
+            if not unique:
+                continue
+            clause = rng.choice(unique)
+            answer = clause.split()[-1]
+            start = context.index(clause) + len(clause) - len(answer)
+            f.write(json.dumps({"id": f"{split}-{i}", "title": "reviews", "context": context,
+                                "question": f"how was {clause.split(' was ')[0]}?",
+                                "answers": {"text": [answer], "answer_start": [start]}}) + "\n")
+
+
 def main() -> None:
     corpus = []
     for split, n, seed in (("train", 1024, 0), ("validation", 128, 1)):
@@ -79,6 +100,7 @@ def main() -> None:
                 f.write(json.dumps({"tokens": words, "tags": [_tag(w) for w in words]}) + "\n")
         corpus += data["text"]
         _write_reverse(split, n, seed)
+        _write_squad(split, data["text"], seed)
 
     if os.path.isfile(os.path.join(HERE, "tokenizer.json")) and "--tokenizer" not in sys.argv[1:]:
         return

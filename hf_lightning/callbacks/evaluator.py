@@ -129,8 +129,10 @@ class HFEvaluator:
         module.start_eval_run(run.request)
         world_size = trainer.world_size
 
+        keeps_predictions = is_prediction or run.request.keeps_predictions
+
         def new_accumulator(index: int) -> EvalAccumulator:
-            return module.new_eval_accumulator(is_prediction, world_size, _loader(loaders, index))
+            return module.new_eval_accumulator(keeps_predictions, world_size, _loader(loaders, index))
 
         run.open(names, [dataset_length(d) for d in datasets], world_size, new_accumulator)
         self._active = run
@@ -175,7 +177,7 @@ class HFEvaluator:
         run = self._active
         assert run is not None
         result = run.finish(index)
-        if result is None:
+        if result is None or run.request.description is not None:  # `evaluation_loop`: the caller logs
             return
         if run.request.is_prediction:
             self.host.hf_event("on_predict", metrics=result.metrics)

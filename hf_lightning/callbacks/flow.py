@@ -160,11 +160,12 @@ class HFTrainerFlow(HFLoopSteps):
 
     def evaluate(
         self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, ignore_keys: list[str] | None = None,
-        metric_key_prefix: str = "eval", ckpt_path: str | None = None,
+        metric_key_prefix: str = "eval", ckpt_path: str | None = None, request: EvalRequest | None = None,
     ) -> EvaluationOutput:
-        """HF's `evaluate()` with `trainer.validate`: every eval dataset's result (`.metrics`: HF's return value)."""
+        """HF's `evaluate()` with `trainer.validate`: every eval dataset's result (`.metrics`: HF's return value);
+        `request` (an `evaluation_loop` call's) replaces `ignore_keys` and `metric_key_prefix`."""
         cast_for_full_eval(flow_model(module), self.args)  # bf16 / fp16_full_eval, outside training only (as HF)
-        request = EvalRequest(metric_key_prefix, ignore_keys)
+        request = request if request is not None else EvalRequest(metric_key_prefix, ignore_keys)
         with self.preempted_outside_training(trainer):
             return self.evaluator.evaluate(trainer, module, datamodule, request, ckpt_path)
 
@@ -347,6 +348,13 @@ class HFTrainerFlow(HFLoopSteps):
         """HF `evaluate()` for one dataset (T:2843-2894): the log entry, `on_evaluate`, then the listeners."""
         self.hf_log(trainer, metrics)  # adds "epoch" into the same dict, as HF
         self.hf_event("on_evaluate", metrics=metrics)
+        self.report_to_listeners(trainer, pl_module, metrics)
+
+    def report_to_listeners(self, trainer: pl.Trainer | None, pl_module: pl.LightningModule, metrics: dict[str, Any]
+                            ) -> None:
+        """Tell the evaluation listeners (`HFEarlyStopping`...) about a finished evaluation's metrics."""
+        if trainer is None:  # no run yet: no listener was collected
+            return
         for listener in self._eval_listeners:
             listener.on_hf_evaluate(trainer, pl_module, self, metrics)
 

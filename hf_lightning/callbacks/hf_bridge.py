@@ -7,6 +7,7 @@ the callbacks after it. Flags are reset before the callbacks run, exactly where 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 __all__ = ["HFCallbackHandler", "HF_EVENTS"]
@@ -38,6 +39,10 @@ _RESETS: dict[str, tuple[str, ...]] = {
     "on_evaluate": ("should_evaluate",),
     "on_save": ("should_save",),
 }
+
+
+_POSITIONAL = {"on_evaluate": ("metrics",), "on_predict": ("metrics",), "on_log": ("logs",)}
+"""The event value HF's `CallbackHandler` methods take after `(args, state, control)`."""
 
 
 class HFCallbackHandler:
@@ -101,8 +106,18 @@ class HFCallbackHandler:
                 control = result
         return control
 
+    def _call_positional(self, event: str, args: Any, state: Any, control: Any, *values: Any, **extra: Any) -> Any:
+        """HF's handler methods also take their one event value positionally (`on_evaluate(args, state, control,
+        metrics)`, `on_log(..., logs)`), as HF's examples call them."""
+        names = _POSITIONAL.get(event, ())
+        if len(values) > len(names):
+            raise TypeError(f"callback_handler.{event} takes {3 + len(names)} positional arguments "
+                            f"(args, state, control{''.join(', ' + n for n in names)}), got {3 + len(values)}.")
+        extra.update(zip(names, values))
+        return self.call(event, args, state, control, **extra)
+
     def __getattr__(self, name: str) -> Any:
         """`handler.on_log(args, state, control, logs=...)` etc., as on HF's `CallbackHandler`."""
         if name in HF_EVENTS:
-            return lambda args, state, control, **extra: self.call(name, args, state, control, **extra)
+            return partial(self._call_positional, name)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

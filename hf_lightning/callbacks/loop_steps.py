@@ -31,7 +31,7 @@ from hf_lightning.callbacks.throughput import TokenLogs
 from hf_lightning.callbacks.train_log import FlopsCounter, TrainLossTracker, UpdateReport, tensorboard_tag
 from hf_lightning.contracts import HFLoopHooks, flow_model
 from hf_lightning.data.windows import is_sized, num_examples
-from hf_lightning.evaluation import EvalRequest
+from hf_lightning.evaluation import EvalRequest, EvaluationOutput
 from hf_lightning.hf_messages import evaluation_header, logger, resume_lines, training_header
 from hf_lightning.interruption import TrainingPreempted, signal_name, stop_line
 from hf_lightning.resume.find import last_checkpoint
@@ -290,9 +290,13 @@ class HFLoopSteps(EvaluationHooks):
 
         The eval loaders are asked for again (`get_eval_dataloader` runs at every evaluation, as HF's).
         """
+        return self.evaluation_now(request).metrics
+
+    def evaluation_now(self, request: EvalRequest) -> EvaluationOutput:
+        """`evaluate_now`, returning every dataset's result (an `evaluation_loop` call during `train()`)."""
         trainer, _ = self._run()
         reload_validation_data(trainer)
-        return self.evaluator.evaluate_during_fit(trainer, request).metrics
+        return self.evaluator.evaluate_during_fit(trainer, request)
 
     def step_plateau_scheduler(self, metrics: dict[str, Any]) -> None:
         """A `ReduceLROnPlateau` steps on the best-model metric after a training-time evaluation (T:3314-3331)."""

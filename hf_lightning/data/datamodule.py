@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
-from torch.utils.data import DataLoader, IterableDataset, Sampler
+from torch.utils.data import DataLoader, IterableDataset, Sampler, SequentialSampler
 from transformers.trainer_utils import seed_worker
 from typing_extensions import override
 
@@ -51,7 +51,37 @@ from hf_lightning.data.stream_loader import WindowedStream, iterable_loader, str
 from hf_lightning.data.stream_state import to_plain
 from hf_lightning.data.windows import EpochLoader, LazyWindow, WindowStream, is_sized, loader_options
 
-__all__ = ["TransformerDataModule", "ContiguousShardSampler"]
+__all__ = ["TransformerDataModule", "ContiguousShardSampler", "shard_eval_loader"]
+
+
+def shard_eval_loader(loader: Any, world_size: int, rank: int) -> Any:
+    """`loader` as this process's part of an evaluation over `world_size` processes (accelerate's `prepare` of an
+    eval loader, with hf_lightning's contiguous shards: gathered in rank order, the results are in dataset order).
+
+    A loader already sharded by hf_lightning (`get_eval_dataloader()` / `get_test_dataloader()` called while a run
+    is attached), and any loader of a single process, is returned as it is; another map-style loader is rebuilt
+    around a `ContiguousShardSampler` that splits its sampler's order (same dataset, collator, batch size, workers).
+
+    Raises:
+        ValueError: several processes, and a loader that cannot be split exactly (an iterable dataset, a batch
+            sampler of its own, or no batch size).
+    """
+    samplers = (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None))
+    if world_size < 2 or any(isinstance(sampler, ContiguousShardSampler) for sampler in samplers):
+        return loader
+    dataset, batch_size = getattr(loader, "dataset", None), getattr(loader, "batch_size", None)
+    if isinstance(dataset, IterableDataset) or dataset_length(dataset) is None or not batch_size:
+        raise ValueError(
+            f"evaluation_loop: a {type(loader).__name__} over {type(dataset).__name__} with batch_size={batch_size} "
+            f"cannot be split exactly across {world_size} processes (it needs a sized map-style dataset and a "
+            "batch_size). Pass the loader of `get_eval_dataloader()` / `get_test_dataloader()` called during the run, "
+            "or a DataLoader(dataset, batch_size=..., collate_fn=...)."
+        )
+    assert dataset is not None  # sized, checked above
+    order = None if isinstance(loader.sampler, SequentialSampler) else loader.sampler
+    sampler = ContiguousShardSampler(len(dataset), world_size, rank, int(batch_size), order=order)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, collate_fn=loader.collate_fn,
+                      drop_last=loader.drop_last, num_workers=loader.num_workers, pin_memory=loader.pin_memory)
 
 
 class TransformerDataModule(pl.LightningDataModule):
@@ -96,6 +126,8 @@ class TransformerDataModule(pl.LightningDataModule):
         self.data_collator = data_collator if data_collator is not None else default_collator(processing_class)
         self.loader_owner: HFDataHooks | None = None
         self.eval_loader_args: dict[str, Any] | None = None
+        self.loop_loader: Any = None
+        """The loader of a running `evaluation_loop` call: the validation loader while set."""
         self.signature_model: Any = None
         self._allowed_columns: list[str] | None = None
         self._fit_loader: Any = None
@@ -289,6 +321,18 @@ class TransformerDataModule(pl.LightningDataModule):
             self.eval_datasets, self.eval_loader_args = saved
 
     @contextmanager
+    def running_loader(self, loader: Any) -> Iterator[None]:
+        """Within the block, the validation loader is `loader` itself (an `evaluation_loop(dataloader)` call),
+        sharded across processes here when it is not already (`shard_eval_loader`)."""
+        saved = self.eval_datasets, self.eval_loader_args, self.loop_loader
+        self.eval_datasets, self.eval_loader_args = {"": getattr(loader, "dataset", None)}, None
+        self.loop_loader = loader
+        try:
+            yield
+        finally:
+            self.eval_datasets, self.eval_loader_args, self.loop_loader = saved
+
+    @contextmanager
     def predicting(self, dataset: Any) -> Iterator[None]:
         """Within the block, the prediction loader is `dataset`'s (`get_test_dataloader(dataset)`): HF's `predict`."""
         saved, self.predict_dataset = self.predict_dataset, dataset
@@ -413,6 +457,8 @@ class TransformerDataModule(pl.LightningDataModule):
     @override
     def val_dataloader(self) -> Any:
         """One loader per eval dataset, in the order of `eval_dataset_names` (`get_eval_dataloader` each)."""
+        if self.loop_loader is not None:
+            return shard_eval_loader(self.loop_loader, *self._world())
         if not self.eval_datasets:
             return []
         loaders = [self.loaders.get_eval_dataloader(self._eval_loader_arg(name)) for name in self.eval_datasets]

@@ -9,6 +9,7 @@ and module. Anything else raises an `AttributeError` naming what is supported, n
 from __future__ import annotations
 
 import builtins
+from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
@@ -18,15 +19,25 @@ from torch import nn
 from hf_lightning._lightning_compat import grad_scaler
 from hf_lightning.model_wrappers import without_compile
 
-__all__ = ["LightningAccelerator", "SUPPORTED"]
+__all__ = ["AcceleratorState", "LightningAccelerator", "SUPPORTED", "StrategyPlugin"]
 
 SUPPORTED = (
-    "autocast", "backward", "device", "distributed_type", "gather", "gather_for_metrics", "gradient_accumulation_steps",
-    "is_local_main_process", "is_main_process", "local_process_index", "mixed_precision", "no_sync",
-    "num_processes", "optimizer_step_was_skipped", "print", "process_index", "reduce", "scaler", "sync_gradients",
-    "unwrap_model", "use_distributed", "wait_for_everyone",
+    "autocast", "backward", "device", "distributed_type", "even_batches", "gather", "gather_for_metrics",
+    "gradient_accumulation_steps", "is_local_main_process", "is_main_process", "local_process_index",
+    "mixed_precision", "no_sync", "num_processes", "optimizer_step_was_skipped", "pad_across_processes",
+    "parallelism_config", "prepare", "prepare_model", "print", "process_index", "reduce", "scaler", "split_batches",
+    "state", "sync_gradients", "unwrap_model", "use_distributed", "wait_for_everyone",
 )
 """The accelerate `Accelerator` members `LightningAccelerator` provides."""
+
+
+def _all_tensors(data: Any) -> bool:
+    """Whether every leaf of nested lists / tuples / dicts is a tensor."""
+    if isinstance(data, Mapping):
+        return all(_all_tensors(value) for value in data.values())
+    if isinstance(data, (list, tuple)):
+        return bool(data) and all(_all_tensors(value) for value in data)
+    return isinstance(data, torch.Tensor)
 
 
 class AcceleratorOwner(Protocol):
@@ -38,6 +49,102 @@ class AcceleratorOwner(Protocol):
     """The running `lightning.Trainer`, or None before the first run."""
     args: Any
     """The training arguments."""
+
+
+PLUGIN_ATTRIBUTES = {"deepspeed": ("kind", "strategy", "deepspeed_config", "zero_stage"),
+                     "fsdp": ("kind", "strategy", "fsdp_version")}
+"""What a `StrategyPlugin` answers, by kind."""
+
+
+class StrategyPlugin:
+    """`accelerator.state.deepspeed_plugin` / `fsdp_plugin` under Lightning: which sharded strategy runs.
+
+    Attributes:
+        kind: "deepspeed" or "fsdp".
+        strategy: the Lightning strategy (None before the first run: then the strategy requested).
+        deepspeed_config: the DeepSpeed config dict (DeepSpeed only; `hf_ds_config.config` in accelerate).
+        zero_stage: the ZeRO stage (DeepSpeed only).
+        fsdp_version: 1 (Lightning's `FSDPStrategy`) or 2 (`ModelParallelStrategy`, FSDP2) (FSDP only).
+    """
+
+    def __init__(self, kind: str, strategy: Any, deepspeed_config: dict[str, Any] | None = None,
+                 fsdp_version: int | None = None) -> None:
+        self.kind, self.strategy = kind, strategy
+        if kind == "deepspeed":
+            self.deepspeed_config = dict(deepspeed_config or {})
+            self.zero_stage = int(self.deepspeed_config.get("zero_optimization", {}).get("stage", 0))
+        else:
+            self.fsdp_version = fsdp_version
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"accelerator.state.{self.kind}_plugin has no {name!r} under hf_lightning: Lightning's strategy runs "
+            f"{self.kind}. It answers {', '.join(PLUGIN_ATTRIBUTES.get(self.kind, ()))}; read the rest from "
+            "`trainer.lightning_trainer.strategy`."
+        )
+
+
+class AcceleratorState:
+    """`accelerator.state`: the members of accelerate's `AcceleratorState` HF code reads.
+
+    Attributes:
+        deepspeed_plugin: a `StrategyPlugin` when DeepSpeed runs, else None.
+        fsdp_plugin: a `StrategyPlugin` when FSDP (1 or 2) runs, else None.
+    """
+
+    def __init__(self, accelerator: LightningAccelerator) -> None:
+        self._accelerator = accelerator
+        kind, strategy, config, version = accelerator.strategy_kind()
+        self.deepspeed_plugin = StrategyPlugin("deepspeed", strategy, config) if kind == "deepspeed" else None
+        self.fsdp_plugin = StrategyPlugin("fsdp", strategy, fsdp_version=version) if kind == "fsdp" else None
+
+    @property
+    def distributed_type(self) -> str:
+        return self._accelerator.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self._accelerator.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self._accelerator.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self._accelerator.local_process_index
+
+    @property
+    def device(self) -> torch.device:
+        return self._accelerator.device
+
+    @property
+    def mixed_precision(self) -> str:
+        return self._accelerator.mixed_precision
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"accelerator.state has no {name!r} under hf_lightning. It answers deepspeed_plugin, fsdp_plugin, "
+            "distributed_type, num_processes, process_index, local_process_index, device, mixed_precision."
+        )
+
+
+def _strategy_kind(strategy: Any) -> tuple[str | None, Any, dict[str, Any] | None, int | None]:
+    """`(kind, strategy, deepspeed config, fsdp version)` of a Lightning strategy, its name, or hf_lightning's
+    `StrategyRequest` (the request of the next run, before a Lightning trainer exists)."""
+    deepspeed, fsdp = getattr(strategy, "deepspeed", None), getattr(strategy, "fsdp", None)
+    if deepspeed is not None or fsdp is not None:  # a StrategyRequest
+        if deepspeed is not None:
+            return "deepspeed", strategy, dict(deepspeed), None
+        return "fsdp", strategy, None, int(getattr(fsdp, "version", 1))
+    name = (strategy if isinstance(strategy, str) else type(strategy).__name__).lower()
+    if "deepspeed" in name:
+        return "deepspeed", strategy, dict(getattr(strategy, "config", None) or {}), None
+    if "modelparallel" in name or "fsdp2" in name:
+        return "fsdp", strategy, None, 2
+    if "fsdp" in name:
+        return "fsdp", strategy, None, 1
+    return None, strategy, None, None
 
 
 class LightningAccelerator:
@@ -148,22 +255,139 @@ class LightningAccelerator:
             return "MULTI_GPU" if self.device.type == "cuda" else "MULTI_CPU"
         return "NO"
 
-    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Every process's tensor, concatenated on dim 0 (a 0-dim tensor becomes one row per process)."""
+    def gather(self, tensor: Any) -> Any:
+        """Every process's tensor, concatenated on dim 0 (a 0-dim tensor becomes one row per process); nested
+        lists / tuples / dicts of tensors are gathered leaf by leaf, as accelerate's. Shapes beyond dim 0 must
+        match across processes (`pad_across_processes` first)."""
+        if isinstance(tensor, Mapping):
+            return {key: self.gather(value) for key, value in tensor.items()}
+        if isinstance(tensor, (list, tuple)):
+            return type(tensor)(self.gather(value) for value in tensor)
         if self.num_processes == 1:
             return tensor
         gathered = self._trainer.strategy.all_gather(tensor)
         return gathered.reshape(-1, *tensor.shape[1:]) if tensor.dim() else gathered.reshape(-1)
 
-    def gather_for_metrics(self, input_data: torch.Tensor, use_gather_object: bool = False) -> torch.Tensor:
-        """`gather` (hf_lightning's evaluation shards hold no duplicates to drop)."""
-        return self.gather(input_data)
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """`gather`, or with `use_gather_object` (or any non-tensor data) every process's list concatenated in rank
+        order. accelerate drops the samples its even-batch padding duplicated at the end of an eval loader;
+        hf_lightning's eval shards (`get_eval_dataloader`, `evaluation_loop`) duplicate none, so nothing is dropped
+        (see `even_batches`)."""
+        tensors = isinstance(input_data, torch.Tensor) or (
+            isinstance(input_data, (list, tuple, Mapping)) and _all_tensors(input_data))
+        if tensors and not use_gather_object:
+            return self.gather(input_data)
+        if self.num_processes == 1:
+            return input_data
+        parts: list[Any] = [None] * self.num_processes
+        torch.distributed.all_gather_object(parts, input_data)
+        if all(isinstance(part, list) for part in parts):
+            return [item for part in parts for item in part]
+        return parts
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        """`tensor` padded with `pad_index` along `dim` to the largest size any process has there (a collective);
+        nested lists / tuples / dicts leaf by leaf, as accelerate's."""
+        if isinstance(tensor, Mapping):
+            return {key: self.pad_across_processes(value, dim, pad_index, pad_first) for key, value in tensor.items()}
+        if isinstance(tensor, (list, tuple)):
+            return type(tensor)(self.pad_across_processes(value, dim, pad_index, pad_first) for value in tensor)
+        if self.num_processes == 1 or tensor.dim() == 0 or dim >= tensor.dim():
+            return tensor
+        size = torch.tensor([tensor.shape[dim]], device=tensor.device)
+        largest = int(self.gather(size).max())
+        if largest == tensor.shape[dim]:
+            return tensor
+        shape = list(tensor.shape)
+        shape[dim] = largest
+        padded = tensor.new_full(shape, pad_index)
+        span = slice(largest - tensor.shape[dim], largest) if pad_first else slice(0, tensor.shape[dim])
+        index = [slice(None)] * tensor.dim()
+        index[dim] = span
+        padded[tuple(index)] = tensor
+        return padded
 
     def reduce(self, tensor: torch.Tensor, reduction: str = "sum", scale: float = 1.0) -> torch.Tensor:
         """The sum (or mean) over processes."""
+        if reduction not in ("sum", "mean"):
+            raise ValueError(f"accelerator.reduce: reduction={reduction!r}; hf_lightning supports 'sum' and 'mean'.")
         if self.num_processes == 1:
             return tensor * scale
-        return self._trainer.strategy.reduce(tensor, reduce_op=reduction) * scale
+        return self._trainer.strategy.reduce(tensor.clone(), reduce_op=reduction) * scale
+
+    @property
+    def split_batches(self) -> bool:
+        """False: batch sizes are per process (`per_device_*_batch_size`), as HF's default; HF's
+        `accelerator_config` (which could set it) is refused by hf_lightning."""
+        return False
+
+    @property
+    def even_batches(self) -> bool:
+        """False: hf_lightning's eval shards are contiguous blocks that may differ by one batch and never repeat a
+        sample (accelerate's default `True` pads the last batches with repeated samples, then drops them in
+        `gather_for_metrics`). Training shards are even either way."""
+        return False
+
+    @property
+    def parallelism_config(self) -> None:
+        """None: no tensor, context or sequence parallelism runs under hf_lightning (TRL checks it for None)."""
+        return None
+
+    @property
+    def state(self) -> AcceleratorState:
+        """`deepspeed_plugin` / `fsdp_plugin` (a `StrategyPlugin` saying which runs, else None), and the process
+        members."""
+        return AcceleratorState(self)
+
+    def strategy_kind(self) -> tuple[str | None, Any, dict[str, Any] | None, int | None]:
+        """`(kind, strategy, deepspeed config, fsdp version)` of the running strategy, or of the next run's request
+        before a Lightning trainer exists; kind is "deepspeed", "fsdp" or None."""
+        trainer = self._trainer
+        if trainer is not None:
+            return _strategy_kind(trainer.strategy)
+        return _strategy_kind(getattr(self._owner, "_trainer_kwargs", {}).get("strategy", "auto"))
+
+    def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
+        """Identity for what Lightning already prepared: models go through `prepare_model`, optimizers and
+        schedulers come back as they are (Lightning's strategy wraps and steps the trainer's own).
+
+        Raises:
+            NotImplementedError: a `DataLoader` under several processes (accelerate would shard it here; pass it
+                to `trainer.evaluation_loop`, which shards it exactly, or build it with `get_eval_dataloader`).
+        """
+        prepared = [self._prepare_one(obj) for obj in objects]
+        return prepared[0] if len(prepared) == 1 else tuple(prepared)
+
+    def _prepare_one(self, obj: Any) -> Any:
+        if isinstance(obj, nn.Module):
+            return self.prepare_model(obj)
+        if isinstance(obj, torch.utils.data.DataLoader) and self.num_processes > 1:
+            raise NotImplementedError(
+                "accelerator.prepare(DataLoader) under several processes: hf_lightning does not re-shard a loader "
+                "here. Pass it to `trainer.evaluation_loop(loader, ...)` (sharded exactly there), or build it with "
+                "`trainer.get_eval_dataloader()` / `get_test_dataloader()`."
+            )
+        return obj
+
+    def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+                      ) -> nn.Module:
+        """The trainer's model comes back as it is (Lightning placed and wrapped it). Another model (e.g. TRL's
+        reference model) is moved to this process's device, which is all accelerate does in `evaluation_mode`.
+
+        Raises:
+            NotImplementedError: another model to train under several processes (accelerate would wrap it in DDP;
+                Lightning wraps only the trainer's model).
+        """
+        own = self._owner.module.model
+        if model is own or without_compile(model) is without_compile(own):
+            return model
+        if not evaluation_mode and self.num_processes > 1:
+            raise NotImplementedError(
+                "accelerator.prepare_model: only the trainer's own model is trained (and wrapped) by Lightning under "
+                "several processes; pass evaluation_mode=True for a model used without gradients (it is moved to "
+                "the device), or make it part of the trainer's model."
+            )
+        return model.to(self.device) if device_placement is not False else model
 
     def wait_for_everyone(self) -> None:
         trainer = self._trainer

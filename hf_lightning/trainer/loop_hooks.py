@@ -16,6 +16,7 @@ from torch import nn
 
 from hf_lightning.callbacks.flow import HFTrainerFlow
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
+from hf_lightning.data.collate import signature_columns
 from hf_lightning.module import TransformerModule
 from hf_lightning.trainer.accelerator import LightningAccelerator
 
@@ -71,6 +72,31 @@ class LoopHooks:
     def accelerator(self) -> LightningAccelerator:
         """The accelerate `Accelerator` members HF code calls (`backward`, `unwrap_model`, `gather`, ...)."""
         return LightningAccelerator(self)
+
+    @property
+    def is_deepspeed_enabled(self) -> bool:
+        """HF's `is_deepspeed_enabled`: whether the run's Lightning strategy is DeepSpeed (`args.deepspeed`, or a
+        DeepSpeed strategy in `lightning_kwargs`)."""
+        return self.accelerator.strategy_kind()[0] == "deepspeed"
+
+    @property
+    def is_fsdp_enabled(self) -> bool:
+        """HF's `is_fsdp_enabled`: whether the run's Lightning strategy is FSDP1 or FSDP2 (`args.fsdp`, or an FSDP /
+        ModelParallel strategy in `lightning_kwargs`)."""
+        return self.accelerator.strategy_kind()[0] == "fsdp"
+
+    @property
+    def _signature_columns(self) -> list[str]:
+        """HF's `_signature_columns`: the columns kept by `remove_unused_columns` (the model's `forward` parameters,
+        `label`, `label_ids` and the label names). Computed on read (HF fills it at the first dataloader)."""
+        return signature_columns(self.model, list(self.module.label_names))
+
+    @_signature_columns.setter
+    def _signature_columns(self, value: Any) -> None:
+        raise AttributeError(
+            "hf_lightning.Trainer._signature_columns is read-only: the kept columns follow the model's forward. Set "
+            "remove_unused_columns=False and drop columns in your collator or get_train_dataloader instead."
+        )
 
     @property
     def _globalstep_last_logged(self) -> int:

@@ -48,6 +48,8 @@ ROUTED: dict[str, str] = {
     "_get_train_sampler": "by get_train_dataloader",
     "_get_eval_sampler": "by get_eval_dataloader and get_test_dataloader",
     "num_examples": "for the training header and train_samples_per_second",
+    "evaluation_loop": "by evaluate() and predict() when overridden (HF's bodies around it: so at every evaluation "
+                       "during train() too); callable on any dataloader (trainer/eval_loop.py)",
     "evaluate": "for every evaluation during train() too (through _evaluate), as HF",
     "_evaluate": "at every evaluation during train()",
     "_maybe_log_save_evaluate": "after every update and at every epoch end",
@@ -110,8 +112,6 @@ REFUSED: dict[str, str] = {
     "_has_mixed_mesh_grads": "gradient clipping is TransformerModule.on_before_optimizer_step (max_grad_norm)",
     "_clip_grad_norm": "gradient clipping is TransformerModule.on_before_optimizer_step (max_grad_norm)",
     "_get_grad_norm": "gradient clipping is TransformerModule.on_before_optimizer_step (max_grad_norm)",
-    "evaluation_loop": "evaluation runs Lightning's validation / prediction loop; override prediction_step, evaluate "
-                       "or get_eval_dataloader, or pass compute_metrics / preprocess_logits_for_metrics",
     "_determine_best_metric": "best-model tracking is callbacks/best_model.py; set metric_for_best_model and "
                               "greater_is_better",
     "store_flos": "total_flos is stored by HFTrainerFlow; override floating_point_ops to count differently",

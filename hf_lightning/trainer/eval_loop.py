@@ -1,0 +1,148 @@
+"""HF's `evaluation_loop` (and its legacy twin `prediction_loop`) on `hf_lightning.Trainer`.
+
+`evaluation_loop(dataloader, description, ...)` runs Lightning's validation loop over the given loader (inside the
+running fit during `train()`, `lightning.Trainer.validate` otherwise) with the same per-batch accumulation, gathering
+and metrics as `evaluate()`, and returns HF's `EvalLoopOutput`; like HF's it neither logs nor calls `on_evaluate`,
+and its metrics have no speed entries (the caller adds them). It reads `self.compute_metrics` at the call, so the
+pattern of HF's question-answering trainer (set `compute_metrics = None`, call the loop, post-process, compute the
+metrics itself) works as in HF. Under several processes a loader that is not yet sharded is split into contiguous
+shards (`data.datamodule.shard_eval_loader`), so the gathered predictions are in dataset order without duplicates.
+
+When a subclass overrides `evaluation_loop` or `prediction_loop`, `evaluate()` and `predict()` run HF's own bodies
+around it (`get_eval_dataloader` / `get_test_dataloader`, the loop, speed metrics, `log` + `on_evaluate` or
+`on_predict`), so the override is honoured by every evaluation, those during `train()` included.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning.pytorch as pl
+from transformers.trainer_utils import EvalLoopOutput, PredictionOutput, speed_metrics
+
+from hf_lightning.callbacks.flow import HFTrainerFlow
+from hf_lightning.data.datamodule import TransformerDataModule
+from hf_lightning.evaluation import EvalRequest
+from hf_lightning.module import TransformerModule
+
+__all__ = ["EvalLoopHooks", "LOOP_OVERRIDES", "SPEED_SUFFIXES"]
+
+LOOP_OVERRIDES = frozenset({"evaluation_loop", "prediction_loop"})
+"""Overrides that make `evaluate()` / `predict()` run HF's bodies around `self.evaluation_loop`."""
+
+SPEED_SUFFIXES = ("runtime", "samples_per_second", "steps_per_second")
+"""The speed metrics `evaluate()` / `predict()` add after the loop (HF's `evaluation_loop` returns none)."""
+
+
+class EvalLoopHooks:
+    """HF's `evaluation_loop` / `prediction_loop`, and `evaluate()` / `predict()` routed through an override."""
+
+    flow: HFTrainerFlow
+    module: TransformerModule
+    datamodule: TransformerDataModule
+    args: Any
+    compute_metrics: Callable[..., dict] | None
+    _overridden: frozenset[str]
+    lightning_trainer: pl.Trainer | None = None  # until the first run builds one (set again in `__init__`)
+    _lightning_trainer: Callable[[], pl.Trainer]
+    get_eval_dataloader: Callable[..., Any]
+    get_test_dataloader: Callable[..., Any]
+    log: Callable[..., None]
+    callback_handler: Any
+    state: Any
+    control: Any
+
+    def evaluation_loop(
+        self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """HF's `evaluation_loop`: predictions, labels, metrics and sample count of `dataloader`, on every process.
+
+        Args:
+            dataloader: any loader: `get_eval_dataloader()`, `get_test_dataloader()`, or the user's own (under
+                several processes, a map-style one with a `batch_size`; it is split into contiguous shards).
+            description: HF's description ("Evaluation", "Prediction": predictions are then always kept).
+            prediction_loss_only: keep only the loss; None: `args.prediction_loss_only`.
+            ignore_keys: model output keys dropped from the predictions.
+            metric_key_prefix: the metric keys' prefix.
+
+        Returns:
+            HF's `EvalLoopOutput`; its metrics hold `compute_metrics`' (the trainer's `compute_metrics` at this
+            call) and `<prefix>_loss`, without speed metrics, as HF's.
+        """
+        loss_only = bool(self.args.prediction_loss_only) if prediction_loss_only is None else bool(prediction_loss_only)
+        request = EvalRequest(metric_key_prefix, ignore_keys, description=description, prediction_loss_only=loss_only)
+        module = self.module
+        saved = module.compute_metrics
+        module.compute_metrics = self.compute_metrics  # read at the call, as HF's loop reads `self.compute_metrics`
+        try:
+            with self.datamodule.running_loader(dataloader):
+                if self.flow.is_running:  # during train(): Lightning's validation loop inside the running fit
+                    output = self.flow.evaluation_now(request)
+                else:
+                    output = self.flow.evaluate(self._lightning_trainer(), module, self.datamodule, request=request)
+        finally:
+            module.compute_metrics = saved
+        result = output.results.get("")
+        if result is None:  # no batch at all (an empty loader)
+            nothing: Any = None  # HF's loop returns None predictions and labels when it kept none
+            return EvalLoopOutput(predictions=nothing, label_ids=None, metrics={}, num_samples=0)
+        speed = {f"{metric_key_prefix}_{suffix}" for suffix in SPEED_SUFFIXES}
+        metrics = {key: value for key, value in result.metrics.items() if key not in speed}
+        return EvalLoopOutput(predictions=result.predictions, label_ids=result.label_ids, metrics=metrics,
+                              num_samples=result.num_samples)
+
+    def prediction_loop(
+        self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """HF 4's legacy `prediction_loop` (removed in 5): the same signature and result as
+        `evaluation_loop`, which it runs (HF 4's differed only in how it gathered, not in what it returned)."""
+        return self.evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix)
+
+    def _loop(self) -> Callable[..., EvalLoopOutput]:
+        """The overridden loop (`prediction_loop` when only it is overridden, as HF 4's `use_legacy_prediction_loop`
+        would pick it), else `evaluation_loop`."""
+        if "prediction_loop" in self._overridden and "evaluation_loop" not in self._overridden:
+            return self.prediction_loop
+        return self.evaluation_loop
+
+    def _evaluate_through_loop(self, eval_dataset: Any, ignore_keys: list[str] | None, metric_key_prefix: str
+                               ) -> dict[str, float]:
+        """HF's `evaluate()` body for one dataset around the (overridden) loop: loader, loop, speed metrics, `log`,
+        `on_evaluate`."""
+        loader = self.get_eval_dataloader(eval_dataset)
+        start = time.time()
+        output = self._loop()(loader, description="Evaluation",
+                              prediction_loss_only=True if self.compute_metrics is None else None,
+                              ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
+        metrics = self._add_speed(output, metric_key_prefix, start)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        self.flow.report_to_listeners(self.lightning_trainer, self.module, metrics)
+        return metrics
+
+    def _predict_through_loop(self, test_dataset: Any, ignore_keys: list[str] | None, metric_key_prefix: str
+                              ) -> PredictionOutput:
+        """HF's `predict()` body around the (overridden) loop: loader, loop, speed metrics, `on_predict`."""
+        loader = self.get_test_dataloader(test_dataset)
+        start = time.time()
+        output = self._loop()(loader, description="Prediction", ignore_keys=ignore_keys,
+                              metric_key_prefix=metric_key_prefix)
+        metrics = self._add_speed(output, metric_key_prefix, start)
+        self.control = self.callback_handler.on_predict(self.args, self.state, self.control, metrics)
+        return PredictionOutput(predictions=output.predictions, label_ids=output.label_ids, metrics=metrics)
+
+    def _add_speed(self, output: EvalLoopOutput, prefix: str, start: float) -> dict[str, float]:
+        """The loop's metrics (the same dict) with HF's speed metrics added."""
+        trainer = self.lightning_trainer
+        world_size = trainer.world_size if trainer is not None else self.args.world_size
+        total_batch_size = self.args.per_device_eval_batch_size * world_size
+        metrics = output.metrics if output.metrics is not None else {}
+        num_samples = int(output.num_samples or 0)
+        metrics.update(speed_metrics(prefix, start, num_samples=num_samples,
+                                     num_steps=math.ceil(num_samples / total_batch_size)))
+        return metrics
