@@ -133,6 +133,7 @@ TIERS = {
     "test_threads.py": "e2e",
     "test_ddp.py": "distributed",
     "test_eval_loop_ddp.py": "distributed",
+    "test_ddp_loss_scale.py": "distributed",
     "test_evaluation_ddp.py": "distributed",
     "test_generation_ddp.py": "distributed",
     "test_stream_resume_ddp.py": "distributed",
@@ -142,7 +143,7 @@ TIERS = {
 """The tier of each test file."""
 
 DISTRIBUTED = {
-    "test_ddp.py", "test_eval_loop_ddp.py",
+    "test_ddp.py", "test_eval_loop_ddp.py", "test_ddp_loss_scale.py",
     "test_evaluation_ddp.py", "test_generation_ddp.py", "test_stream_resume_ddp.py",
     "test_tokens_seen_ddp.py", "test_sharded_eval.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",

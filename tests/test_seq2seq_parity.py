@@ -7,6 +7,8 @@ test_seq2seq_eval_loss.py).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import transformers
@@ -106,3 +108,42 @@ def test_training_time_evaluation_uses_args_and_matches_hf(tmp_path, one_thread)
         for key in ("eval_loss", "eval_sacrebleu", "eval_rouge1", "eval_exact_match", "step"):
             assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), key
     _assert_same_generation(hf.predict(data).predictions, ours.predict(data).predictions, 7)
+
+
+def test_training_evaluations_and_saved_generation_config_match_hf(tmp_path, one_thread) -> None:
+    """No `generation_max_length`: `generate` runs on the model's own config, which HF's `prediction_step` fills with
+    the library defaults after its first `generate` (max_length None -> 20). HF's first evaluation therefore makes
+    21 ids (the model-agnostic default: 20 new tokens + the start token) in its first batch, later ones 20; the
+    checkpoints saved before any evaluation hold the sparse config, the later ones every field."""
+    tok = word_tokenizer()
+    widths = lambda p: {"width": float(p.predictions.shape[1]),  # noqa: E731
+                        "gen_len": float(np.mean([np.count_nonzero(row != PAD) for row in p.predictions]))}
+    common = dict(per_device_eval_batch_size=4, per_device_train_batch_size=4, predict_with_generate=True,
+                  report_to="none", seed=3, learning_rate=1e-4, optim="adamw_torch", max_steps=5,
+                  eval_strategy="steps", eval_steps=2, logging_steps=2, save_steps=1, disable_tqdm=True)
+    runs = {}
+    for name, trainer_cls, args_cls, extra in (
+        ("hf", transformers.Seq2SeqTrainer, transformers.Seq2SeqTrainingArguments, {"use_cpu": True}),
+        ("ours", hf_lightning.Seq2SeqTrainer, hf_lightning.Seq2SeqTrainingArguments, {}),
+    ):
+        model = tiny_bart()
+        kwargs = {"lightning_kwargs": LIGHTNING} if name == "ours" else {}
+        trainer = trainer_cls(
+            model=model, args=args_cls(output_dir=str(tmp_path / name), **common, **extra),
+            data_collator=DataCollatorForSeq2Seq(tok, model=model), processing_class=tok, compute_metrics=widths,
+            train_dataset=seq2seq_dataset(tok, 16, seed=5), eval_dataset=seq2seq_dataset(tok, 8, seed=3), **kwargs,
+        )
+        trainer.train()
+        trainer.save_model(str(tmp_path / name / "final"))
+        runs[name] = [e for e in trainer.state.log_history if "eval_loss" in e]
+    assert [e["eval_width"] for e in runs["hf"]] == [21.0, 20.0, 20.0]  # steps 2, 4 and the last, 5
+    assert len(runs["ours"]) == 3
+    for a, b in zip(runs["hf"], runs["ours"]):
+        for key in ("eval_loss", "eval_width", "eval_gen_len", "step"):
+            assert b[key] == pytest.approx(a[key], rel=1e-6), key
+    for folder in ("checkpoint-1", "checkpoint-2", "checkpoint-5", "final"):
+        hf_config = json.loads((tmp_path / "hf" / folder / "generation_config.json").read_text())
+        ours = json.loads((tmp_path / "ours" / folder / "generation_config.json").read_text())
+        assert ours == hf_config, folder
+    saved = lambda folder: json.loads((tmp_path / "hf" / folder / "generation_config.json").read_text())  # noqa: E731
+    assert "max_length" not in saved("checkpoint-1") and saved("final")["max_length"] == 20  # both kinds compared

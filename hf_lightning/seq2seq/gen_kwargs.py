@@ -5,6 +5,8 @@
 - `generation_width`: the length the generation actually used, to pad every batch to the same width (HF pads to
   `model.generation_config.max_length`, 20 by default, whatever `max_length` was used).
 - `load_generation_config`: HF's `Seq2SeqTrainer.load_generation_config` (S2S:89-137).
+- `settle_generation_config`: what HF's `prediction_step` does to `model.generation_config` after each `generate`
+  (S2S:331-342).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from transformers import GenerationConfig
 
 from hf_lightning.pretrained_source import check_pretrained_source
 
-__all__ = ["resolve_gen_kwargs", "check_gen_kwargs", "generation_width", "load_generation_config", "DEFAULT_MAX_LENGTH"]
+__all__ = ["resolve_gen_kwargs", "check_gen_kwargs", "generation_width", "load_generation_config",
+           "settle_generation_config", "DEFAULT_MAX_LENGTH"]
 
 DEFAULT_MAX_LENGTH = 20
 """`generate`'s library default `max_length` when neither the call nor the generation config sets one."""
@@ -93,3 +96,20 @@ def load_generation_config(value: Any) -> Any:
     except ValueError as exc:
         raise ValueError(f"`generation_config` is invalid: {exc}") from exc
     return config
+
+
+def settle_generation_config(config: Any) -> None:
+    """HF's `Seq2SeqTrainer.prediction_step` after each `generate` (S2S:331-342), in place on the model's config.
+
+    `_from_model_config` is cleared, and every field still None gets `generate`'s library default (transformers 5
+    leaves them None and applies the defaults per call). The fill changes later generations: with `max_length`
+    None, `generate` uses its model-agnostic default (20 new tokens: 21 ids for an encoder-decoder), with 20 set
+    it stops at 20 ids. HF's evaluations during training therefore generate 21 ids in the first batch of the first
+    evaluation and 20 afterwards, and every `generation_config.json` saved after an evaluation lists all the
+    fields (`max_length`, `num_beams`, ...); the same mutation here gives the same numbers and files.
+    """
+    if getattr(config, "_from_model_config", False):
+        config._from_model_config = False  # no rebuilding from the model config at every batch
+    defaults = getattr(config, "_get_default_generation_params", None)
+    if callable(defaults):  # transformers >= 5: earlier versions built the config with the defaults set
+        config.update(**defaults(), defaults_only=True)

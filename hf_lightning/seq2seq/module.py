@@ -30,7 +30,12 @@ from hf_lightning.module import TransformerModule
 from hf_lightning.parallel.lockstep import needs_lockstep_forwards
 from hf_lightning.parallel.runtime import generation_context
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
-from hf_lightning.seq2seq.gen_kwargs import generation_width, load_generation_config, resolve_gen_kwargs
+from hf_lightning.seq2seq.gen_kwargs import (
+    generation_width,
+    load_generation_config,
+    resolve_gen_kwargs,
+    settle_generation_config,
+)
 from hf_lightning.seq2seq.prompts import left_pad_prompts, pad_right, split_prompt_completion
 
 __all__ = ["Seq2SeqTransformerModule", "can_generate"]
@@ -134,8 +139,11 @@ class Seq2SeqTransformerModule(TransformerModule):
         with torch.no_grad(), generation_context(trainer.strategy if trainer is not None else None):
             generated = cast(Any, self.model).generate(**generation_inputs, **kwargs)  # checked by `can_generate`
         config = getattr(self.model, "generation_config", None)
-        if config is not None and getattr(config, "_from_model_config", False):
-            config._from_model_config = False  # as HF (S2S:334-335): no rebuilding from the model config per batch
+        if config is not None and _is_encoder_decoder(self.model):
+            settle_generation_config(config)  # as HF: later generations, and the saved generation_config.json
+        elif config is not None and getattr(config, "_from_model_config", False):
+            # decoder-only (no HF counterpart): a fixed max_length of 20 would leave no room after a long prompt
+            config._from_model_config = False
         return generated
 
     def pad_token_id(self) -> int:
