@@ -153,7 +153,8 @@ def _cli(devices: int, out_dir: str, result: dict[str, Any]) -> None:
 
     callbacks = os.path.join(out_dir, "callbacks.yaml")
     with open(callbacks, "w") as f:
-        f.write("trainer:\n  callbacks: [{class_path: sharded_eval.RecordForwards}]\n")
+        # the config names this script's module: allowed by name, as a user allows their own package
+        f.write("allow_code_from: [sharded_eval]\ntrainer:\n  callbacks: [{class_path: sharded_eval.RecordForwards}]\n")
     strategies = {"args_fsdp": ["--args.fsdp", FSDP]} if devices > 1 else {"single": []}
     if devices > 1:
         strategy_file = os.path.join(out_dir, "mp_strategy.yaml")
