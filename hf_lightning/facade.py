@@ -305,8 +305,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
             ignore_keys_for_eval: output keys the evaluations during training drop from the predictions.
 
         Raises:
-            ValueError: `resume_from_checkpoint=True` with no checkpoint in `output_dir`; `output_dir` holds
-                checkpoints of another run (see README "Checkpoints and resume").
+            ValueError: `resume_from_checkpoint=True` with no checkpoint in `output_dir`.
             FileNotFoundError: the checkpoint folder does not exist or is incomplete (names the missing file).
         """
         self.is_in_train = True
