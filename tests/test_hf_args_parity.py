@@ -154,12 +154,3 @@ def test_our_enums_mirror_hfs():
         if theirs is not OptimizerNames:  # HF has more optimizers; we build these (the others are refused)
             assert [m.value for m in mine] == [m.value for m in theirs], theirs
     assert transformers.get_scheduler(enums.SchedulerType.CONSTANT, torch.optim.SGD([torch.zeros(1)], lr=1.0))
-
-
-def test_model_card_names_the_optimizer_as_hf(tmp_path):
-    ours, hf = _pair(tmp_path, optim="adamw_torch_fused", eval_strategy="no", max_steps=1)
-    ours.create_model_card()
-    hf.create_model_card()
-    line = [ln for ln in (tmp_path / "hf" / "README.md").read_text().splitlines() if "- optimizer:" in ln]
-    assert line and "OptimizerNames.ADAMW_TORCH_FUSED" in line[0]
-    assert line[0] in (tmp_path / "ours" / "README.md").read_text()

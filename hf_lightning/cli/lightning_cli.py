@@ -208,7 +208,8 @@ class HFLightningCLI(LightningCLI):
         if sub == "fit" and raw.get("train") is None:
             raise ValueError("fit needs training data: set data.train_file or data.dataset_name.")
         if sub == "fit" and args.eval_strategy != "no" and raw.get("validation") is None:
-            raise ValueError(f"args.eval_strategy={args.eval_strategy!r} needs evaluation data: set "
+            strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+            raise ValueError(f"args.eval_strategy={strategy!r} needs evaluation data: set "
                              "data.validation_file (or data.validation_split), or args.eval_strategy: 'no'.")
         if sub != "fit" and all(v is None for v in raw.values()):
             raise ValueError(f"{sub} needs data: set data.validation_file / data.test_file (or a dataset_name).")
