@@ -151,12 +151,12 @@ def test_output_dir_with_earlier_checkpoints_is_trained_into_as_hf(checkpoint, t
     (out / "checkpoint-final").mkdir()
     (out / "checkpoint-final" / "mine.txt").write_text("mine")
     old = (out / "checkpoint-2" / "trainer_state.json").stat().st_mtime_ns
-    make_trainer(out, max_steps=2).train()
+    make_trainer(out, max_steps=2, learning_rate=5e-3).train()  # another run's arguments: HF trains all the same
     assert (out / "checkpoint-2" / "trainer_state.json").stat().st_mtime_ns != old
     make_trainer(out, max_steps=4).train(resume_from_checkpoint=True)
     assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4", "checkpoint-final"]
     first = (out / "checkpoint-4" / "trainer_state.json").stat().st_mtime_ns
-    make_trainer(out, max_steps=4).train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    make_trainer(out, max_steps=4, weight_decay=0.1).train(resume_from_checkpoint=str(out / "checkpoint-2"))
     assert (out / "checkpoint-4" / "trainer_state.json").stat().st_mtime_ns != first  # written again at step 4
     assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4", "checkpoint-final"]
     assert (out / "checkpoint-final" / "mine.txt").read_text() == "mine"
