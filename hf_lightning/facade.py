@@ -21,6 +21,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ProgressBar
 from torch import nn
+from transformers.debug_utils import DebugUnderflowOverflow
+from transformers.integrations.integration_utils import KubeflowCallback
 from transformers.trainer_utils import PredictionOutput, TrainOutput
 from transformers.utils import logging as hf_logging
 
@@ -73,6 +75,12 @@ def _as_list(trainer_kwargs: Mapping[str, Any]) -> list[Any]:
     """The Lightning callbacks passed in `lightning_kwargs["callbacks"]`."""
     callbacks = trainer_kwargs.get("callbacks") or []
     return list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+
+
+def _integration_callbacks(args: TrainingArguments) -> list[Any]:
+    """HF's integration callbacks for the `report_to` names served by one (`args.report_to.HF_CALLBACK_INTEGRATIONS`):
+    `kubeflow` is HF's `KubeflowCallback`, driven by the flow like any `TrainerCallback`."""
+    return [KubeflowCallback()] if "kubeflow" in (args.report_to or []) else []
 
 
 def _asks_for_lightning_bar(lightning_kwargs: Mapping[str, Any], lightning_callbacks: list[Any]) -> bool:
@@ -221,6 +229,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         else:
             console = [console_callback(self.args.disable_tqdm)]
             self._trainer_kwargs["enable_progress_bar"] = False
+        hf_callbacks = [*_integration_callbacks(self.args), *hf_callbacks]  # before the user's, as HF
         self.flow = build_flow(self.args, [*hf_callbacks, *console], processing_class)
         self.flow.owner = self
         self.flow.resume_hint = "trainer.train(resume_from_checkpoint={path!r})"  # the line a stopped run prints
@@ -306,8 +315,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             ignore_keys_for_eval: output keys the evaluations during training drop from the predictions.
 
         Raises:
-            ValueError: `resume_from_checkpoint=True` with no checkpoint in `output_dir`; `output_dir` holds
-                checkpoints of another run (see README "Checkpoints and resume").
+            ValueError: `resume_from_checkpoint=True` with no checkpoint in `output_dir`.
             FileNotFoundError: the checkpoint folder does not exist or is incomplete (names the missing file).
         """
         self.is_in_train = True
@@ -317,6 +325,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
                 model = self.call_model_init(self._trial)  # the trial during `hyperparameter_search` (hp_search.py)
                 self.module = self._build_module(model)  # a fresh optimizer and scheduler (T:1489)
                 self.flow.handler.model = model
+            if "underflow_overflow" in self.args.debug:  # HF's `--debug underflow_overflow` (T:1543-1551)
+                DebugUnderflowOverflow(self.module.model)  # forward hooks: stops at the first inf / nan, as HF
             resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
             self.flow.ignore_keys_for_eval = ignore_keys_for_eval
             # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path; with

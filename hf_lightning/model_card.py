@@ -61,6 +61,7 @@ def hyperparameters_of(args: Any, model_world_size: int) -> dict[str, Any]:
     total_eval = args.eval_batch_size * model_world_size
     if total_eval != out["eval_batch_size"]:
         out["total_eval_batch_size"] = total_eval
+    # the name, as HF means (HF's f-string prints `OptimizerNames.ADAMW_TORCH_FUSED` on Python >= 3.11, a bug)
     optimizer = str(getattr(args.optim, "value", args.optim))
     if optimizer:
         extra = args.optim_args or "No additional optimizer arguments"

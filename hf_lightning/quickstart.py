@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if opts.output_dir is None:
         opts.output_dir = _fresh_run_dir("quickstart_output")
     elif _has_checkpoints(opts.output_dir):
-        # hf_lightning never overwrites another run's checkpoints: say so in one line, not a traceback
+        # the quickstart keeps each run in its own folder (a run would replace the checkpoints there, as HF)
         parser.error(f"--output_dir {opts.output_dir} already holds checkpoints of an earlier run; choose another "
                      "folder or delete them (leave --output_dir out to get a new quickstart_output/run-<n>).")
 

@@ -82,7 +82,8 @@ def fit_summary(
         lines.append(f"Checkpoints: {os.path.join(output_dir, checkpoints[0])}"
                      + "".join(f", {name}" for name in checkpoints[1:]))
     else:
-        lines.append(f"Checkpoints: none (save_strategy={args.save_strategy!r})")
+        strategy = getattr(args.save_strategy, "value", args.save_strategy)
+        lines.append(f"Checkpoints: none (save_strategy={strategy!r})")
     if logs:
         lines.append("Logs: " + "; ".join(f"{kind} {path}" for kind, path in logs.items()))
     else:

@@ -127,6 +127,7 @@ TIERS = {
     "test_resume_edges.py": "e2e",
     "test_resume_startup.py": "e2e",
     "test_same_run.py": "parity",
+    "test_hf_args_parity.py": "parity",
     "test_seq2seq_behaviour.py": "e2e",
     "test_stream_resume.py": "e2e",
     "test_streaming_metrics.py": "e2e",

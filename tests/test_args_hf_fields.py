@@ -149,14 +149,14 @@ def test_a_typical_script_line_gives_hfs_values():
     (hf,) = HfArgumentParser(transformers.TrainingArguments).parse_args_into_dataclasses(SCRIPT_LINE)
     with pytest.warns(FutureWarning, match="gradient_checkpointing"):  # HF's deprecation warning, as HF
         (ours,) = HfArgumentParser(hf_lightning.TrainingArguments).parse_args_into_dataclasses(SCRIPT_LINE)
-    differ = {"report_to", "lr_scheduler_kwargs", "accelerator_config", "debug"}  # see below
+    differ = {"report_to", "lr_scheduler_kwargs", "accelerator_config"}  # see below
     for f in dataclasses.fields(hf):
         if f.name not in differ:
             assert getattr(ours, f.name) == _plain(getattr(hf, f.name)), f.name
     assert ours.do_train and ours.do_eval and ours.do_predict and ours.activation_checkpointing
     assert ours.report_to == hf.report_to == []
     assert ours.lr_scheduler_kwargs == {} and hf.lr_scheduler_kwargs is None  # we keep a dict (optim.py reads it)
-    assert ours.accelerator_config is None and ours.debug == "" and hf.debug == []  # unsupported: kept at default
+    assert ours.accelerator_config is None  # unsupported: kept at default
 
 
 def _field_docstrings(cls) -> dict[str, str]:

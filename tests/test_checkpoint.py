@@ -144,20 +144,22 @@ def test_fractional_eval_and_save_steps_that_resolve_to_non_multiples_fail_at_se
     assert not (tmp_path / "out").exists() or not os.listdir(tmp_path / "out")
 
 
-def test_output_dir_with_another_runs_checkpoints_is_never_overwritten(checkpoint, tmp_path):
+def test_output_dir_with_earlier_checkpoints_is_trained_into_as_hf(checkpoint, tmp_path):
+    """As HF: a fresh run into an output_dir with checkpoints trains and replaces them; a resume from an older
+    checkpoint replaces the newer ones. Files that are not `checkpoint-<n>` folders are never touched."""
     out = checkpoint.parent
-    before = {p.name: p.stat().st_mtime_ns for p in out.rglob("*")}
-    with pytest.raises(ValueError, match=r"already holds checkpoints of another run \(checkpoint-2\).*"
-                                         r"resume_from_checkpoint=True"):
-        make_trainer(out, max_steps=4).train()
-    assert {p.name: p.stat().st_mtime_ns for p in out.rglob("*")} == before
-    # resuming from an older checkpoint while newer ones exist would overwrite / rotate them: refused as well
+    (out / "checkpoint-final").mkdir()
+    (out / "checkpoint-final" / "mine.txt").write_text("mine")
+    old = (out / "checkpoint-2" / "trainer_state.json").stat().st_mtime_ns
+    make_trainer(out, max_steps=2, learning_rate=5e-3).train()  # another run's arguments: HF trains all the same
+    assert (out / "checkpoint-2" / "trainer_state.json").stat().st_mtime_ns != old
     make_trainer(out, max_steps=4).train(resume_from_checkpoint=True)
-    assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4"]
-    with pytest.raises(ValueError, match=r"newer than the resumed step 2 \(checkpoint-4\)"):
-        make_trainer(out, max_steps=6).train(resume_from_checkpoint=str(out / "checkpoint-2"))
-    # save_strategy="no" writes nothing, so nothing to protect
-    make_trainer(out, max_steps=2, save_strategy="no").train()
+    assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4", "checkpoint-final"]
+    first = (out / "checkpoint-4" / "trainer_state.json").stat().st_mtime_ns
+    make_trainer(out, max_steps=4, weight_decay=0.1).train(resume_from_checkpoint=str(out / "checkpoint-2"))
+    assert (out / "checkpoint-4" / "trainer_state.json").stat().st_mtime_ns != first  # written again at step 4
+    assert sorted(os.listdir(out)) == ["checkpoint-2", "checkpoint-4", "checkpoint-final"]
+    assert (out / "checkpoint-final" / "mine.txt").read_text() == "mine"
 
 
 def test_interrupted_replacement_is_recovered(checkpoint, tmp_path):

@@ -7,6 +7,7 @@ shipped, with only the step count, sample counts and output directory overridden
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -435,13 +436,17 @@ def test_eval_loss_weighting_from_the_config(tmp_path, in_repo, one_thread, caps
     assert "eval_loss_weighting" in err and "tokens" in err
 
 
-def test_fit_into_another_runs_checkpoints_is_one_line(tmp_path, in_repo, capsys):
-    """Another run's checkpoint in output_dir: refused before anything is built, with the way out named."""
-    (tmp_path / "checkpoint-5").mkdir()
-    with pytest.raises(SystemExit) as exit_info:
-        _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path), *FAST])
-    assert exit_info.value.code == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
-    assert len(err) == 1 and "already holds checkpoints of another run (checkpoint-5)" in err[0], err
-    assert "--args.resume_from_checkpoint true" in err[0]
-    assert (tmp_path / "checkpoint-5").is_dir()
+def test_fit_into_an_output_dir_with_checkpoints_replaces_them_as_hf(tmp_path, in_repo, caplog):
+    """An earlier run's checkpoint in output_dir: the fit trains (as HF) and replaces it as it saves, named in one
+    warning; the user's other files stay."""
+    (tmp_path / "checkpoint-2").mkdir()
+    (tmp_path / "checkpoint-2" / "stale.txt").write_text("old run")
+    (tmp_path / "notes.txt").write_text("mine")
+    with caplog.at_level(logging.WARNING, logger="hf_lightning.resume.load"):
+        _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path),
+              "--args.save_total_limit", "3", *FAST])  # 2 steps an epoch: saves at 2 and 3
+    notices = [r.getMessage() for r in caplog.records if "replaces checkpoint-2 as it saves" in r.getMessage()]
+    assert len(notices) == 1, [r.getMessage() for r in caplog.records]
+    assert not (tmp_path / "checkpoint-2" / "stale.txt").exists()  # the whole folder was replaced, not merged
+    assert (tmp_path / "checkpoint-2" / "trainer_state.json").is_file()
+    assert (tmp_path / "notes.txt").read_text() == "mine"

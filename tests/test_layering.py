@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     # L0: pure rules
     "hf_lightning.args": 0,
     "hf_lightning.args.choices": 0,
+    "hf_lightning.args.enums": 0,
     "hf_lightning.args.training_args": 0,
     "hf_lightning.args.validation": 0,
     "hf_lightning.args.from_transformers": 0,

@@ -1,7 +1,7 @@
 """`train_sampling_strategy="group_by_length"` and `length_column_name`, against HF's `LengthGroupedSampler` and
 accelerate's sharding (the oracles).
 
-For the same seed, each epoch's order is `LengthGroupedSampler(batch * GA, lengths, generator=seed + epoch)`'s, and
+For the same seed, each epoch's order is `LengthGroupedSampler(batch * GA, lengths, generator=...)`'s (epoch 0: HF's fresh run), and
 each process gets the batches accelerate's `BatchSamplerShard` hands it; the length column is read before
 `remove_unused_columns` drops it; a resumed run continues the grouped order exactly.
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from accelerate.data_loader import BatchSamplerShard
 from datasets import Dataset
 from torch.utils.data import BatchSampler, IterableDataset
@@ -36,7 +37,11 @@ def varied_lengths(n: int, seed: int = 0) -> list[int]:
 
 
 def hf_order(lengths, group, seed, epoch) -> list[int]:
+    """HF's sampler over our generator: epoch 0 is HF's fresh run (torch's generator seeded with `seed`, then one
+    int64 drawn by the DataLoader iterator: see `test_a_fresh_run_trains_in_hfs_order`), later epochs `seed + epoch`."""
     generator = torch.Generator().manual_seed(seed + epoch)
+    if epoch == 0:
+        torch.empty((), dtype=torch.int64).random_(generator=generator)
     return list(LengthGroupedSampler(group, lengths=lengths, generator=generator))
 
 
@@ -110,6 +115,35 @@ def train(output_dir, data, resume=None, seed=0, lightning_kwargs=None, **overri
     RecordingModule.seen = []
     trainer.train(resume_from_checkpoint=resume)
     return trainer, list(RecordingModule.seen)
+
+
+class _RecordingHF(transformers.Trainer):
+    """HF's Trainer recording the rows of every micro-batch it trains on (the oracle of the training order)."""
+
+    seen: list[list[int]] = []
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        _RecordingHF.seen.append([int(x) - 3 for x in inputs["input_ids"][:, 0]])
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+
+def test_a_fresh_run_trains_in_hfs_order(tmp_path, one_thread):
+    """Issue 22 item 13: a fresh `group_by_length` run sees HF's micro-batches in HF's order (the first epoch; HF's
+    later epochs depend on its global generator's history) and counts the same `num_input_tokens_seen`."""
+    settings = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, num_train_epochs=1,
+                    learning_rate=1e-2, logging_steps=1, save_strategy="no", seed=7, report_to="none",
+                    disable_tqdm=True, train_sampling_strategy="group_by_length", include_num_input_tokens_seen=True)
+    tok = tokenizer()
+    _RecordingHF.seen = []
+    hf = _RecordingHF(model=tiny_gpt2(), args=transformers.TrainingArguments(output_dir=str(tmp_path / "hf"),
+                                                                             use_cpu=True, **settings),
+                      train_dataset=token_rows(), data_collator=DataCollatorForSeq2Seq(tok, padding=True),
+                      processing_class=tok)
+    hf.train()
+    ours, seen = train(tmp_path / "ours", token_rows(), **{k: v for k, v in settings.items()
+                                                           if k not in ("per_device_train_batch_size",)})
+    assert seen == _RecordingHF.seen and len(seen) == 12
+    assert ours.state.num_input_tokens_seen == hf.state.num_input_tokens_seen
 
 
 def test_the_length_column_decides_even_when_remove_unused_columns_drops_it(tmp_path, one_thread):

@@ -1,6 +1,6 @@
 """Re-running a script into its own `output_dir`, and resuming from an older checkpoint while newer ones exist, proceed
-as in HF when the checkpoints are the user's own earlier run (same arguments); another run's checkpoints stay refused,
-now with what differs."""
+as in HF (issue 22 item 3): the new run replaces the checkpoints as it saves, and one warning names them (and what
+differs when the earlier run had other arguments). Nothing but `checkpoint-<n>` folders is touched."""
 
 from __future__ import annotations
 
@@ -62,14 +62,43 @@ def test_resume_from_an_older_checkpoint_replaces_the_newer_ones_as_hf(tmp_path,
                                                                        rel=1e-5)
 
 
-def test_another_run_s_checkpoints_are_still_refused_naming_what_differs(tmp_path):
+def test_another_run_s_checkpoints_are_replaced_and_rotated_as_hf(tmp_path, caplog):
+    """Resume from checkpoint-2 of a run with other arguments while its checkpoint-4 exists: HF continues, overwrites
+    checkpoint-4 at step 4 and rotates (`save_total_limit`) over old and new folders alike; the user's files stay."""
+    second = dict(learning_rate=3e-4, max_steps=6, save_total_limit=2)
+    for make, folder in ((ours, tmp_path / "ours"), (hf, tmp_path / "hf")):
+        make(folder).train()
+        (folder / "notes.txt").write_text("mine")
+        with caplog.at_level(logging.WARNING, logger="hf_lightning.resume.load"):
+            make(folder, **second).train(resume_from_checkpoint=str(folder / "checkpoint-2"))
+    notices = [r.getMessage() for r in caplog.records if "replaces" in r.getMessage()]
+    assert len(notices) == 1, notices
+    assert "other arguments (" in notices[0] and "learning_rate: 0.001 -> 0.0003" in notices[0]
+    assert "resumes from step 2 and replaces checkpoint-4 as it saves" in notices[0]
+    names = sorted(p.name for p in (tmp_path / "ours").iterdir() if p.name.startswith("checkpoint-"))
+    assert names == sorted(p.name for p in (tmp_path / "hf").iterdir() if p.name.startswith("checkpoint-"))
+    assert names == ["checkpoint-4", "checkpoint-6"]  # checkpoint-2 rotated away at step 6
+    assert (tmp_path / "ours" / "notes.txt").read_text() == "mine"
+    for step in (4, 6):  # the new run's history (its learning rate), not the replaced run's
+        assert state(tmp_path / "ours" / f"checkpoint-{step}") == pytest.approx(
+            state(tmp_path / "hf" / f"checkpoint-{step}"), rel=1e-5)
+    recorded = json.loads((tmp_path / "ours" / "checkpoint-4" / "trainer_state.json").read_text())
+    assert [e["learning_rate"] for e in recorded["log_history"] if e["step"] == 4 and "loss" in e] != []
+
+
+def test_the_run_lock_still_refuses_a_concurrent_run(tmp_path):
+    """Replacing is for runs one after another: a live run's lock still refuses a second run into its output_dir."""
+    from hf_lightning.checkpointing.run_lock import RunLock
+
     ours(tmp_path).train()
-    before = sorted(p.name for p in tmp_path.iterdir())
-    with pytest.raises(ValueError, match=r"another run .*learning_rate: 0\.001 -> 0\.0003"):
-        ours(tmp_path, learning_rate=3e-4).train()
-    with pytest.raises(ValueError, match=r"newer than the resumed step 2 .*max_steps: 4 -> 6"):
-        ours(tmp_path, max_steps=6).train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    lock = RunLock.acquire(tmp_path)  # a live run of this process holds output_dir
+    try:
+        with pytest.raises(RuntimeError, match="is in use by another training run"):
+            ours(tmp_path).train()
+    finally:
+        lock.release()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("checkpoint-")) == [
+        "checkpoint-2", "checkpoint-4"]
 
 
 def test_hf_written_checkpoints_compare_by_their_arguments(tmp_path):

@@ -54,5 +54,7 @@ SCHEDULER_NAMES = (
     "cosine_with_min_lr",
     "cosine_warmup_with_min_lr",
     "warmup_stable_decay",
+    "greedy",
 )
-"""Every `lr_scheduler_type` of `transformers.get_scheduler` except `greedy` (needs per-eval state we do not keep)."""
+"""Every `lr_scheduler_type` of `transformers.get_scheduler` (`greedy` and `reduce_lr_on_plateau` step on the
+best-model metric after each evaluation, as HF's)."""

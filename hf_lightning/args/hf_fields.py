@@ -12,13 +12,24 @@ import os
 import warnings
 from typing import Any
 
+from hf_lightning.args.enums import (
+    DebugOption,
+    HubStrategy,
+    IntervalStrategy,
+    OptimizerNames,
+    SaveStrategy,
+    SchedulerType,
+)
 from hf_lightning.args.report_to import resolve_report_to
 from hf_lightning.args.support import unsupported_problem
 
 TrainingArguments = Any
 """The dataclass these rules run for (`validation.py` calls them for `training_args.py`); not imported here."""
 
-__all__ = ["normalise_hf_fields"]
+__all__ = ["DEBUG_OPTIONS", "hold_hf_enums", "normalise_hf_fields"]
+
+DEBUG_OPTIONS = ("underflow_overflow",)
+"""The `debug` options we honour (`transformers.debug_utils.DebugOption`); `tpu_metrics_debug` needs a TPU."""
 
 
 def _defaults(args: TrainingArguments) -> dict[str, Any]:
@@ -76,8 +87,14 @@ def normalise_hf_fields(args: TrainingArguments, issues: list[str]) -> None:
     if tokens_seen not in ("all", "non_padding", "no"):
         issues.append(f"`include_num_input_tokens_seen`={tokens_seen!r} is not valid; allowed: all, non_padding, no, "
                       "True, False.")
-    if not args.debug:  # "" and [] both mean no debug feature, as in HF
-        args.debug = ""
+    debug = args.debug.split() if isinstance(args.debug, str) else list(args.debug or [])  # HF TA:1565-1568
+    for option in debug:
+        if str(getattr(option, "value", option)) not in DEBUG_OPTIONS:
+            issues.append(f"`debug` option {option!r} is not supported; allowed: {', '.join(DEBUG_OPTIONS)} "
+                          "(or nothing).")
+    args.debug = debug
+    if args.use_cpu:  # HF TA:1689-1690
+        args.dataloader_pin_memory = False
     if args.eval_strategy != "no":
         args.do_eval = True  # HF TA:1570
     args.report_to, problems = resolve_report_to(args.report_to)
@@ -85,3 +102,16 @@ def normalise_hf_fields(args: TrainingArguments, issues: list[str]) -> None:
     problem = unsupported_problem({f.name: getattr(args, f.name) for f in dataclasses.fields(args)}, _defaults(args))
     if problem:
         issues.append(problem)
+
+
+def hold_hf_enums(args: TrainingArguments) -> None:
+    """HF's `__post_init__` holds its choice fields as its str enums (TA:1558-1568): `args.optim.value` works, and
+    `f"{args.optim}"` reads `OptimizerNames.ADAMW_TORCH_FUSED` as in HF's messages and model card (`enums.py`).
+    Called once the values are known to be valid."""
+    args.eval_strategy = IntervalStrategy(args.eval_strategy)
+    args.logging_strategy = IntervalStrategy(args.logging_strategy)
+    args.save_strategy = SaveStrategy(args.save_strategy)
+    args.hub_strategy = HubStrategy(args.hub_strategy)
+    args.lr_scheduler_type = SchedulerType(args.lr_scheduler_type)
+    args.optim = OptimizerNames(args.optim)
+    args.debug = [DebugOption(option) for option in args.debug]

@@ -12,7 +12,13 @@ import importlib.util
 import os
 from typing import Any
 
-__all__ = ["LIGHTNING_LOGGERS", "NO_LIGHTNING_LOGGER", "resolve_report_to", "build_loggers"]
+__all__ = ["HF_CALLBACK_INTEGRATIONS", "LIGHTNING_LOGGERS", "NO_LIGHTNING_LOGGER", "build_loggers",
+           "resolve_report_to"]
+
+HF_CALLBACK_INTEGRATIONS = ("kubeflow",)
+"""`report_to` names served by HF's own integration callback (a `TrainerCallback`, which our flow drives as HF's):
+`kubeflow` is HF's `KubeflowCallback` (progress to the Kubeflow Trainer controller), added by HF itself when
+`KUBEFLOW_TRAINER_SERVER_URL` is set (TA:1603-1607)."""
 
 LIGHTNING_LOGGERS: dict[str, tuple[str | None, str | None]] = {
     "tensorboard": ("tensorboard", "tensorboard"),
@@ -31,7 +37,6 @@ NO_LIGHTNING_LOGGER: dict[str, tuple[str | None, str]] = {
                            "`MLFLOW_TRACKING_URI`)"),
     "dvclive": ("dvclive", "Lightning has no DVCLive logger (dvclive ships one: `dvclive.lightning.DVCLiveLogger`)"),
     "flyte": ("flytekit", "Lightning has no Flyte logger"),
-    "kubeflow": (None, "Lightning has no Kubeflow logger"),
     "neptune": ("neptune", "Lightning 2.6 dropped its Neptune logger (Neptune was sunset)"),
     "swanlab": (
         "swanlab", "Lightning has no SwanLab logger (swanlab ships one: `swanlab.integration.pytorch_lightning`)"
@@ -52,6 +57,20 @@ def resolve_report_to(value: Any) -> tuple[list[str], list[str]]:
     Returns:
         (names, problems): the list to store on the arguments, and one message per name that cannot be honoured.
     """
+    names, problems = _resolve(value)
+    if _in_kubeflow_trainjob() and "kubeflow" not in names:  # HF's rule, after `none` / `all` (TA:1603-1607)
+        names = [*names, "kubeflow"]
+    return names, problems
+
+
+def _in_kubeflow_trainjob() -> bool:
+    """HF's `is_kubeflow_available`: inside a Kubeflow TrainJob, unless `DISABLE_KUBEFLOW_INTEGRATION=TRUE`."""
+    if os.getenv("DISABLE_KUBEFLOW_INTEGRATION", "FALSE").upper() == "TRUE":
+        return False
+    return os.getenv("KUBEFLOW_TRAINER_SERVER_URL") is not None
+
+
+def _resolve(value: Any) -> tuple[list[str], list[str]]:
     if value is None or value == "none" or value == ["none"]:
         return [], []
     names = [value] if isinstance(value, str) else list(value)
@@ -71,11 +90,13 @@ def resolve_report_to(value: Any) -> tuple[list[str], list[str]]:
             module, package = LIGHTNING_LOGGERS[name]
             if not _installed(module):
                 problems.append(f"`report_to` {name!r} needs the `{package}` package: pip install {package}.")
+        elif name in HF_CALLBACK_INTEGRATIONS:
+            continue
         elif name in NO_LIGHTNING_LOGGER:
             problems.append(f"`report_to` {name!r} is not supported: {NO_LIGHTNING_LOGGER[name][1]}; pass a "
                             "Lightning logger in `lightning_kwargs[\"logger\"]` (CLI: `trainer.logger`).")
         else:
-            allowed = ", ".join([*LIGHTNING_LOGGERS, "all", "none"])
+            allowed = ", ".join([*LIGHTNING_LOGGERS, *HF_CALLBACK_INTEGRATIONS, "all", "none"])
             problems.append(f"`report_to` entry {name!r} is not valid; allowed: {allowed}.")
     return names, problems
 
@@ -108,4 +129,5 @@ def _logger(name: str, args: Any) -> Any:
 
 def build_loggers(args: Any) -> list[Any] | bool:
     """The Lightning loggers for `args.report_to` (already resolved), or False for none."""
-    return [_logger(name, args) for name in args.report_to] or False
+    return [_logger(name, args) for name in args.report_to if name not in HF_CALLBACK_INTEGRATIONS] or False
+

@@ -33,7 +33,6 @@ UNSUPPORTED: dict[str, str] = {
     "hub_token": _HUB,
     "hub_private_repo": _HUB,
     "hub_model_id": _HUB,
-    "hub_strategy": _HUB,
     "hub_always_push": _HUB,
     "hub_revision": _HUB,
     "accelerator_config": "no accelerate: Lightning owns devices; set them in `lightning_kwargs`",
@@ -41,13 +40,11 @@ UNSUPPORTED: dict[str, str] = {
     "dataloader_multiprocessing_context": "pass `DataLoader`s with your own `multiprocessing_context` (override "
                                           "`train_dataloader`)",
     "dataloader_in_order": "batches are always yielded in order",
-    "debug": "not implemented (underflow/overflow detection: `transformers.debug_utils.DebugUnderflowOverflow`)",
     "skip_memory_metrics": "memory metrics are not collected (Lightning's `DeviceStatsMonitor` reports memory)",
 }
 """Fields that keep their default; a different value raises, and this says what to use instead."""
 
 DIFFERENCES: dict[str, str] = {
-    "lr_scheduler_type": "every `get_scheduler` name except `greedy`",
     "optim": "`adamw_torch`, `adamw_torch_fused`, `sgd`, `adafactor`, `adagrad`, `rmsprop` only",
     "gradient_accumulation_steps": "the loss is token-normalised for every model (HF skips it for BERT-like models)",
     "bf16": "becomes Lightning `precision=\"bf16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` "

@@ -224,7 +224,7 @@ class TrainingArguments(ProcessLayoutMixin):
     hub_model_id: str | None = None
     """Not supported (Hub): must stay None."""
     hub_strategy: HubStrategyName = "every_save"
-    """Not supported (Hub): must stay `every_save`."""
+    """Accepted with any of HF's values: it only says when `push_to_hub` uploads, which is not supported."""
     hub_always_push: bool = False
     """Not supported (Hub): must stay False."""
     hub_revision: str | None = None
@@ -311,7 +311,8 @@ class TrainingArguments(ProcessLayoutMixin):
 
     # --- Debugging ---
     debug: str | list[str] = ""
-    """Not supported (HF debug features): must stay empty."""
+    """`"underflow_overflow"`: HF's `DebugUnderflowOverflow` watches the model's activations and weights and stops
+    at the first inf / nan (as HF; held as a list of `DebugOption`); `tpu_metrics_debug` is refused."""
     skip_memory_metrics: bool = True
     """Not supported when False (memory metrics): must stay True."""
 

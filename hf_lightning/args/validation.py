@@ -15,7 +15,7 @@ from typing import Any, get_args
 from hf_lightning.args import choices
 from hf_lightning.args.choices import OPTIMIZER_NAMES, SAMPLING_STRATEGIES, SCHEDULER_NAMES
 from hf_lightning.args.field_types import check_field_types
-from hf_lightning.args.hf_fields import normalise_hf_fields
+from hf_lightning.args.hf_fields import hold_hf_enums, normalise_hf_fields
 from hf_lightning.args.parallel import strategy_problems
 
 TrainingArguments = Any
@@ -54,7 +54,7 @@ def _normalise_steps(args: TrainingArguments, issues: list[str], name: str, stra
 
 def _check_best_model(args: TrainingArguments, issues: list[str]) -> None:
     """HF TA:1748-1774 and T:686-690, plus the metric defaults of TA:1585-1592."""
-    needs_metric = args.load_best_model_at_end or args.lr_scheduler_type == "reduce_lr_on_plateau"
+    needs_metric = args.load_best_model_at_end or args.lr_scheduler_type in ("reduce_lr_on_plateau", "greedy")
     if needs_metric and args.metric_for_best_model is None:
         args.metric_for_best_model = "loss"
     if args.greater_is_better is None and args.metric_for_best_model is not None:
@@ -173,10 +173,14 @@ def normalise_and_check(args: TrainingArguments) -> None:
         issues.append("`save_strategy`='steps' requires non-zero `save_steps`.")
     if args.lr_scheduler_type == "reduce_lr_on_plateau" and args.eval_strategy == "no":
         issues.append("lr_scheduler_type reduce_lr_on_plateau requires an eval strategy")
+    if args.lr_scheduler_type == "greedy" and args.eval_strategy == "no":
+        issues.append("lr_scheduler_type greedy requires an eval strategy")  # HF's words (TA:1796-1798)
     _check_best_model(args, issues)
     if args.run_name is not None and _escapes(args.run_name):
         issues.append(f"`run_name`={args.run_name!r} names the logs' folder inside output_dir (runs/<run_name>); it "
                       "must be a relative name without '..', so nothing is written outside output_dir.")
+    _check_choice(issues, "hub_strategy", args.hub_strategy, _choices("HubStrategyName"))
     if issues:
         raise ValueError("Invalid TrainingArguments:\n- " + "\n- ".join(issues))
+    hold_hf_enums(args)
 

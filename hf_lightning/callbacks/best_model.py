@@ -17,13 +17,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 import numpy as np
-import torch
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpointing.verify import checkpoint_error, checkpoint_problems
 from hf_lightning.checkpointing.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 from hf_lightning.hf_messages import logger
 from hf_lightning.parallel.checkpoint import load_engine_state
+from hf_lightning.parallel.runtime import steps_on_metrics
 from hf_lightning.resume.load import load_weights
 
 __all__ = ["BestModelTracker", "metric_key", "unreachable_best_metric"]
@@ -111,13 +111,15 @@ class BestModelTracker:
         return True
 
     def step_plateau_scheduler(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
-        """`ReduceLROnPlateau` steps on the best-model metric after each training-time evaluation (T:3314-3331)."""
+        """`ReduceLROnPlateau` and `GreedyLR` step on the best-model metric after each training-time evaluation
+        (T:3314-3331; `steps_on_metrics`)."""
         for config in trainer.lr_scheduler_configs:
-            if isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            if steps_on_metrics(config.scheduler):
                 key = metric_key(self.args.metric_for_best_model or "loss")
                 if key not in metrics:
-                    raise KeyError(f"lr_scheduler_type reduce_lr_on_plateau needs '{key}' in the eval metrics: "
-                                   f"{list(metrics)}.")
+                    raise KeyError(f"The `metric_for_best_model` training argument is set to '{key}', which is not "
+                                   f"found in the evaluation metrics ({type(config.scheduler).__name__} steps on "
+                                   f"it): {list(metrics)}.")
                 config.scheduler.step(metrics[key])
 
     def load_best(self, model: Any, state: Any, strategy: Any = None) -> None:

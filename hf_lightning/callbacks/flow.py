@@ -207,7 +207,7 @@ class HFTrainerFlow(HFLoopSteps):
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """Resume from `resume_from_checkpoint`, or refuse to overwrite another run's checkpoints (resume/load.py)."""
+        """Resume from `resume_from_checkpoint`; name the checkpoints this run will replace (resume/load.py)."""
         self._summary = None
         warn_if_oversubscribed(trainer)  # more torch threads than free cores: a warning with the number to set
         self._restorer = start_fit(self, trainer, pl_module)

@@ -20,7 +20,6 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveCon
 from transformers.trainer_utils import PredictionOutput
 from typing_extensions import override
 
-from hf_lightning.args import TrainingArguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
 from hf_lightning.checkpointing.checks import output_dir_problem
 from hf_lightning.checkpointing.final_model import save_final_model
@@ -31,7 +30,7 @@ from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, 
 from hf_lightning.parallel.checkpoint import gather_full_weights
 from hf_lightning.prediction_writer import write_predictions
 from hf_lightning.pretrained_source import check_pretrained_source, looks_like_path, missing_local_folder
-from hf_lightning.resume.find import existing_checkpoint_conflict, resolve_resume
+from hf_lightning.resume.find import resolve_resume
 from hf_lightning.seeding import seed_as_hf
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 from hf_lightning.summary import fit_summary, logger_paths
@@ -52,25 +51,6 @@ jsonargparse.set_parsing_settings(docstring_parse_attribute_docstrings=True)
 _SUBCOMMANDS = ("fit", "validate", "predict")
 
 _CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError, NotImplementedError, OSError, MisconfigurationException)
-
-
-def _check_output_dir(args: TrainingArguments, checkpoint: str | None) -> None:
-    """The output-directory rule of `checkpointing.resume.existing_checkpoint_conflict`, before anything is built.
-
-    Raises:
-        ValueError: this run would overwrite or rotate away checkpoints it did not write.
-    """
-    step = None
-    if checkpoint is not None:
-        state = os.path.join(checkpoint, "trainer_state.json")
-        if os.path.isfile(state):
-            with open(state) as f:
-                step = int(json.load(f).get("global_step", 0))
-        else:
-            step = int(os.path.basename(os.path.normpath(checkpoint)).rpartition("-")[2] or 0)
-    conflict = existing_checkpoint_conflict(args.resolved_output_dir, step, args.save_strategy != "no", args)
-    if conflict:
-        raise ValueError(conflict.replace("resume_from_checkpoint=True", "--args.resume_from_checkpoint true"))
 
 
 def _check_sources(model_spec: ModelSpec, data_spec: DataSpec) -> None:
@@ -209,7 +189,6 @@ class HFLightningCLI(LightningCLI):
         self.ckpt_for_lightning: str | None = self.config_init[sub].get("ckpt_path")
         if sub == "fit":
             self.ckpt_for_lightning = resolve_resume(args, self.ckpt_for_lightning)
-            _check_output_dir(args, self.ckpt_for_lightning)  # the flow checks again at fit; here it is one line
         elif self.ckpt_for_lightning and os.path.isdir(self.ckpt_for_lightning):
             if (found := weights_file(self.ckpt_for_lightning)) is not None and is_adapter_file(found):
                 adapter = self.ckpt_for_lightning  # a PEFT checkpoint: the base from `model`, its adapter on top
@@ -229,7 +208,8 @@ class HFLightningCLI(LightningCLI):
         if sub == "fit" and raw.get("train") is None:
             raise ValueError("fit needs training data: set data.train_file or data.dataset_name.")
         if sub == "fit" and args.eval_strategy != "no" and raw.get("validation") is None:
-            raise ValueError(f"args.eval_strategy={args.eval_strategy!r} needs evaluation data: set "
+            strategy = getattr(args.eval_strategy, "value", args.eval_strategy)
+            raise ValueError(f"args.eval_strategy={strategy!r} needs evaluation data: set "
                              "data.validation_file (or data.validation_split), or args.eval_strategy: 'no'.")
         if sub != "fit" and all(v is None for v in raw.values()):
             raise ValueError(f"{sub} needs data: set data.validation_file / data.test_file (or a dataset_name).")

@@ -10,9 +10,10 @@ Lengths come from the `length_column_name` column when the dataset has one, else
 main input (`processing_class.model_input_names[0]`, default `input_ids`).
 
 Differences from HF (README "Length-grouped batches"), where HF is weak:
-- the permutation uses a generator seeded with `data_seed` (or `seed`) + epoch, as the random sampler does, so a
-  resumed run continues the epoch's order exactly; HF draws it from torch's global generator at each epoch start,
-  so it depends on everything drawn before and a resumed run gets another order;
+- the permutation is a pure function of `data_seed` (or `seed`) and the epoch, so a resumed run continues the
+  epoch's order exactly: the first epoch's is HF's fresh-run order (`length_grouped_order`), later epochs use
+  `seed + epoch`; HF draws it from torch's global generator at each epoch start, so from the second epoch on (and
+  after any resume) it depends on everything drawn before, and HF ignores `data_seed` here;
 - the length column is read before `remove_unused_columns` drops it (HF drops it first and silently measures the
   inputs instead);
 - evaluation keeps dataset order (HF length-groups evaluation and prediction too, so `predict()` returns its rows
@@ -56,9 +57,20 @@ def sample_lengths(dataset: Any, length_column: str, model_input_name: str) -> l
 
 
 def length_grouped_order(lengths: Sequence[int], group_batch_size: int, seed: int, epoch: int) -> list[int]:
-    """The sample order of one epoch: HF's length grouping over a permutation seeded with `seed + epoch`."""
+    """The sample order of one epoch: HF's length grouping (`get_length_grouped_indices`) over a permutation drawn
+    from a generator that is a pure function of `(seed, epoch)`, so a resumed run redraws it.
+
+    Epoch 0 is HF's fresh-run order: HF's sampler draws from torch's global generator, which `Trainer.__init__`
+    seeded with `seed` (`set_seed`) and from which the first `DataLoader` iterator drew one int64 (its base seed,
+    torch `_BaseDataLoaderIter`) before the sampler runs; the same generator state is rebuilt here. Later epochs use
+    `seed + epoch` (HF's state there depends on every draw of the training before; README "Length-grouped
+    batches")."""
     generator = torch.Generator()
-    generator.manual_seed(seed + epoch)
+    if epoch == 0:
+        generator.manual_seed(seed)
+        torch.empty((), dtype=torch.int64).random_(generator=generator)  # the DataLoader iterator's base seed
+    else:
+        generator.manual_seed(seed + epoch)
     return [int(i) for i in get_length_grouped_indices(list(lengths), group_batch_size, generator=generator)]
 
 

@@ -40,6 +40,7 @@ from lightning.pytorch.strategies import (
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+from transformers.optimization import GreedyLR
 
 from hf_lightning.args.parallel import FSDPSettings
 from hf_lightning.checkpointing.distributed import is_sharded
@@ -47,7 +48,8 @@ from hf_lightning.parallel.fsdp2 import shard_model
 from hf_lightning.parallel.strategies import HFFSDP2Strategy, HFFSDPStrategy
 
 __all__ = ["configure_model_for_strategy", "micro_batch_context", "clip_by_strategy", "deepspeed_step_report",
-           "generation_context", "steps_like_a_scheduler", "step_model", "check_update_strategy", "FSDPRootCall"]
+           "generation_context", "steps_like_a_scheduler",
+           "steps_on_metrics", "step_model", "check_update_strategy", "FSDPRootCall"]
 
 
 def configure_model_for_strategy(module: pl.LightningModule, model: nn.Module) -> None:
@@ -101,10 +103,17 @@ def deepspeed_step_report(strategy: Strategy) -> tuple[torch.Tensor | float | No
     return engine.get_global_grad_norm(), not engine.was_step_applied()
 
 
+def steps_on_metrics(scheduler: Any) -> bool:
+    """HF's rule (T:1951, T:3324): a `ReduceLROnPlateau` or a `GreedyLR` (subclasses included) is stepped with the
+    best-model metric after each training-time evaluation, not after each update; any other scheduler, a user's
+    included, is stepped after each update without arguments."""
+    return isinstance(scheduler, (ReduceLROnPlateau, GreedyLR))
+
+
 def steps_like_a_scheduler(scheduler: Any) -> bool:
-    """Whether the module steps `scheduler` after each update: torch's (not the plateau one, stepped on metrics) and
-    DeepSpeed's own (`step()` and `get_last_lr()` without the torch base class)."""
-    if scheduler is None or isinstance(scheduler, ReduceLROnPlateau):
+    """Whether the module steps `scheduler` after each update: torch's (not those stepped on metrics,
+    `steps_on_metrics`) and DeepSpeed's own (`step()` and `get_last_lr()` without the torch base class)."""
+    if scheduler is None or steps_on_metrics(scheduler):
         return False
     return isinstance(scheduler, LRScheduler) or (callable(getattr(scheduler, "step", None))
                                                    and callable(getattr(scheduler, "get_last_lr", None)))

@@ -2,13 +2,12 @@
 
 - `resolve_checkpoint`: `resume_from_checkpoint=True` (the latest complete `checkpoint-<n>` of `output_dir`, HF's
   `get_last_checkpoint`) or a path; errors for a missing folder and for an incomplete one (naming the missing file).
-- `existing_checkpoint_conflict`: an `output_dir` that already holds checkpoints of another run is never silently
-  overwritten or rotated away. A fresh run (no resume) refuses to start when `output_dir` has `checkpoint-*`
-  folders, and a resumed run refuses when `output_dir` has checkpoints *newer* than the one it resumes from (they
-  would be overwritten by the new run's saves and rotated away). HF 5 has no `overwrite_output_dir`; the way out is
-  `resume_from_checkpoint=True`, another `output_dir`, or deleting the folders. Checkpoints of the user's own earlier
-  run of the same command (same training arguments, `same_run.py`) are not another run: as in HF, the new run
-  replaces them as it saves, and `replaced_checkpoints_notice` says which, once.
+- `replaced_checkpoints_notice`: as in HF, a run replaces the `checkpoint-<n>` folders already in `output_dir` as it
+  saves: a fresh run trained again into the same `output_dir` replaces all of them, a run resumed from an older
+  checkpoint the newer ones (each atomically, `folders.replace_checkpoint`; `save_total_limit` rotation then counts
+  them as HF's `_sorted_checkpoints` does). One warning line names them, and says whether they were written with
+  the same training arguments (`same_run.py`). A concurrent run into the same `output_dir` is still refused by the
+  output-directory lock (`checkpointing/run_lock.py`).
 
 Only folders named exactly `checkpoint-<n>` count (`checkpointing/folders.py`): temporary folders of a save that did not
 finish, half-deleted folders and the user's own `checkpoint-final` are neither resumed from nor in the way.
@@ -32,7 +31,7 @@ from hf_lightning.checkpointing.verify import checkpoint_error, checkpoint_probl
 from hf_lightning.checkpointing.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 from hf_lightning.resume.same_run import argument_differences
 
-__all__ = ["CheckpointFiles", "check_checkpoint", "existing_checkpoint_conflict", "last_checkpoint",
+__all__ = ["CheckpointFiles", "check_checkpoint", "last_checkpoint",
            "list_checkpoint_steps", "replaced_checkpoints_notice", "resolve_checkpoint", "resolve_resume"]
 
 
@@ -148,46 +147,29 @@ def _differences(output_dir: str | Path, steps: list[int], args: Any) -> list[st
     return argument_differences(Path(output_dir) / f"checkpoint-{steps[-1]}", args)
 
 
-def existing_checkpoint_conflict(output_dir: str | Path, resume_step: int | None, saving: bool, args: Any = None
-                                 ) -> str | None:
-    """The error message when this run would overwrite or rotate away checkpoints it did not write, else None.
+def replaced_checkpoints_notice(output_dir: str | Path, resume_step: int | None, saving: bool, args: Any
+                                ) -> str | None:
+    """The one line to print when this run will replace checkpoints already in `output_dir` (as HF does), else None.
 
     Args:
         output_dir: where this run writes checkpoints.
         resume_step: the global step resumed from, None for a fresh run.
         saving: whether this run writes checkpoints at all (`save_strategy != "no"`).
-        args: this run's training arguments; checkpoints written with the same ones (`same_run.py`) are this run's
-            own and no conflict. None: every existing checkpoint counts as another run's.
+        args: this run's training arguments, compared with the newest replaced checkpoint's `training_args.bin`.
     """
     touched = _touched(output_dir, resume_step, saving)
     if not touched:
         return None
     differences = _differences(output_dir, touched, args)
     if differences == []:
-        return None
-    why = f" (its arguments differ: {'; '.join(differences[:4])})" if differences else ""
-    if resume_step is None:
-        return (
-            f"output_dir={str(output_dir)!r} already holds checkpoints of another run ({_names(touched)}){why}; this "
-            "run would overwrite or rotate them away. Pass resume_from_checkpoint=True to continue that run, or "
-            "choose another output_dir, or delete those folders."
-        )
-    return (
-        f"output_dir={str(output_dir)!r} holds checkpoints newer than the resumed step {resume_step} "
-        f"({_names(touched)}){why}; the resumed run would overwrite or rotate them away. Resume from the latest one "
-        "(resume_from_checkpoint=True), choose another output_dir, or delete those folders."
-    )
-
-
-def replaced_checkpoints_notice(output_dir: str | Path, resume_step: int | None, saving: bool, args: Any
-                                ) -> str | None:
-    """The one line to print when this run replaces checkpoints of its own earlier run (as HF does), else None."""
-    touched = _touched(output_dir, resume_step, saving)
-    if not touched or _differences(output_dir, touched, args) != []:
-        return None
+        origin = "an earlier run with the same arguments"
+    elif differences:
+        origin = f"an earlier run with other arguments ({'; '.join(differences[:4])})"
+    else:
+        origin = "an earlier run"
     start = "starts from scratch" if resume_step is None else f"resumes from step {resume_step}"
-    return (f"output_dir={str(output_dir)!r} holds checkpoints of an earlier run with the same arguments; this run "
-            f"{start} and replaces {_names(touched)} as it saves (HF does the same).")
+    return (f"output_dir={str(output_dir)!r} holds checkpoints of {origin}; this run {start} and replaces "
+            f"{_names(touched)} as it saves (as HF does; nothing else in output_dir is touched).")
 
 
 def _names(steps: list[int]) -> str:

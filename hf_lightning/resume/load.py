@@ -48,7 +48,6 @@ from hf_lightning.resume.changed_settings import read_recorded_arguments, settin
 from hf_lightning.resume.find import (
     CheckpointFiles,
     check_checkpoint,
-    existing_checkpoint_conflict,
     replaced_checkpoints_notice,
     resolve_resume,
 )
@@ -195,10 +194,6 @@ class CheckpointRestorer:
         self.files = files
         trainer_state = read_file(files.path / TRAINER_STATE_NAME, lambda p: json.loads(p.read_text()))
         global_step = int(trainer_state["global_step"])
-        conflict = existing_checkpoint_conflict(self.args.resolved_output_dir, global_step,
-                                                self.args.save_strategy != "no", self.args)
-        if conflict:
-            raise ValueError(conflict)
         _say_replaced(trainer, self.args, global_step)
         _check_changed_settings(trainer, files, self.args, global_step)
         model = flow_model(pl_module)
@@ -357,7 +352,7 @@ def _check_changed_settings(trainer: pl.Trainer, files: CheckpointFiles, args: A
 
 
 def _say_replaced(trainer: pl.Trainer, args: Any, resume_step: int | None) -> None:
-    """Name, once (global rank zero), the checkpoints of the user's own earlier run that this run will replace."""
+    """Name, once (global rank zero), the checkpoints already in `output_dir` that this run will replace."""
     notice = replaced_checkpoints_notice(args.resolved_output_dir, resume_step, args.save_strategy != "no", args)
     if notice and trainer.is_global_zero:
         log.warning(notice)
@@ -365,17 +360,13 @@ def _say_replaced(trainer: pl.Trainer, args: Any, resume_step: int | None) -> No
 
 def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> CheckpointRestorer | None:
     """At `on_fit_start`: restore `flow.resume_from_checkpoint` (a path or True; when None,
-    `args.resume_from_checkpoint`), or refuse to overwrite another
-    run's checkpoints in `output_dir`. Returns the restorer whose later hooks the flow calls, or None."""
+    `args.resume_from_checkpoint`); the checkpoints in `output_dir` this run will replace are named once. Returns
+    the restorer whose later hooks the flow calls, or None."""
     args = flow.args
-    output_dir = args.resolved_output_dir
     flow.saver.begin_run(trainer)  # the output-directory lock, then leftovers of killed runs are cleaned up
     # None: a Lightning-native run (e.g. from a config file) may set it in the arguments
     resume = resolve_resume(args, flow.resume_from_checkpoint) if flow.resume_from_checkpoint is not False else None
     if not resume:
-        conflict = existing_checkpoint_conflict(output_dir, None, args.save_strategy != "no", args)
-        if conflict:
-            raise ValueError(conflict)
         _say_replaced(trainer, args, None)
         return None
     restorer = CheckpointRestorer(resume, args)
