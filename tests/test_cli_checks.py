@@ -136,3 +136,60 @@ def test_a_task_derived_from_a_preset_checks_the_presets_length_fields():
         check_lengths(derived, DataSpec(block_size=65), config)
     with pytest.raises(ValueError, match=r"data.max_length=128 .*\(64 tokens"):
         check_lengths(get_task("text_classification"), DataSpec(max_length=128), config)
+
+
+_HEAVY = ("torch", "transformers", "lightning", "datasets")
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    (["--data.validation_file", "null"],
+     "args.eval_strategy='epoch' needs evaluation data: set data.validation_file (or data.validation_split)"),
+    (["--data.text_column", "sentence"],
+     "data.text_column='sentence' is not a column of the train data; its columns: ['text', 'label']"),
+    (["--data.label_column", "label_id"],
+     "data.label_column='label_id' is not a column of the train data; its columns: ['text', 'label']"),
+    (["--model.model_name_or_path", "./configs/dta"],
+     "model.model_name_or_path='./configs/dta': no such local folder; did you mean './configs/data'?"),
+    (["--model.model_name_or_path", "configs/data"],
+     "model.model_name_or_path='configs/data' has no config.json, which from_pretrained reads"),
+    (["--data.tokenizer_file", "configs/data/tokenizer.jsn"],
+     "data.tokenizer_file='configs/data/tokenizer.jsn': no such file"),
+    (["--data.train_file", "null"], "fit needs training data: set data.train_file"),
+], ids=["eval_without_data", "text_column", "label_column", "model_folder", "model_without_config", "tokenizer_file",
+        "no_train_data"])
+def test_mistakes_the_files_show_are_found_before_torch_transformers_or_lightning_are_imported(extra, expected,
+                                                                                              tmp_path):
+    """Each error is the run's one line, and `-X importtime` lists every module imported before it: none of the heavy
+    ones (before, these errors came after the data and model were loaded: 88-123 s on a busy 2-core machine)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "hf_lightning", "fit", "--config", "configs/text_classification.yaml",
+         "--args.output_dir", str(tmp_path / "out"), *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(lines) == 1 and lines[0].startswith("hf-lightning: error: ") and expected in lines[0], lines
+    imported = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert imported and not imported & set(_HEAVY), sorted(imported & set(_HEAVY))
+    assert not (tmp_path / "out").exists()
+
+
+def test_file_columns_reads_headers_json_lines_and_parquet(tmp_path):
+    from hf_lightning.cli.file_checks import file_columns
+
+    (tmp_path / "a.csv").write_text("sentence,label_id\nhi,1\n")
+    (tmp_path / "b.jsonl").write_text('{"tokens": ["a"], "tags": ["O"]}\n\n{"tokens": ["b"], "extra": 1}\n')
+    (tmp_path / "c.json").write_text('[\n {"text": "x"}\n]\n')  # one JSON document: left to the full run
+    (tmp_path / "d.txt").write_text("a line\n")
+    assert file_columns(str(tmp_path / "a.csv")) == ["sentence", "label_id"]
+    assert file_columns(str(tmp_path / "b.jsonl")) == ["tokens", "tags", "extra"]
+    assert file_columns(str(tmp_path / "c.json")) is None
+    assert file_columns(str(tmp_path / "d.txt")) == ["text"]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["x"], "label": [0]}), tmp_path / "e.parquet")
+    assert file_columns(str(tmp_path / "e.parquet")) == ["text", "label"]

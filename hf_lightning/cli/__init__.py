@@ -58,7 +58,7 @@ def run_cli(argv: list[str] | None = None) -> Any:
         sys.exit(0)  # what the parser does after printing its help
     from hf_lightning.cli.precheck import precheck
 
-    precheck(argv[1:])
+    precheck(argv[1:], subcommand=argv[0] if argv else "fit")
     from hf_lightning.cli.lightning_cli import HFLightningCLI
 
     def build() -> Any:

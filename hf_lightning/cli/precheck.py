@@ -63,9 +63,10 @@ def _check_types(section: str, cls: type, values: dict[str, Any]) -> None:
         fail(" ".join(lines))
 
 
-def precheck(argv: list[str]) -> None:
+def precheck(argv: list[str], subcommand: str = "fit") -> None:
     """Check the `task`, `args`, `model` and `data` sections with pure-Python code before Lightning is imported,
-    so a typo in them is answered in a fraction of a second. Exits with one error line on a problem."""
+    so a typo in them is answered in a fraction of a second, then what the files alone show (`file_checks.py`).
+    Exits with one error line on a problem."""
     if any(a in ("-h", "--help", "--print_config") or a.startswith("--print_config") for a in argv):
         return
     config = _config_sections(argv)
@@ -85,6 +86,7 @@ def precheck(argv: list[str]) -> None:
         task = get_task(str(config.get("task", "text_classification")))
     except ValueError as err:
         fail(err)
+    specs: dict[str, Any] = {}
     # the parser accepts every generation field; `args_for_task` narrows them to the task's own args class
     for section, cls in (("args", resolve(GENERATION_ARGS)), ("model", ModelSpec), ("data", DataSpec)):
         values = config.get(section) or {}
@@ -107,13 +109,11 @@ def precheck(argv: list[str]) -> None:
                 fail(err)
         _check_types(section, cls, values)
         try:
-            spec = cls(**values)
+            specs[section] = cls(**values)
         except (TypeError, ValueError) as err:
             fail(f"in `{section}`: {err}")
-        if isinstance(spec, DataSpec):
-            from hf_lightning.tasks.loading import check_files
+    from hf_lightning.cli.file_checks import check_config_files
 
-            try:
-                check_files(spec)
-            except (ValueError, FileNotFoundError) as err:
-                fail(err)
+    problem = check_config_files(subcommand, task, specs["args"], specs.get("model"), specs["data"])
+    if problem is not None:
+        fail(problem)
