@@ -14,7 +14,8 @@ from hf_lightning.tasks.code_paths import import_checked, is_auto_class, is_conf
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 from hf_lightning.tasks.task import Task
 
-__all__ = ["check_files", "load_split", "split_source", "splits_for_stage", "load_tokenizer", "label_list_for", "build_model", "FILE_BUILDERS"]
+__all__ = ["check_files", "load_split", "split_source", "splits_for_stage", "load_tokenizer", "label_list_for",
+           "build_model", "FILE_BUILDERS"]
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
 """File extension -> `datasets` builder."""
