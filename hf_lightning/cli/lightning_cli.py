@@ -26,6 +26,7 @@ from hf_lightning.checkpointing.checks import output_dir_problem
 from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.checkpointing.run_lock import OutputDirLocked
 from hf_lightning.checkpointing.weight_files import is_adapter_file, weights_file
+from hf_lightning.cli.trainer_spellings import LIGHTNING_TO_HF, help_text, move_lightning_spellings, user_set
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, fit_with_batch_search, split_callbacks
 from hf_lightning.parallel.checkpoint import gather_full_weights
 from hf_lightning.prediction_writer import write_predictions
@@ -126,6 +127,9 @@ class HFLightningCLI(LightningCLI):
     @override
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(self.trainer_class, "trainer")
+        for action in parser._actions:  # the options the HF arguments decide say so (cli/trainer_spellings.py)
+            if action.dest.startswith("trainer.") and (text := help_text(action.dest[len("trainer."):])):
+                action.help = text
         parser.add_argument(
             "--task", type=str, default="text_classification",
             help=f"What to train; one of: {', '.join(task_names())}.",
@@ -187,8 +191,12 @@ class HFLightningCLI(LightningCLI):
         self.config_init = self.parser.instantiate_classes(self.config)
         cfg = self.config[sub]
         task = get_task(cfg["task"])
+        args_defaults = self._parser(sub).get_defaults()["args"]
+        _, moved_args = move_lightning_spellings(user_set(self._section("trainer")), self._section("args"),
+                                                 args_defaults.as_dict() if hasattr(args_defaults, "as_dict")
+                                                 else dict(args_defaults or {}))
         try:
-            args_class, args_values = args_for_task(task, self._section("args"))
+            args_class, args_values = args_for_task(task, moved_args)
             args = args_class(**args_values)
         except ValueError as err:
             raise ValueError(f"in `args`: {err}") from None
@@ -239,7 +247,7 @@ class HFLightningCLI(LightningCLI):
         self.model = resolve(task.module_class)(model, args, compute_metrics=metrics, processing_class=tokenizer)
         self.model.eval_loss_weighting = cfg.get("eval_loss_weighting") or "samples"
         trainer_cfg = dict(self.config_init[sub]["trainer"])
-        user = self._user_trainer_kwargs(trainer_cfg)
+        user = {k: v for k, v in self._user_trainer_kwargs(trainer_cfg).items() if k not in LIGHTNING_TO_HF}
         callbacks = user.pop("callbacks", None) or []
         hf_callbacks, lightning_callbacks = split_callbacks(callbacks if isinstance(callbacks, list) else [callbacks])
         hf_callbacks += build_hf_callbacks(cfg.get("hf_callbacks"), allow_code_from)

@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 __all__ = ["precheck", "fail"]
 
-_SECTIONS = ("args", "model", "data")
+_SECTIONS = ("args", "model", "data", "trainer")
 
 
 def fail(message: object, prog: str = "hf-lightning") -> NoReturn:
@@ -46,7 +46,11 @@ def _config_sections(argv: list[str]) -> dict[str, Any] | None:
         if section in _SECTIONS and "." not in name:
             config.setdefault(section, {})
             if isinstance(config[section], dict):
-                config[section][name] = yaml.safe_load(value)
+                parsed = yaml.safe_load(value)
+                # YAML 1.1 reads `no` / `off` / `yes` / `on` as booleans; on the command line they are words
+                # (`--args.eval_strategy no`), as the full parser reads them
+                keep_word = isinstance(parsed, bool) and value.strip().lower() not in ("true", "false")
+                config[section][name] = value if keep_word else parsed
     return config
 
 
@@ -86,9 +90,21 @@ def precheck(argv: list[str], subcommand: str = "fit") -> None:
         task = get_task(str(config.get("task", "text_classification")))
     except ValueError as err:
         fail(err)
+    args_class = resolve(GENERATION_ARGS)
+    trainer = config.get("trainer")
+    if isinstance(trainer, dict) and trainer:
+        from hf_lightning.cli.trainer_spellings import move_lightning_spellings, user_set
+
+        args_values = config.get("args") or {}
+        if isinstance(args_values, dict):
+            defaults = {f.name: f.default for f in dataclasses.fields(args_class)}
+            try:
+                _, config["args"] = move_lightning_spellings(user_set(trainer), args_values, defaults)
+            except ValueError as err:
+                fail(err)
     specs: dict[str, Any] = {}
     # the parser accepts every generation field; `args_for_task` narrows them to the task's own args class
-    for section, cls in (("args", resolve(GENERATION_ARGS)), ("model", ModelSpec), ("data", DataSpec)):
+    for section, cls in (("args", args_class), ("model", ModelSpec), ("data", DataSpec)):
         values = config.get(section) or {}
         if not isinstance(values, dict):
             fail(f"`{section}` must be a mapping of options, got {type(values).__name__}.")
