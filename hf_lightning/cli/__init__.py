@@ -16,8 +16,10 @@ A config has these sections::
 - `precheck`: the `task` / `args` / `model` / `data` sections checked before Lightning is imported.
 - `lightning_cli`: `HFLightningCLI`, which builds the model, data module, `HFTrainerFlow` and `lightning.Trainer`
   with the same functions as the `hf_lightning.Trainer` facade (`lightning_trainer.py`, `args/to_lightning.py`), so
-  both behave the same. Lightning options the HF arguments decide (`trainer.max_steps`...) are rejected with the
-  `args.` key to use. Errors in the config end the run with one `error:` line, not a traceback.
+  both behave the same. Lightning options the HF arguments decide (`trainer.max_steps`...) move to the `args.` key
+  of the same meaning or are refused naming what to set (`trainer_spellings`). Errors in the config end the run
+  with one `error:` line, not a traceback.
+- `file_checks`: mistakes the files alone show (columns, folders, missing evaluation data), before torch is imported.
 
 Heavy modules are imported only once a subcommand needs them, so `--help` stays fast.
 """
