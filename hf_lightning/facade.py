@@ -316,6 +316,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
                 self.module = self._build_module(model)  # a fresh optimizer and scheduler (T:1489)
                 self.flow.handler.model = model
             resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
+            if not self._overridden & {"get_train_dataloader", "_get_dataloader"}:  # a user loader: their columns
+                self.datamodule.check_training_labels(module=self.module)  # one error here, not at the first update
             self.flow.ignore_keys_for_eval = ignore_keys_for_eval
             # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path; with
             # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch (batch_search.py)
