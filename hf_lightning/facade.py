@@ -334,7 +334,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, ScriptApiMixin, HyperparameterSea
         calls at every evaluation (through `_evaluate`).
 
         A dict of datasets is evaluated one dataset after another, each through `self.evaluate(name_or_dataset,
-        metric_key_prefix=f"{metric_key_prefix}_{name}")`, as HF does (T:2842-2853).
+        metric_key_prefix=f"{metric_key_prefix}_{name}")`, as HF does (T:2850-2861).
 
         Raises:
             ValueError: there is no eval dataset.

@@ -1,7 +1,7 @@
 """`HFTrainerFlow`: the HF Trainer's log / evaluate / save cadence and logged values, as one Lightning callback.
 
 One Lightning training batch is one optimizer update (see `TransformerDataModule`). After each update, in
-`on_train_batch_end`, the callback replays `Trainer._run_epoch` + `_maybe_log_save_evaluate` (T:1935-1991, 2230-2278):
+`on_train_batch_end`, the callback replays `Trainer._run_epoch` + `_maybe_log_save_evaluate` (T:1943-1999, 2238-2286):
 
     on_step_end (cadence.step_end_flags, then HF callbacks) -> log -> evaluate -> save
     [last update of the epoch, or a stop flag] on_epoch_end (cadence.epoch_end_flags, HF callbacks)
@@ -230,7 +230,7 @@ class HFTrainerFlow(HFLoopSteps):
         self.neftune.start(flow_model(pl_module))  # the embeddings' noise hook, while training only (T:1537-1538)
         self.hf_event("on_train_begin")
         if self.args.eval_on_start:
-            # No plateau-scheduler step and no best-metric update for this one (T:1655-1656, 3294-3331).
+            # No plateau-scheduler step and no best-metric update for this one (T:1655-1656, 3302-3339).
             self.evaluate_step(trainer, during_training=False)
 
     # ----- per update -----
@@ -254,7 +254,7 @@ class HFTrainerFlow(HFLoopSteps):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """HF `on_step_begin`, after the update's micro-batches were fetched, before the first forward (T:1893)."""
+        """HF `on_step_begin`, after the update's micro-batches were fetched, before the first forward (T:1901)."""
         self._end_quiet_resume()
         if self._restorer is not None:
             self._restorer.on_train_batch_start()  # a mid-epoch resume's RNG states, once
@@ -291,7 +291,7 @@ class HFTrainerFlow(HFLoopSteps):
         step_end_flags(self.state.global_step, self.args, self.plan).merge_into(self.control)
         self.hf_event("on_step_end")
         self.maybe_log_save_evaluate(trainer, pl_module, update)
-        # HF leaves the epoch when a flag says so after the pass (T:1963-1966); max_steps sets should_training_stop.
+        # HF leaves the epoch when a flag says so after the pass (T:1971-1974); max_steps sets should_training_stop.
         epoch_stop = self.control.should_epoch_stop or self.control.should_training_stop
         last_batch = position_in_epoch(trainer)[1]
         if last_batch or epoch_stop or self.state.global_step >= self.plan.max_steps:
@@ -317,7 +317,7 @@ class HFTrainerFlow(HFLoopSteps):
         return getattr(self.handler.processing_class, "pad_token_id", None)
 
     def dataset_evaluated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, Any]) -> None:
-        """HF `evaluate()` for one dataset (T:2843-2894): the log entry, `on_evaluate`, then the listeners."""
+        """HF `evaluate()` for one dataset (T:2851-2902): the log entry, `on_evaluate`, then the listeners."""
         self.hf_log(trainer, metrics)  # adds "epoch" into the same dict, as HF
         self.hf_event("on_evaluate", metrics=metrics)
         for listener in self._eval_listeners:
@@ -326,7 +326,7 @@ class HFTrainerFlow(HFLoopSteps):
     # ----- end -----
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """The train summary entry (T:1993-2014), best-model loading, rotation cleanup, then HF `on_train_end`."""
+        """The train summary entry (T:2001-2022), best-model loading, rotation cleanup, then HF `on_train_end`."""
         assert self.plan is not None
         self._end_quiet_resume()
         self.saver.wait(trainer)  # `save_async`: the last checkpoint is in place before the summary and best model
@@ -338,7 +338,7 @@ class HFTrainerFlow(HFLoopSteps):
         num_samples: float
         if self.args.max_steps > 0 or examples is None:
             num_samples = self.plan.max_steps * total_batch
-        else:  # T:2531-2534
+        else:  # T:2539-2542
             num_samples = examples * self.args.num_train_epochs
         self.flos.store(self.state, trainer)
         metrics = train_summary(self._train_start, num_samples, steps, self.plan.max_steps, self.state.total_flos,
