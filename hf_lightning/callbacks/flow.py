@@ -57,6 +57,7 @@ from hf_lightning.callbacks.train_log import (
 from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
 from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, flow_model, flow_module
 from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
+from hf_lightning.console import install_console_filters
 from hf_lightning.full_eval import cast_for_full_eval
 from hf_lightning.hf_messages import TRAINING_COMPLETED, logger
 from hf_lightning.neftune import NEFTune
@@ -73,6 +74,9 @@ class HFTrainerFlow(HFLoopSteps):
         args: the training arguments (strategies, intervals, output directory, best-model settings).
         callbacks: `transformers.TrainerCallback` instances or classes, called with HF's arguments.
         processing_class: tokenizer / processor passed to HF callbacks and saved with checkpoints.
+        lightning_console: keep a hand-built `lightning.Trainer`'s output as configured; by default it prints as
+            `hf_lightning.Trainer` does (no default model summary, evaluation metrics and HF's epoch count in the
+            bar, no `v_num`: `callbacks/lightning_console.py`).
 
     Attributes:
         resume_from_checkpoint: a checkpoint folder (or True: the latest in `output_dir`) the next `fit` resumes
@@ -85,9 +89,13 @@ class HFTrainerFlow(HFLoopSteps):
     """
 
     def __init__(
-        self, args: TrainingArguments, callbacks: list[Any] | None = None, processing_class: Any = None
+        self, args: TrainingArguments, callbacks: list[Any] | None = None, processing_class: Any = None,
+        lightning_console: bool = False,
     ) -> None:
         self.args = args
+        self.lightning_console = lightning_console
+        if not lightning_console:  # now: a hand-built `lightning.Trainer` prints its first lines when it is built
+            install_console_filters()
         self.handler = HFCallbackHandler(callbacks)
         self.handler.processing_class = processing_class
         self.state = TrainerState()
@@ -161,6 +169,10 @@ class HFTrainerFlow(HFLoopSteps):
         check_flow_contracts(pl_module, datamodule)
         self.handler.model = flow_model(pl_module)
         self._eval_listeners = [cb for cb in callbacks_of(trainer) if isinstance(cb, HFEvaluationListener)]
+        if not self.lightning_console:
+            from hf_lightning.callbacks.lightning_console import tidy_lightning_console  # imports this module
+
+            tidy_lightning_console(trainer)
         if stage != "fit":
             return
         self.plan = plan = plan_training(self.args, datamodule.num_train_microbatches())
