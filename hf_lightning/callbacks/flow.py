@@ -55,9 +55,9 @@ from hf_lightning.callbacks.train_log import (
     train_summary,
 )
 from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
+from hf_lightning.console import install_console_filters
 from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, flow_model, flow_module
 from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
-from hf_lightning.console import install_console_filters
 from hf_lightning.full_eval import cast_for_full_eval
 from hf_lightning.hf_messages import TRAINING_COMPLETED, logger
 from hf_lightning.neftune import NEFTune
