@@ -23,6 +23,7 @@ from __future__ import annotations
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import ModelSummary, ProgressBar, RichModelSummary
 
+from hf_lightning._lightning_compat import callbacks_of
 from hf_lightning.callbacks.progress_bar import adopt_bar
 from hf_lightning.console import install_console_filters
 
@@ -40,8 +41,10 @@ def is_default_model_summary(callback: object) -> bool:
 def tidy_lightning_console(trainer: pl.Trainer) -> None:
     """Make a hand-built `trainer` print as `hf_lightning.Trainer` does (see the module docstring)."""
     install_console_filters()
-    trainer.callbacks[:] = [cb for cb in trainer.callbacks if not is_default_model_summary(cb)]
-    for callback in trainer.callbacks:
+    callbacks = callbacks_of(trainer)  # the trainer's own list: edited in place
+    callbacks[:] = [cb for cb in callbacks if not is_default_model_summary(cb)]
+    for callback in callbacks:
         if isinstance(callback, ProgressBar):
             adopt_bar(callback)
-    trainer.log_every_n_steps = 1
+    # set by Lightning's logger connector, not declared on the class
+    trainer.log_every_n_steps = 1  # type: ignore[attr-defined]
