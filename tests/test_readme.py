@@ -124,3 +124,18 @@ def test_map_statuses_match_what_the_conversion_does(tmp_path):
             wrong.append(f"{name}: the map says {status!r} ({note}), the conversion {observed} {value!r}")
     assert not wrong, "\n".join(wrong)
     assert checked >= 0.75 * len(fields), f"only {checked} of {len(fields)} fields could be checked"
+
+
+def test_configs_readme_states_the_model_sizes_of_the_configs():
+    """configs/README.md's model column ("hidden 64", "n_embd 32", "d_model 64") is what each YAML builds."""
+    import yaml
+
+    configs = README.parent / "configs"
+    rows = re.findall(r"^\| `([a-z_0-9]+\.yaml)` \| `[a-z_0-9]+`[^|]* \| ([^|]+) \|", (configs / "README.md").read_text(), re.M)
+    assert len(rows) == len(list(configs.glob("*.yaml")))
+    for name, model in rows:
+        kwargs = yaml.safe_load((configs / name).read_text())["model"]["config_kwargs"]
+        for key, size in re.findall(r"\b(hidden|n_embd|d_model) (\d+)", model):
+            field = {"hidden": "hidden_size"}.get(key, key)
+            assert kwargs[field] == int(size), f"configs/README.md says {key} {size} for {name}: {kwargs[field]}"
+        assert re.search(r"\b(hidden|n_embd|d_model) \d+", model), f"configs/README.md: no model size for {name}"
