@@ -139,3 +139,21 @@ def test_configs_readme_states_the_model_sizes_of_the_configs():
             field = {"hidden": "hidden_size"}.get(key, key)
             assert kwargs[field] == int(size), f"configs/README.md says {key} {size} for {name}: {kwargs[field]}"
         assert re.search(r"\b(hidden|n_embd|d_model) \d+", model), f"configs/README.md: no model size for {name}"
+
+
+def test_every_output_folder_of_the_readme_is_git_ignored():
+    """Running the README's blocks in a clone leaves `git status` clean: each `output_dir` they write is ignored."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (README.parent / ".git").exists():
+        import pytest
+
+        pytest.skip("not a git checkout")
+    text = README.read_text()
+    folders = set(re.findall(r"""output_dir[= ]["']?([A-Za-z0-9_./-]+?)["']?[,)\s]""", text)) - {"<new", "<output_dir>"}
+    folders = {f.split("/")[0] for f in folders if not f.startswith(("<", "$", "/"))}
+    assert {"out_lora", "out_seq2seq", "out_lightning", "weighted_output", "lora_output"} <= folders
+    for folder in sorted(folders):
+        ignored = subprocess.run(["git", "check-ignore", "-q", f"{folder}/x"], cwd=README.parent)
+        assert ignored.returncode == 0, f"{folder}/ (an output_dir in README.md) is not in .gitignore"
