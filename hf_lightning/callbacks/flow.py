@@ -25,6 +25,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from transformers import TrainerControl, TrainerState
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import TrainOutput
@@ -61,6 +62,7 @@ from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
 from hf_lightning.full_eval import cast_for_full_eval
 from hf_lightning.hf_messages import TRAINING_COMPLETED, logger
 from hf_lightning.neftune import NEFTune
+from hf_lightning.resume.csv_logs import continue_resumed_logs
 from hf_lightning.resume.load import CheckpointRestorer, start_fit
 from hf_lightning.threads import warn_if_oversubscribed
 
@@ -135,6 +137,9 @@ class HFTrainerFlow(HFLoopSteps):
         """`trainer.fit`, resuming from `resume_from_checkpoint` (see the attribute); returns HF's `TrainOutput`."""
         previous = self.resume_from_checkpoint
         self.resume_from_checkpoint = resume_from_checkpoint
+        # before Lightning opens the loggers; `rank` is set from the launcher's environment at import
+        if getattr(rank_zero_only, "rank", 0) == 0 and resume_from_checkpoint is not False:
+            continue_resumed_logs(trainer.loggers, self.args, resume_from_checkpoint)
         try:
             trainer.fit(module, datamodule=datamodule)
             metrics, self._summary = dict(self._summary or {}), None
@@ -189,6 +194,14 @@ class HFTrainerFlow(HFLoopSteps):
         # eval loaders are built at each evaluation, not at fit start.
         disable_validation_trigger(trainer)
         defer_validation_data(trainer)
+
+    @property
+    def resumed_from(self) -> tuple[str, int] | None:
+        """`(checkpoint folder, its global step)` when the last fit resumed, else None (for the summary)."""
+        restorer = self._restorer
+        if restorer is None or restorer.position is None:
+            return None
+        return restorer.path, restorer.position.global_step
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -294,7 +294,7 @@ class HFLightningCLI(LightningCLI):
             with open(os.path.join(out, "train_results.json"), "w") as f:
                 json.dump(output.metrics, f, indent=2, default=float)
             print(fit_summary(self.flow.state, self.hf_args, train_metrics=output.metrics, model_dir=out,
-                              logs=logger_paths(self.trainer)))
+                              logs=logger_paths(self.trainer), resumed_from=self.flow.resumed_from))
 
     def validate(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Evaluate and print the HF metric dict (also written to `<output_dir>/eval_results.json`)."""
