@@ -87,6 +87,16 @@ def _check_sources(model_spec: ModelSpec, data_spec: DataSpec) -> None:
         raise FileNotFoundError(missing_local_folder("data.dataset_name", name))
 
 
+def _trained_epoch(folder: str | None) -> float | None:
+    """The epoch a checkpoint folder was saved at (its `trainer_state.json`), else None."""
+    state = os.path.join(folder, "trainer_state.json") if folder else None
+    if state is None or not os.path.isfile(state):
+        return None
+    with open(state) as f:
+        epoch = json.load(f).get("epoch")
+    return float(epoch) if epoch is not None else None
+
+
 class _OneLineErrorParser(LightningArgumentParser):
     """Parse errors as one `error:` line (no usage dump), like the errors of our own checks."""
 
@@ -217,6 +227,7 @@ class HFLightningCLI(LightningCLI):
         elif self.ckpt_for_lightning and self.ckpt_for_lightning not in ("best", "last", "hpc", "registry") \
                 and not os.path.isfile(self.ckpt_for_lightning):
             raise FileNotFoundError(f"ckpt_path={self.ckpt_for_lightning!r}: no such checkpoint folder or file.")
+        self._model_folder: str | None = model_values.get("model_name_or_path")
         model_spec, data_spec = ModelSpec(**model_values), DataSpec(**self._section("data"))
         _check_sources(model_spec, data_spec)
         self.hf_args = args
@@ -299,6 +310,12 @@ class HFLightningCLI(LightningCLI):
     def validate(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Evaluate and print the HF metric dict (also written to `<output_dir>/eval_results.json`)."""
         metrics = self.flow.evaluate(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning).metrics
+        # HF's `epoch` is the evaluating trainer's (0: it trained nothing); here it is the evaluated model's
+        epoch = _trained_epoch(self._model_folder)
+        if epoch is not None:
+            metrics["epoch"] = epoch
+        elif self._model_folder is not None:
+            metrics.pop("epoch", None)  # a saved model of unknown training: not "epoch 0"
         if self.trainer.is_global_zero:
             out = self.hf_args.resolved_output_dir
             os.makedirs(out, exist_ok=True)
