@@ -46,6 +46,7 @@ from hf_lightning.callbacks.best_model import BestModelTracker, unreachable_best
 from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import HFEvaluator
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
+from hf_lightning.callbacks.lightning_console import tidy_lightning_console
 from hf_lightning.callbacks.loop_steps import HFLoopSteps
 from hf_lightning.callbacks.throughput import TokenLogs
 from hf_lightning.callbacks.train_log import (
@@ -175,8 +176,6 @@ class HFTrainerFlow(HFLoopSteps):
         self.handler.model = flow_model(pl_module)
         self._eval_listeners = [cb for cb in callbacks_of(trainer) if isinstance(cb, HFEvaluationListener)]
         if not self.lightning_console:
-            from hf_lightning.callbacks.lightning_console import tidy_lightning_console  # imports this module
-
             tidy_lightning_console(trainer)
         if stage != "fit":
             return

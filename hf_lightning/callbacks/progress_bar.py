@@ -9,10 +9,10 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from transformers import TrainerState
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import callbacks_of, rich_progress_bar_available
-from hf_lightning.callbacks.flow import HFTrainerFlow
 from hf_lightning.console import latest_eval_metrics
 
 __all__ = ["HFRichProgressBar", "HFTQDMProgressBar", "adopt_bar", "epoch_description", "progress_bar"]
@@ -34,9 +34,11 @@ class _HFMetrics:
         items.pop("v_num", None)
         if not trainer.training:
             return items
-        flow = next((cb for cb in callbacks_of(trainer) if isinstance(cb, HFTrainerFlow)), None)
-        if flow is not None:
-            history = flow.state.log_history
+        # the flow by its state key: this module is imported by the flow's console set-up (no import back)
+        flow = next((cb for cb in callbacks_of(trainer) if getattr(cb, "state_key", None) == "HFTrainerFlow"), None)
+        state: TrainerState | None = getattr(flow, "state", None)
+        if state is not None:
+            history = state.log_history
             if self._eval_metrics[0] != len(history):  # the bar refreshes every update; the history grows at logs
                 self._eval_metrics = (len(history), latest_eval_metrics(history))
             items.update(self._eval_metrics[1])
