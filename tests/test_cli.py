@@ -194,7 +194,8 @@ def test_config_errors_are_one_line(extra, expected, tmp_path, in_repo, capsys):
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        (["--trainer.max_steps", "3"], "max_steps (use args.max_steps)"),
+        # trainer.max_steps is moved to args.max_steps (tests/test_cli_checks.py); this one has no same-meaning twin
+        (["--trainer.check_val_every_n_epoch", "2"], "trainer.check_val_every_n_epoch (set args.eval_strategy"),
         (["--trainer.devicez", "2"], "unrecognized arguments: --trainer.devicez 2"),
         (["--model.config_class", "NopeConfig"], "model.config_class='NopeConfig' cannot be imported"),
         (["--ckpt_path", "no/such/dir"], "ckpt_path='no/such/dir': no such checkpoint folder"),

@@ -24,16 +24,23 @@ def _config_sections(argv: list[str]) -> dict[str, Any] | None:
     """The YAML of `--config` merged with simple `--<section>.<key> value` overrides, or None when there is none."""
     import yaml
 
-    path = None
+    paths = []
     for i, token in enumerate(argv):
         if token in ("-c", "--config") and i + 1 < len(argv):
-            path = argv[i + 1]
+            paths.append(argv[i + 1])
         elif token.startswith("--config="):
-            path = token.split("=", 1)[1]
-    if path is None or not os.path.isfile(path):
+            paths.append(token.split("=", 1)[1])
+    if not paths or not all(os.path.isfile(path) for path in paths):
         return None
-    with open(path) as f:
-        config = yaml.safe_load(f) or {}
+    config: dict[str, Any] = {}
+    for path in paths:  # later files win, section by section (as the full parser merges them)
+        with open(path) as f:
+            loaded = yaml.safe_load(f) or {}
+        if not isinstance(loaded, dict):
+            return None
+        for key, value in loaded.items():
+            merged = isinstance(value, dict) and isinstance(config.get(key), dict)
+            config[key] = {**config[key], **value} if merged else value
     for i, token in enumerate(argv):
         if not token.startswith("--") or "." not in token:
             continue
