@@ -3,8 +3,8 @@
 One place for each rule of `transformers` 5.x that decides *when* things happen:
 
 - `plan_training`: updates per epoch, `max_steps`, loop epochs, and the resolved log/eval/save intervals
-  (`Trainer._inner_training_loop` T:2500-2545 and `TrainerState.compute_steps` CB:156-167).
-- `epoch_progress`: the float `state.epoch` (T:1948), a fraction of micro-batches, not of updates.
+  (`Trainer._inner_training_loop` T:2508-2553 and `TrainerState.compute_steps` CB:156-167).
+- `epoch_progress`: the float `state.epoch` (T:1956), a fraction of micro-batches, not of updates.
 - `step_end_flags` / `epoch_end_flags`: `DefaultFlowCallback.on_step_end` / `on_epoch_end` (CB:568-621).
 
 The Lightning callback in `callbacks/flow.py` calls these; tests check them against `DefaultFlowCallback` itself.
@@ -35,7 +35,7 @@ _HF_DEFAULT_INTERVAL = 500  # TrainerState's default when an interval argument i
 
 
 def updates_per_epoch(microbatches_per_epoch: int, accumulation: int) -> int:
-    """`max(ceil(len_dataloader / GA), 1)` (T:2514-2518): the short last window of an epoch still makes an update."""
+    """`max(ceil(len_dataloader / GA), 1)` (T:2522-2526): the short last window of an epoch still makes an update."""
     return max(math.ceil(microbatches_per_epoch / accumulation), 1)
 
 
@@ -74,7 +74,7 @@ class TrainingPlan:
 
 
 def plan_training(args: TrainingArguments, microbatches_per_epoch: int | None) -> TrainingPlan:
-    """Compute the run's totals the way `Trainer._inner_training_loop` does (T:2500-2545).
+    """Compute the run's totals the way `Trainer._inner_training_loop` does (T:2508-2553).
 
     Args:
         args: the training arguments.
@@ -119,7 +119,7 @@ def plan_training(args: TrainingArguments, microbatches_per_epoch: int | None) -
 
 
 def epoch_progress(epoch_index: int, microbatches_done: int, microbatches_per_epoch: int) -> float:
-    """`state.epoch = epoch + (step + 1) / steps_in_epoch` (T:1948), with `microbatches_done = step + 1`."""
+    """`state.epoch = epoch + (step + 1) / steps_in_epoch` (T:1956), with `microbatches_done = step + 1`."""
     return epoch_index + microbatches_done / microbatches_per_epoch
 
 

@@ -1,4 +1,4 @@
-"""HF's `torch_empty_cache_steps`: empty the accelerator's memory cache every N updates (T:2085-2091).
+"""HF's `torch_empty_cache_steps`: empty the accelerator's memory cache every N updates (T:2093-2099).
 
 HF calls `clear_device_cache()` inside `training_step`, after the forward pass and before the backward pass, whenever
 `state.global_step % torch_empty_cache_steps == 0`; `state.global_step` counts the updates done before this one, so
@@ -31,5 +31,5 @@ def empty_device_cache(collect_garbage: bool = False) -> None:
         torch.xpu.empty_cache()
     elif torch.backends.mps.is_available():
         torch.mps.empty_cache()
-        if hasattr(torch.mps, "clear_graph_cache"):  # HF clears MPS graphs too (T:2090-2091)
+        if hasattr(torch.mps, "clear_graph_cache"):  # HF clears MPS graphs too (T:2098-2099)
             torch.mps.clear_graph_cache()

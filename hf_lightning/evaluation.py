@@ -155,7 +155,7 @@ def hf_prediction_step(
     """`Trainer.prediction_step`: loss (if labels), logits without `loss` and ignored keys, labels.
 
     The HF hooks it calls (`_prepare_inputs`, `_get_num_items_in_batch`, `compute_loss_context_manager`,
-    `compute_loss`) are `hooks`' (the module's owner), in HF's order (T:3185-3292).
+    `compute_loss`) are `hooks`' (the module's owner), in HF's order (T:3193-3300).
     """
     check_batch_columns(model, inputs)
     has_labels = bool(label_names) and all(inputs.get(k) is not None for k in label_names)
@@ -166,7 +166,8 @@ def hf_prediction_step(
     inputs = hooks._prepare_inputs(inputs)
     if ignore_keys is None:
         config = getattr(model, "config", None)  # any nn.Module may be evaluated; only HF models have a config
-        ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"])) if config else []
+        # HF's default (T:3235): transformers 5.24 names the output cache `cache` (5.23: `past_key_values`)
+        ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["cache"])) if config else []
     labels = None
     if has_labels or loss_without_labels:
         labels = nested_detach(tuple(inputs.get(name) for name in label_names))

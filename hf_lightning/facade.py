@@ -328,6 +328,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             if "underflow_overflow" in self.args.debug:  # HF's `--debug underflow_overflow` (T:1543-1551)
                 DebugUnderflowOverflow(self.module.model)  # forward hooks: stops at the first inf / nan, as HF
             resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
+            if not self._overridden & {"get_train_dataloader", "_get_dataloader"}:  # a user loader: their columns
+                self.datamodule.check_training_labels(module=self.module)  # one error here, not at the first update
             self.flow.ignore_keys_for_eval = ignore_keys_for_eval
             # the flow restores the HF-layout folder itself (resume/load.py), not via ckpt_path; with
             # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch (batch_search.py)
@@ -344,7 +346,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         calls at every evaluation (through `_evaluate`).
 
         A dict of datasets is evaluated one dataset after another, each through `self.evaluate(name_or_dataset,
-        metric_key_prefix=f"{metric_key_prefix}_{name}")`, as HF does (T:2842-2853).
+        metric_key_prefix=f"{metric_key_prefix}_{name}")`, as HF does (T:2850-2861).
 
         Raises:
             ValueError: there is no eval dataset.

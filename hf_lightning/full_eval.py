@@ -1,4 +1,4 @@
-"""HF's `bf16_full_eval` / `fp16_full_eval`: evaluate with the model itself cast to that dtype (T:2941-2945).
+"""HF's `bf16_full_eval` / `fp16_full_eval`: evaluate with the model itself cast to that dtype (T:2949-2953).
 
 HF casts the model (`model.to(dtype)`, in place) when `evaluate()` or `predict()` runs outside training; evaluations
 during `train()` keep the training dtype. The cast stays after the call, as in HF (the model object is the same).

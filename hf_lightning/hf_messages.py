@@ -2,9 +2,9 @@
 
 An HF user sees them as in HF (e.g. with `log_level="info"`, or `transformers.logging.set_verbosity_info()`):
 "max_steps is given, ..." at construction (T:727), the "***** Running training *****" header (T:1618-1628), the
-resume lines (T:1630-1638) and "Loading model from ..." (T:3659), the evaluation header (T:2949-2954), "Saving
-model checkpoint to ..." (T:4141), "Training completed..." (T:1995), "Loading best model from ... (score: ...)."
-(T:3737), "Deleting older checkpoint [...] due to args.save_total_limit" (T:2027, the final cleanup only: HF's
+resume lines (T:1630-1638) and "Loading model from ..." (T:3667), the evaluation header (T:2957-2962), "Saving
+model checkpoint to ..." (T:4149), "Training completed..." (T:2003), "Loading best model from ... (score: ...)."
+(T:3745), "Deleting older checkpoint [...] due to args.save_total_limit" (T:2035, the final cleanup only: HF's
 rotation during training logs nothing). The log dicts printed to the console come from HF's own `PrinterCallback` /
 `ProgressCallback` (`console_callback`), which the `Trainer` facade installs as HF does (T:599).
 """
@@ -69,6 +69,6 @@ def resume_lines(epochs_trained: int, global_step: int, microbatches_skipped: in
 
 
 def evaluation_header(description: str, num_examples: int | None, batch_size: int) -> list[str]:
-    """HF's evaluation-loop header (T:2949-2954): `description` is "Evaluation" or "Prediction"."""
+    """HF's evaluation-loop header (T:2957-2962): `description` is "Evaluation" or "Prediction"."""
     examples = f"  Num examples = {num_examples}" if num_examples is not None else "  Num examples: Unknown"
     return [f"\n***** Running {description} *****", examples, f"  Batch size = {batch_size}"]

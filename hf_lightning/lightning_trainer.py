@@ -59,6 +59,7 @@ def build_lightning_trainer(
     output to the bar, the summary and real warnings.
     """
     install_console_filters()
+    flow.lightning_console = True  # `trainer_kwargs` (args/to_lightning.py) decide the summary, bar and log interval
     kwargs = dict(trainer_kwargs)
     extra = kwargs.pop("callbacks", None) or []
     extra = extra if isinstance(extra, list) else [extra]

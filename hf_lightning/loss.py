@@ -2,10 +2,10 @@
 
 - `model_accepts_loss_kwargs` (T:515-528) and `loss_shifts_labels` (T:543-545) inspect the model once (the
   transformers model inside compile / DDP / PEFT wrappers, as HF: `model_wrappers.unwrap_model`).
-- `count_label_tokens` is HF's `_get_num_items_in_batch` for one micro-batch (T:2281-2359): `labels != -100`, over
+- `count_label_tokens` is HF's `_get_num_items_in_batch` for one micro-batch (T:2289-2367): `labels != -100`, over
   `labels[..., 1:]` for causal-LM losses, or `shift_labels` when the collator provides it.
 - `count_samples` is the number of samples of a batch, padding-free (flattened) batches included.
-- `loss_from_outputs` is the tail of `Trainer.compute_loss` (T:2194-2200), with HF's error naming the output keys.
+- `loss_from_outputs` is the tail of `Trainer.compute_loss` (T:2202-2208), with HF's error naming the output keys.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def count_samples(batch: Mapping[str, Any]) -> int:
     """The samples in one collated batch: its first dimension (HF's `find_batch_size`), except for a padding-free
     batch (`DataCollatorWithFlattening`: one row of concatenated sequences whose `position_ids` restart at 0 at each
     sequence), which holds as many samples as sequences. HF weights an eval batch's loss by
-    `per_device_eval_batch_size` samples (the last one by the rest of the dataset, T:2998-3000), which is the number
+    `per_device_eval_batch_size` samples (the last one by the rest of the dataset, T:3006-3008), which is the number
     of sequences in a flattened batch too; 1 per row would weigh a batch of 4 sequences like one of 3.
     """
     position_ids = batch.get("position_ids")

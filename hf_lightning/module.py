@@ -3,7 +3,7 @@
 One Lightning training batch is one optimizer update (a window of micro-batches from `TransformerDataModule`), so the
 module runs the update itself (manual optimisation): per micro-batch HF's `training_step` (loss + backward, gradient
 sync only on the last one), then clipping, `optimizer.step()`, `scheduler.step()`, `zero_grad()` - HF's order
-(T:1887-1949). Lightning keeps precision (autocast, grad scaler), strategies and device placement.
+(T:1895-1957). Lightning keeps precision (autocast, grad scaler), strategies and device placement.
 
 The HF hooks the update, the evaluation steps and `configure_optimizers` call (`training_step`, `compute_loss`,
 `prediction_step`, `create_optimizer`, ...) are called through `hooks`, their one owner: this module's built-ins
@@ -318,7 +318,7 @@ class TransformerModule(HFHooksModule):
 
     @override
     def configure_optimizers(self) -> Any:
-        """HF's `create_optimizer()` then `create_scheduler(num_training_steps=max_steps)` (T:1715-1770) through
+        """HF's `create_optimizer()` then `create_scheduler(num_training_steps=max_steps)` (T:1715-1778) through
         `hooks`; the scheduler steps once per update.
 
         A scheduler this module created for an earlier fit is replaced (HF's `_created_lr_scheduler`); an overridden

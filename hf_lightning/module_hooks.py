@@ -1,7 +1,7 @@
 """The HF Trainer's overridable step hooks, with the `transformers.Trainer` signatures: the built-in behaviour.
 
 `TransformerModule` calls every hook of an update and of an evaluation step through one owner,
-`TransformerModule.hooks` (HF's call order, T:2043-2120, T:3185-3292):
+`TransformerModule.hooks` (HF's call order, T:2051-2128, T:3193-3300):
 
     training_step(model, inputs, num_items_in_batch)                  once per micro-batch
         _prepare_context_parallel_inputs -> _prepare_inputs (-> _prepare_input)
@@ -19,7 +19,7 @@ the Trainer's own methods call these built-ins, so `super().compute_loss(...)` i
 Loss normalisation (README "Gradient accumulation"): with the built-in `compute_loss` and `training_step`, every
 micro-batch loss is its share of the window's token-weighted mean, for every model (`mean * tokens / window_tokens`;
 HF skips this for models that take `**kwargs` but ignore `num_items_in_batch`). As soon as a user override of
-`compute_loss` or `training_step` is in force, HF's rule applies instead (T:2102-2111, T:2298-2359), so a loss ported
+`compute_loss` or `training_step` is in force, HF's rule applies instead (T:2110-2119, T:2306-2367), so a loss ported
 from a `transformers.Trainer` subclass gives HF's numbers: `num_items_in_batch` is counted only for models that
 accept loss kwargs (or with `compute_loss_func`), and a loss not normalised by it is divided by the window length.
 """
@@ -148,7 +148,7 @@ class HFHooksModule(pl.LightningModule):
         return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
-        """HF's `Trainer.compute_loss` (T:2122-2209): the model's loss, `compute_loss_func`'s or the label smoother's.
+        """HF's `Trainer.compute_loss` (T:2130-2217): the model's loss, `compute_loss_func`'s or the label smoother's.
 
         With `num_items_in_batch` (the label tokens of the whole window) the loss is this micro-batch's share of the
         window's token-weighted mean; counted over every process, it is multiplied by the number of processes (HF's
@@ -173,7 +173,7 @@ class HFHooksModule(pl.LightningModule):
                 assert num_items_in_batch is not None  # `counted` says so
                 loss = self._token_share(loss, inputs, num_items_in_batch)
         if counted and self.args.average_tokens_across_devices and self._world_size() > 1 and self._is_training():
-            loss = loss * self._world_size()  # T:2199-2207: the count is global, DDP averages the gradients
+            loss = loss * self._world_size()  # T:2207-2215: the count is global, DDP averages the gradients
         return (loss, outputs) if return_outputs else loss
 
     def _token_share(self, loss: torch.Tensor, inputs: Mapping[str, Any], num_items: torch.Tensor | int
@@ -188,7 +188,7 @@ class HFHooksModule(pl.LightningModule):
         return torch.where(tokens > 0, loss * share, torch.zeros_like(loss))
 
     def _get_num_items_in_batch(self, batch_samples: list[Any], device: Any) -> torch.Tensor | None:
-        """HF's `num_items_in_batch` of a window (T:2298-2359): its label tokens (over `labels[..., 1:]` for
+        """HF's `num_items_in_batch` of a window (T:2306-2367): its label tokens (over `labels[..., 1:]` for
         causal-LM losses, or `shift_labels`), summed over processes with `average_tokens_across_devices` in training.
 
         The built-in loss counts for every model; under HF's rule only models that accept loss kwargs (or with
@@ -213,7 +213,7 @@ class HFHooksModule(pl.LightningModule):
     def hf_training_step(
         self, model: nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
     ) -> torch.Tensor:
-        """HF's `Trainer.training_step` for one micro-batch (T:2043-2120): loss, normalisation, backward.
+        """HF's `Trainer.training_step` for one micro-batch (T:2051-2128): loss, normalisation, backward.
 
         Returns:
             The detached loss, as HF's `training_step` returns it (what the logged loss sums).
@@ -234,7 +234,7 @@ class HFHooksModule(pl.LightningModule):
     def loss_is_scaled(self, num_items: torch.Tensor | int | None) -> bool:
         """Whether a micro-batch loss is already normalised over the window (else divided by its length).
 
-        The built-in loss always is when it gets a token count; under HF's rule (T:2102-2111) when the model takes
+        The built-in loss always is when it gets a token count; under HF's rule (T:2110-2119) when the model takes
         loss kwargs and got a count, or with `compute_loss_func`. The owner's `loss_is_scaled_for_ga` decides first.
         """
         forced = getattr(self.hooks, "loss_is_scaled_for_ga", None)
@@ -304,7 +304,7 @@ class HFHooksModule(pl.LightningModule):
         prediction_loss_only: bool,
         ignore_keys: list[str] | None = None,
     ) -> tuple[torch.Tensor | None, Any, Any]:
-        """HF's `Trainer.prediction_step` (T:3185-3292): returns `(loss, logits, labels)`."""
+        """HF's `Trainer.prediction_step` (T:3193-3300): returns `(loss, logits, labels)`."""
         return hf_prediction_step(self.hooks, self.label_names, model, inputs, prediction_loss_only, ignore_keys,
                                   self.device)
 

@@ -1,7 +1,7 @@
 """`neftune_noise_alpha`: NEFTune noise on the input embeddings while training, as HF adds it.
 
 HF registers transformers' `neftune_post_forward_hook` on the input embeddings (of the base model inside a PEFT
-model) when `train()` starts and removes it when training ends (T:1537-1538, 2037-2038; transformers
+model) when `train()` starts and removes it when training ends (T:1537-1538, 2045-2046; transformers
 `integrations/neftune.py`). The hook adds uniform noise of magnitude `alpha / sqrt(seq_len * hidden)` only while
 the embeddings are in training mode, so evaluations during training see clean embeddings. The noise comes from
 torch's global generator, so a seeded run draws what HF's draws, and a resumed run what the uninterrupted one drew.

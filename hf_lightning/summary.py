@@ -38,7 +38,7 @@ def _number(value: Any) -> str:
 
 def fit_summary(
     state: TrainerState, args: TrainingArguments, *, train_metrics: dict[str, Any] | None = None,
-    model_dir: str | None = None, logs: dict[str, str] | None = None,
+    model_dir: str | None = None, logs: dict[str, str] | None = None, resumed_from: tuple[str, int] | None = None,
 ) -> str:
     """A few lines: updates / epochs / time / train loss, the last evaluation, the best metric and its checkpoint,
     where the model, the checkpoints and the logs are.
@@ -49,6 +49,7 @@ def fit_summary(
         train_metrics: HF's train summary entry (`train_runtime`, `train_loss`); default: the last in `log_history`.
         model_dir: where the final model was saved, if it was.
         logs: `logger_paths` of the run's Lightning loggers.
+        resumed_from: `(checkpoint folder, its step)` when the fit resumed (`HFTrainerFlow.resumed_from`).
     """
     if train_metrics is None:
         train_metrics = next((e for e in reversed(state.log_history) if "train_runtime" in e), {})
@@ -62,6 +63,10 @@ def fit_summary(
     if "train_loss" in train_metrics:
         line += f", train_loss {_number(float(train_metrics['train_loss']))}"
     lines = [line]
+    if resumed_from is not None:
+        folder, resume_step = resumed_from
+        lines.append(f"Resumed from {os.path.abspath(folder)} (step {resume_step}): updates from step "
+                     f"{resume_step + 1} trained now")
     last = latest_eval_metrics(state.log_history)
     if last:
         step = next(e["step"] for e in reversed(state.log_history) if any(k in e for k in last))

@@ -7,7 +7,7 @@ what is saved, so checkpoint keys carry no `_orig_mod.` prefix. A model the user
 handled the same way: its inner module is the model, the user's wrapper what runs.
 
 Differences from HF (README "Compiling the model"): evaluation and prediction also run the compiled model (HF runs
-its evaluations during and after `train()` uncompiled, T:2917-2933: the compiled wrapper is only used by an
+its evaluations during and after `train()` uncompiled, T:2925-2941: the compiled wrapper is only used by an
 `evaluate()` before any `train()`), and `remove_unused_columns` inspects the inner model's `forward`.
 """
 

@@ -188,6 +188,7 @@ SLOW = {
     "test_faults.py::test_a_second_run_on_a_busy_output_dir_is_refused_naming_the_first",
     "test_examples.py::test_rerunning_a_command_into_its_output_dir_resumes_as_hf",
     "test_examples.py::test_resume_from_checkpoint_continues_the_run",
+    "test_examples.py::test_the_readme_classification_command_learns",
     "test_readme_examples.py::test_python_blocks_run_as_written",
     "test_gpu.py::test_the_best_model_flow_of_the_gpu_harness_runs_on_the_cpu",
 }

@@ -269,3 +269,18 @@ def test_eval_strategy_without_eval_dataset_raises_hfs_error():
 def test_trainer_requires_model_or_model_init():
     with pytest.raises(ValueError, match="`model` or `model_init`"):
         hf_lightning.Trainer(args=TrainingArguments())
+
+
+def test_a_mistyped_keyword_keeps_hfs_error_and_says_did_you_mean():
+    """transformers' TypeError text comes first (code matching it still works), then the CLI's "did you mean"."""
+    with pytest.raises(TypeError) as hf_error:
+        transformers.TrainingArguments(output_dri="x")
+    with pytest.raises(TypeError) as ours:
+        TrainingArguments(output_dri="x", lerning_rate=1.0)
+    message = str(ours.value)
+    assert message.startswith(str(hf_error.value))
+    assert "'output_dri' (did you mean 'output_dir'?), 'lerning_rate' (did you mean 'learning_rate'?)" in message
+    with pytest.raises(TypeError, match=r"'predict_with_generat' \(did you mean 'predict_with_generate'\?\)"):
+        hf_lightning.Seq2SeqTrainingArguments(predict_with_generat=True)
+    with pytest.raises(TypeError, match=r"'zzzz' \(no field of that name\)"):
+        TrainingArguments(zzzz=1)

@@ -78,7 +78,7 @@ def test_end_of_training_cleanup_matches_hf(tmp_path, seed):
     names, mtimes, best, _ = scenario(seed)
     best = best or names[0]
     make_folders(tmp_path / "hf", names, mtimes)
-    # HF (T:2019-2028): numeric order, every folder but the best is deleted when save_total_limit == 1
+    # HF (T:2027-2036): numeric order, every folder but the best is deleted when save_total_limit == 1
     for checkpoint in sort_checkpoints(str(tmp_path / "hf"), best_model_checkpoint=str(tmp_path / "hf" / best)):
         if not os.path.samefile(checkpoint, tmp_path / "hf" / best):
             shutil.rmtree(checkpoint)

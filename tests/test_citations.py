@@ -71,3 +71,35 @@ def test_cited_lines_exist_in_the_cited_file():
             if not 1 <= int(first) <= int(last or first) <= lengths[form]:
                 wrong.append(f"{where}: {form}:{part} (the file has {lengths[form]} lines)")
     assert not wrong, "\n".join(wrong)
+
+
+def _pins() -> dict[str, str]:
+    """`{name: version}` of constraints-cpu.txt (names normalised as pip does)."""
+    pins = {}
+    for line in (REPO / "constraints-cpu.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def test_the_tested_versions_agree_with_the_citations_and_the_package_ranges():
+    """The citations' transformers release is the one constraints-cpu.txt pins (the tested one), and every pin lies in
+    the range pyproject.toml asks for (so the README's install commands resolve to what CI tests)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    from packaging.requirements import Requirement
+
+    pins = _pins()
+    assert pins["transformers"] == re.search(r"\*\*transformers (\d+\.\d+\.\d+)\.\*\*", LEGEND)[1]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *(r for extra in project["optional-dependencies"].values()
+                                                for r in extra)]
+    checked = 0
+    for text in requirements:
+        req = Requirement(text)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        assert name in pins, f"constraints-cpu.txt does not pin {req.name}"
+        assert req.specifier.contains(pins[name]), f"{req.name}=={pins[name]} is outside {text!r}"
+        checked += 1
+    assert checked > 20

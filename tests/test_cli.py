@@ -69,6 +69,11 @@ def test_fit_validate_predict(config, tmp_path, in_repo, one_thread, capsys):
     metrics = json.loads([line for line in capsys.readouterr().out.splitlines() if line.startswith("{")][-1])
     assert np.isfinite(metrics["eval_loss"])
     assert json.loads((out / "eval_results.json").read_text())["eval_loss"] == metrics["eval_loss"]
+    assert "epoch" not in metrics  # the evaluated model's epoch is unknown; HF's evaluating trainer would say 0
+    if config == "text_classification.yaml":  # a checkpoint folder knows its epoch (was: "epoch": 0)
+        _run(["validate", *base, "--ckpt_path", str(checkpoints[-1])])
+        metrics = json.loads([line for line in capsys.readouterr().out.splitlines() if line.startswith("{")][-1])
+        assert metrics["epoch"] == json.loads((checkpoints[-1] / "trainer_state.json").read_text())["epoch"] > 0
     if config in GENERATION_CONFIGS:  # evaluation generated and scored texts
         for name in ("eval_sacrebleu", "eval_rouge1", "eval_rougeL", "eval_exact_match"):
             assert 0.0 <= metrics[name] <= 1.0, (name, metrics)
@@ -191,7 +196,8 @@ def test_config_errors_are_one_line(extra, expected, tmp_path, in_repo, capsys):
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        (["--trainer.max_steps", "3"], "max_steps (use args.max_steps)"),
+        # trainer.max_steps is moved to args.max_steps (tests/test_cli_checks.py); this one has no same-meaning twin
+        (["--trainer.check_val_every_n_epoch", "2"], "trainer.check_val_every_n_epoch (set args.eval_strategy"),
         (["--trainer.devicez", "2"], "unrecognized arguments: --trainer.devicez 2"),
         (["--model.config_class", "NopeConfig"], "model.config_class='NopeConfig' cannot be imported"),
         (["--ckpt_path", "no/such/dir"], "ckpt_path='no/such/dir': no such checkpoint folder"),

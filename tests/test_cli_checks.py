@@ -136,3 +136,113 @@ def test_a_task_derived_from_a_preset_checks_the_presets_length_fields():
         check_lengths(derived, DataSpec(block_size=65), config)
     with pytest.raises(ValueError, match=r"data.max_length=128 .*\(64 tokens"):
         check_lengths(get_task("text_classification"), DataSpec(max_length=128), config)
+
+
+_HEAVY = ("torch", "transformers", "lightning", "datasets")
+
+
+@pytest.mark.parametrize(("extra", "expected"), [
+    (["--data.validation_file", "null"],
+     "args.eval_strategy='epoch' needs evaluation data: set data.validation_file (or data.validation_split)"),
+    (["--data.text_column", "sentence"],
+     "data.text_column='sentence' is not a column of the train data; its columns: ['text', 'label']"),
+    (["--data.label_column", "label_id"],
+     "data.label_column='label_id' is not a column of the train data; its columns: ['text', 'label']"),
+    (["--model.model_name_or_path", "./configs/dta"],
+     "model.model_name_or_path='./configs/dta': no such local folder; did you mean './configs/data'?"),
+    (["--model.model_name_or_path", "configs/data"],
+     "model.model_name_or_path='configs/data' has no config.json, which from_pretrained reads"),
+    (["--data.tokenizer_file", "configs/data/tokenizer.jsn"],
+     "data.tokenizer_file='configs/data/tokenizer.jsn': no such file"),
+    (["--data.train_file", "null"], "fit needs training data: set data.train_file"),
+    (["--trainer.val_check_interval", "0.5"],
+     "These trainer options are decided by the HF arguments: trainer.val_check_interval (set args.eval_strategy: "
+     "steps with args.eval_steps"),
+    (["--trainer.max_steps", "3", "--args.max_steps", "5"],
+     "trainer.max_steps=3 and args.max_steps=5 are the same setting with two values; keep args.max_steps."),
+], ids=["eval_without_data", "text_column", "label_column", "model_folder", "model_without_config", "tokenizer_file",
+        "no_train_data", "trainer_refused", "trainer_conflict"])
+def test_mistakes_the_files_show_are_found_before_torch_transformers_or_lightning_are_imported(extra, expected,
+                                                                                              tmp_path):
+    """Each error is the run's one line, and `-X importtime` lists every module imported before it: none of the heavy
+    ones (before, these errors came after the data and model were loaded: 88-123 s on a busy 2-core machine)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "hf_lightning", "fit", "--config", "configs/text_classification.yaml",
+         "--args.output_dir", str(tmp_path / "out"), *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if not line.startswith("import time:")]
+    assert len(lines) == 1 and lines[0].startswith("hf-lightning: error: ") and expected in lines[0], lines
+    imported = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert imported and not imported & set(_HEAVY), sorted(imported & set(_HEAVY))
+    assert not (tmp_path / "out").exists()
+
+
+def test_file_columns_reads_headers_json_lines_and_parquet(tmp_path):
+    from hf_lightning.cli.file_checks import file_columns
+
+    (tmp_path / "a.csv").write_text("sentence,label_id\nhi,1\n")
+    (tmp_path / "b.jsonl").write_text('{"tokens": ["a"], "tags": ["O"]}\n\n{"tokens": ["b"], "extra": 1}\n')
+    (tmp_path / "c.json").write_text('[\n {"text": "x"}\n]\n')  # one JSON document: left to the full run
+    (tmp_path / "d.txt").write_text("a line\n")
+    assert file_columns(str(tmp_path / "a.csv")) == ["sentence", "label_id"]
+    assert file_columns(str(tmp_path / "b.jsonl")) == ["tokens", "tags", "extra"]
+    assert file_columns(str(tmp_path / "c.json")) is None
+    assert file_columns(str(tmp_path / "d.txt")) == ["text"]
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["x"], "label": [0]}), tmp_path / "e.parquet")
+    assert file_columns(str(tmp_path / "e.parquet")) == ["text", "label"]
+
+
+def test_lightning_spellings_of_hf_arguments_are_moved_or_refused():
+    import inspect
+
+    import lightning.pytorch as pl
+
+    from hf_lightning.args.to_lightning import OWNED_BY_HF_ARGS
+    from hf_lightning.args.training_args import TrainingArguments
+    from hf_lightning.cli.trainer_spellings import (
+        LIGHTNING_DEFAULTS, LIGHTNING_TO_HF, REFUSED, help_text, move_lightning_spellings, user_set,
+    )
+
+    signature = inspect.signature(pl.Trainer.__init__).parameters
+    assert LIGHTNING_DEFAULTS == {k: signature[k].default for k in LIGHTNING_DEFAULTS}
+    assert set(LIGHTNING_TO_HF) | set(REFUSED) == set(OWNED_BY_HF_ARGS) == set(LIGHTNING_DEFAULTS)
+    assert set(LIGHTNING_TO_HF.values()) <= {f for f in TrainingArguments.__dataclass_fields__}
+    assert user_set({**LIGHTNING_DEFAULTS, "max_steps": 7, "devices": 2}) == {"max_steps": 7}  # a --print_config copy
+    defaults = {"max_steps": -1, "num_train_epochs": 3.0}
+    assert move_lightning_spellings({"max_steps": 7, "max_epochs": 2}, {"max_steps": -1, "learning_rate": 0.1},
+                                    defaults) == ({}, {"max_steps": 7, "num_train_epochs": 2, "learning_rate": 0.1})
+    with pytest.raises(ValueError, match="trainer.max_epochs=2 and args.num_train_epochs=5"):
+        move_lightning_spellings({"max_epochs": 2}, {"num_train_epochs": 5}, defaults)
+    with pytest.raises(ValueError, match="trainer.use_distributed_sampler"):
+        move_lightning_spellings({"use_distributed_sampler": False}, {}, defaults)
+    assert help_text("max_steps") == "Moved to args.max_steps (the same meaning; the HF arguments decide it)."
+    assert help_text("check_val_every_n_epoch").startswith("Refused: the HF arguments decide it; set ")
+    assert help_text("devices") is None
+
+
+def test_trainer_max_steps_trains_that_many_updates_and_help_says_where_it_goes(tmp_path, in_repo, monkeypatch,
+                                                                              capsys):
+    """`--trainer.max_steps 2` was refused after the data and model were loaded; now it is `args.max_steps`."""
+    import json
+
+    monkeypatch.setenv("HF_LIGHTNING_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(SystemExit):
+        main(["fit", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "--trainer.max_steps MAX_STEPS Moved to args.max_steps (the same meaning; the HF arguments decide it)" \
+        in shown
+    assert "--trainer.val_check_interval VAL_CHECK_INTERVAL Refused: the HF arguments decide it; set" in shown
+    out = tmp_path / "out"
+    main(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(out),
+          "--trainer.max_steps", "2", "--args.eval_strategy", "no", "--args.save_strategy", "no",
+          "--args.load_best_model_at_end", "false"])
+    assert "Training done: 2 updates" in capsys.readouterr().out
+    assert json.loads((out / "train_results.json").read_text())["epoch"] < 1

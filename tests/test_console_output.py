@@ -63,6 +63,7 @@ def test_cli_fit_prints_bar_summary_and_nothing_else(tmp_path):
     assert "Training done: 8 updates (2 epochs)" in output and "Last evaluation (step 8): eval_accuracy" in output
     assert f"Model and tokenizer: {tmp_path / 'out'}" in output
     assert "eval_accuracy:" in output and "loss:" in output  # the bar shows the loss and the latest evaluation
+    assert "Epoch 2/2" in output and "Epoch 0" not in output  # HF's epochs, from 1 (Lightning's bar: "Epoch 1/1")
 
 
 FACADE_SCRIPT = """
@@ -98,6 +99,56 @@ def test_facade_train_evaluate_predict_is_quiet(tmp_path):
     assert output.count("GPU available: False, used: False") == 1
     assert "evaluate: {'eval_loss'" in output and "predict: (96, 2)" in output
     assert "Training done" not in output  # the facade prints what transformers.Trainer prints: no summary
+
+
+HAND_BUILT_SCRIPT = """
+import sys
+import lightning.pytorch as pl
+from datasets import Dataset
+from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerFast
+import hf_lightning
+from hf_lightning import HFTrainerFlow, TransformerDataModule, TransformerModule
+from hf_lightning.quickstart import make_sentiment_dataset
+
+tok = PreTrainedTokenizerFast(tokenizer_file="{tokenizer}", pad_token="[PAD]", unk_token="[UNK]")
+data = Dataset.from_dict(make_sentiment_dataset(96, seed=0)).map(
+    lambda b: tok(b["text"], truncation=True, max_length=32), batched=True, remove_columns=["text"])
+args = hf_lightning.TrainingArguments(output_dir="out", num_train_epochs=2, per_device_train_batch_size=16,
+                                      eval_strategy="epoch", logging_steps=2, report_to="none")
+accuracy = lambda p: {{"accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean())}}
+module = TransformerModule(AutoModelForSequenceClassification.from_pretrained("{pretrained}"), args,
+                           compute_metrics=accuracy)
+flow = HFTrainerFlow(args, processing_class=tok, lightning_console=sys.argv[1] == "lightning")
+trainer = pl.Trainer(callbacks=[flow], max_epochs=-1, num_sanity_val_steps=0, use_distributed_sampler=False,
+                     enable_checkpointing=False)
+trainer.fit(module, datamodule=TransformerDataModule(train_dataset=data, eval_dataset=data, args=args,
+                                                     processing_class=tok))
+print("callbacks:", sorted(type(cb).__name__ for cb in trainer.callbacks))
+"""
+
+
+def test_a_hand_built_lightning_trainer_prints_as_the_facade(tmp_path):
+    """The README's `pl.Trainer(callbacks=[HFTrainerFlow(...)])`: no model-summary table (`Total FLOPs: 0`), no
+    `v_num`, the latest evaluation and HF's epoch count in the bar; `lightning_console=True` keeps Lightning's."""
+    _pretrained_bert(tmp_path / "pretrained")
+    script = tmp_path / "train.py"
+    script.write_text(HAND_BUILT_SCRIPT.format(tokenizer=REPO / "configs/data/tokenizer.json",
+                                               pretrained=tmp_path / "pretrained"))
+    output = _run([str(script), "hf"], cwd=tmp_path)
+    _assert_quiet(output)
+    assert "Total FLOPs" not in output and "Trainable params" not in output
+    assert "eval_accuracy:" in output and "loss:" in output and "Epoch 2/2" in output and "Epoch 0" not in output
+    assert "log_every_n_steps" not in output  # Lightning's "smaller than the logging interval" warning
+    assert "HFRichProgressBar" in output and "ModelSummary" not in output.partition("callbacks:")[2]
+    output = _run([str(script), "lightning"], cwd=tmp_path)
+    assert "Total FLOPs" in output and "v_num" in output and "Epoch 1/1" in output
+
+
+def test_epoch_description_counts_from_one():
+    from hf_lightning.callbacks.progress_bar import epoch_description
+
+    assert epoch_description(0, 3) == "Epoch 1/3" and epoch_description(2, 3) == "Epoch 3/3"
+    assert epoch_description(4, -1) == "Epoch 5" and epoch_description(0, None) == "Epoch 1"
 
 
 def test_filters_drop_only_what_they_name(caplog):

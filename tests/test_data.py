@@ -378,3 +378,67 @@ def test_split_by_node_shards_a_datasets_stream_and_refuses_a_torch_one():
 
     with pytest.raises(ValueError, match="torch IterableDataset cannot be sharded"):
         split_by_node(Plain(), world=2, rank=0)
+
+
+# ----- a label column remove_unused_columns would drop -----
+def test_a_label_column_with_another_name_is_one_error_before_training(tmp_path):
+    """`label_id` is not a forward argument, so `remove_unused_columns` drops it and HF fails at the first update
+    ("The model did not return a loss ... inputs input_ids,attention_mask", a 93-line traceback). Ours names the
+    dropped columns and the model's arguments when `train()` starts, before Lightning builds anything."""
+    data = classification_dataset(16).rename_column("label", "label_id")
+    model = tiny_bert()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = hf_lightning.Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), max_steps=2,
+                                                                      report_to="none"),
+                                   train_dataset=data, lightning_kwargs=LIGHTNING_KWARGS)
+    with pytest.raises(ValueError) as info:
+        trainer.train()
+    message = str(info.value)
+    assert "remove_unused_columns drops ['label_id']" in message
+    assert "its arguments: ['input_ids', 'attention_mask', 'token_type_ids'" in message
+    assert "dataset.rename_column('label_id', 'labels')" in message
+    assert trainer.lightning_trainer is None and not any(tmp_path.iterdir())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_a_dropped_label_column_is_refused_by_the_lightning_pieces_too(tmp_path):
+    import lightning.pytorch as pl
+
+    from hf_lightning import HFTrainerFlow, TransformerModule
+
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=2, report_to="none")
+    data = TransformerDataModule(train_dataset=classification_dataset(16).rename_column("label", "label_id"),
+                                 args=args)
+    trainer = pl.Trainer(callbacks=[HFTrainerFlow(args)], max_epochs=-1, num_sanity_val_steps=0, logger=False,
+                         use_distributed_sampler=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(ValueError, match=r"remove_unused_columns drops \['label_id'\]"):
+        trainer.fit(TransformerModule(tiny_bert(), args), datamodule=data)
+    assert trainer.global_step == 0
+
+
+def test_missing_labels_is_only_judged_where_nothing_else_can_make_labels():
+    from transformers import default_data_collator
+
+    from hf_lightning.data.collate import missing_labels_problem
+
+    allowed = ["input_ids", "attention_mask", "labels", "label", "label_ids"]
+    assert missing_labels_problem(["input_ids", "label_id"], allowed, ["labels"], default_data_collator)
+    assert missing_labels_problem(["input_ids", "label"], allowed, ["labels"], default_data_collator) is None
+    assert missing_labels_problem(["input_ids"], allowed, ["labels"], default_data_collator) is None  # nothing dropped
+    assert missing_labels_problem(["input_ids", "label_id"], allowed, [], default_data_collator) is None
+    # another collator may build labels itself (DataCollatorForLanguageModeling from input_ids): not judged
+    assert missing_labels_problem(["input_ids", "text"], allowed, ["labels"], lambda features: features) is None
+
+
+def test_a_compute_loss_override_may_train_without_a_label_column(tmp_path):
+    class NoLabels(hf_lightning.Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            inputs.pop("labels", None)
+            out = model(**inputs)
+            return out.logits.pow(2).mean()
+
+    data = classification_dataset(16).rename_column("label", "label_id")
+    trainer = NoLabels(model=tiny_bert(), args=TrainingArguments(output_dir=str(tmp_path), max_steps=1,
+                                                                 report_to="none", save_strategy="no"),
+                       train_dataset=data, lightning_kwargs=LIGHTNING_KWARGS)
+    assert trainer.train().global_step == 1

@@ -215,3 +215,27 @@ def test_script_under_two_process_ddp_matches_transformers(models, tmp_path):
     assert_same_outputs(ours, hf, loss_scale=2.0)
     state = json.loads((ours / "trainer_state.json").read_text())
     assert state["epoch"] == 2.0 and math.isfinite(state["log_history"][-1]["train_loss"])
+
+
+def test_the_readme_classification_command_learns(tmp_path):
+    """The README's `run_classification.py` command, as written: its last evaluation beats the majority class of the
+    validation data (with HF's default learning rate the tiny random model ended on the majority class, 0.578)."""
+    import csv
+
+    readme = (REPO / "README.md").read_text()
+    command = re.search(r"^python examples/run_classification\.py(?:.*\\\n)*.*$", readme, flags=re.M)[0]
+    command = re.sub(r"\s*#[^\n]*", "", command.replace("\\\n", " "))
+    work = tmp_path / "repo"
+    shutil.copytree(REPO / "examples", work / "examples")
+    shutil.copytree(DATA, work / "configs" / "data")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("EXAMPLES_TRAINER", None)
+    for line in ("python examples/_common.py classification out/tiny-bert", command):
+        done = subprocess.run(line.replace("python ", f"{sys.executable} ", 1), shell=True, cwd=work, env=env,
+                              capture_output=True, text=True, timeout=900)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open(DATA / "sentiment_validation.csv") as f:
+        labels = [row["label"] for row in csv.DictReader(f)]
+    majority = max(labels.count(v) for v in set(labels)) / len(labels)
+    accuracy = json.loads((work / "out" / "classification" / "eval_results.json").read_text())["eval_accuracy"]
+    assert accuracy > majority + 0.1, (accuracy, majority)

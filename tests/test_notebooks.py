@@ -45,6 +45,10 @@ def test_notebook_runs(name, kernel_env, tmp_path):
     client.execute()
     text = "\n".join(str(o.get("text", o.get("data", ""))) for c in notebook.cells if c.cell_type == "code"
                      for o in c.outputs)
+    import importlib.util
+
+    if importlib.util.find_spec("ipywidgets") is not None:  # the dev / notebook extras install it
+        assert "IProgress not found" not in text  # tqdm's notebook bars need ipywidgets
     if name.startswith("01"):
         assert "checkpoint-8" in text and "BertForSequenceClassification" in text
     else:

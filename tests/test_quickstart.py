@@ -69,3 +69,23 @@ def test_quickstart_is_reproducible(tmp_path) -> None:
         results.append({k: v for k, v in metrics.items() if not k.endswith(("_runtime", "_per_second"))})
     assert results[0] == results[1]
     assert results[0]["eval_loss"] > 0
+
+
+def test_quickstart_trains_on_one_thread_unless_omp_num_threads_is_set(tmp_path) -> None:
+    """Command 1 runs as written on a shared machine: with OMP_NUM_THREADS unset the quickstart sets one torch thread
+    (and says so); a count the user set stands."""
+    from hf_lightning.quickstart import quickstart_threads
+
+    assert quickstart_threads({}) == 1 and quickstart_threads({"OMP_NUM_THREADS": ""}) == 1
+    assert quickstart_threads({"OMP_NUM_THREADS": "3"}) is None
+    code = ("import sys, torch; torch.set_num_threads(2); from hf_lightning.quickstart import main; "
+            "main(sys.argv[1:]); print('threads', torch.get_num_threads())")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    for run, extra, threads in (("unset", {}, 1), ("set", {"OMP_NUM_THREADS": "2"}, 2)):
+        out = subprocess.run(
+            [sys.executable, "-c", code, "--output_dir", str(tmp_path / run), "--max_steps", "1", "--train_size", "32"],
+            capture_output=True, text=True, env={**env, **extra}, timeout=600,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.strip().splitlines()[-1] == f"threads {threads}"
+        assert ("CPU threads: 1 (OMP_NUM_THREADS is unset" in out.stdout) == (run == "unset")

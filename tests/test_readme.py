@@ -124,3 +124,36 @@ def test_map_statuses_match_what_the_conversion_does(tmp_path):
             wrong.append(f"{name}: the map says {status!r} ({note}), the conversion {observed} {value!r}")
     assert not wrong, "\n".join(wrong)
     assert checked >= 0.75 * len(fields), f"only {checked} of {len(fields)} fields could be checked"
+
+
+def test_configs_readme_states_the_model_sizes_of_the_configs():
+    """configs/README.md's model column ("hidden 64", "n_embd 32", "d_model 64") is what each YAML builds."""
+    import yaml
+
+    configs = README.parent / "configs"
+    rows = re.findall(r"^\| `([a-z_0-9]+\.yaml)` \| `[a-z_0-9]+`[^|]* \| ([^|]+) \|", (configs / "README.md").read_text(), re.M)
+    assert len(rows) == len(list(configs.glob("*.yaml")))
+    for name, model in rows:
+        kwargs = yaml.safe_load((configs / name).read_text())["model"]["config_kwargs"]
+        for key, size in re.findall(r"\b(hidden|n_embd|d_model) (\d+)", model):
+            field = {"hidden": "hidden_size"}.get(key, key)
+            assert kwargs[field] == int(size), f"configs/README.md says {key} {size} for {name}: {kwargs[field]}"
+        assert re.search(r"\b(hidden|n_embd|d_model) \d+", model), f"configs/README.md: no model size for {name}"
+
+
+def test_every_output_folder_of_the_readme_is_git_ignored():
+    """Running the README's blocks in a clone leaves `git status` clean: each `output_dir` they write is ignored."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (README.parent / ".git").exists():
+        import pytest
+
+        pytest.skip("not a git checkout")
+    text = README.read_text()
+    folders = set(re.findall(r"""output_dir[= ]["']?([A-Za-z0-9_./-]+?)["']?[,)\s]""", text)) - {"<new", "<output_dir>"}
+    folders = {f.split("/")[0] for f in folders if not f.startswith(("<", "$", "/"))}
+    assert {"out_lora", "out_seq2seq", "out_lightning", "weighted_output", "lora_output"} <= folders
+    for folder in sorted(folders):
+        ignored = subprocess.run(["git", "check-ignore", "-q", f"{folder}/x"], cwd=README.parent)
+        assert ignored.returncode == 0, f"{folder}/ (an output_dir in README.md) is not in .gitignore"

@@ -182,3 +182,42 @@ def test_resume_with_another_epoch_geometry_follows_hf(geometry_checkpoint, tmp_
     assert ours.state.global_step == hf.state.global_step
     warnings = [r.getMessage() for r in caplog.records if "the epoch is not the checkpoint's" in r.getMessage()]
     assert len(warnings) == 1 and named in warnings[0]
+
+
+# ----- the CSV log of a resumed run -----
+def _csv_run(output_dir, run_name=None):
+    args = hf_lightning.TrainingArguments(output_dir=str(output_dir), per_device_train_batch_size=8, max_steps=6,
+                                          save_steps=3, logging_steps=1, report_to="csv", disable_tqdm=True,
+                                          run_name=run_name, save_total_limit=None)
+    return hf_lightning.Trainer(model=tiny_bert(), args=args, train_dataset=classification_dataset(48),
+                                lightning_kwargs={"accelerator": "cpu", "enable_progress_bar": False})
+
+
+@pytest.mark.parametrize("run_name", [None, "named"])
+def test_a_resumed_run_continues_its_csv_log_without_repeating_steps(tmp_path, run_name):
+    """Lightning started `csv/version_1` (or, with a `run_name` folder, deleted its `metrics.csv`), so the steps after
+    the checkpoint were logged twice across two folders (or the history was lost). Now the resumed run keeps the
+    rows up to its checkpoint and logs the rest once, in the same folder."""
+    import csv
+
+    _csv_run(tmp_path, run_name).train()
+    folder = tmp_path / "csv" / (run_name or "version_0")
+    assert [r["step"] for r in csv.DictReader(open(folder / "metrics.csv")) if r.get("train/loss")] == list("123456")
+    shutil.rmtree(tmp_path / "checkpoint-6")  # the run was stopped after step 6 was logged, before its save
+    _csv_run(tmp_path, run_name).train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    assert sorted(p.name for p in (tmp_path / "csv").iterdir()) == [run_name or "version_0"]
+    rows = list(csv.DictReader(open(folder / "metrics.csv")))
+    assert [r["step"] for r in rows if r.get("train/loss")] == list("123456")
+    assert [r["step"] for r in rows if r.get("train/train_loss")] == ["6"]  # the resumed run's summary, once
+
+
+def test_kept_rows_and_the_summary_of_a_resumed_fit():
+    from hf_lightning.resume.csv_logs import kept_rows
+    from hf_lightning.summary import fit_summary
+
+    rows = [{"step": "2", "loss": "0.5", "eval/loss": ""}, {"step": "4", "loss": "0.25"}, {"step": "", "x": "1"}]
+    assert kept_rows(rows, 3) == [{"step": 2, "loss": 0.5}]
+    state = transformers.TrainerState(global_step=8, epoch=2.0)
+    text = fit_summary(state, hf_lightning.TrainingArguments(output_dir="o"), resumed_from=("o/checkpoint-6", 6))
+    assert "Resumed from " in text and "checkpoint-6 (step 6): updates from step 7 trained now" in text
+    assert "Resumed" not in fit_summary(state, hf_lightning.TrainingArguments(output_dir="o"))

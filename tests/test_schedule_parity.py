@@ -1,7 +1,7 @@
 """The pure "when" rules (`hf_lightning.cadence`) against `transformers.DefaultFlowCallback`, without any model.
 
 Both sides run the same loop skeleton, a copy of `Trainer._inner_training_loop` / `_run_epoch` /
-`_maybe_log_save_evaluate` (T:1652-1674, 1862-1991, 2230-2278) reduced to the control flags:
+`_maybe_log_save_evaluate` (T:1652-1674, 1870-1999, 2238-2286) reduced to the control flags:
 
 - HF: the totals from `Trainer.set_initial_training_values` (called on a stub, no model), `TrainerState.compute_steps`,
   and a real `CallbackHandler([DefaultFlowCallback()])`.
@@ -66,7 +66,7 @@ class _OurRules(transformers.TrainerCallback):
 
 
 def _run_loop(args: Any, handler: Any, totals: dict[str, Any], epoch_of: Any) -> dict[str, list]:
-    """HF's loop skeleton (T:1652-1674, 1862-1991) with only the flags; returns the (step, epoch) of each action."""
+    """HF's loop skeleton (T:1652-1674, 1870-1999) with only the flags; returns the (step, epoch) of each action."""
     ga = args.gradient_accumulation_steps
     state = TrainerState(max_steps=totals["max_steps"], num_train_epochs=totals["epochs"])
     # the resolved intervals, as `TrainerState.compute_steps` (HF) or `HFTrainerFlow.on_train_start` (ours) set them

@@ -83,7 +83,7 @@ def normalise_hf_fields(args: TrainingArguments, issues: list[str]) -> None:
     if isinstance(tokens_seen, bool):
         tokens_seen = "all" if tokens_seen else "no"
     args.include_num_input_tokens_seen = tokens_seen
-    # HF documents these three and counts every other string like "all" (T:2711-2740); a typo is refused here
+    # HF documents these three and counts every other string like "all" (T:2719-2748); a typo is refused here
     if tokens_seen not in ("all", "non_padding", "no"):
         issues.append(f"`include_num_input_tokens_seen`={tokens_seen!r} is not valid; allowed: all, non_padding, no, "
                       "True, False.")

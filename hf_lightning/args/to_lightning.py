@@ -30,6 +30,7 @@ OWNED_BY_HF_ARGS = {
     "val_check_interval": "eval_steps",
     "check_val_every_n_epoch": "eval_strategy",
     "use_distributed_sampler": "(hf_lightning shards data itself)",
+    "log_every_n_steps": "logging_steps",
 }
 """lightning.Trainer options that the HF arguments decide; passing them raises an error naming the HF argument."""
 

@@ -24,6 +24,7 @@ from hf_lightning.args.choices import (
     SaveStrategyName,
     default_optimizer,
 )
+from hf_lightning.args.keyword_hints import with_keyword_hints
 from hf_lightning.args.process import ProcessLayoutMixin
 from hf_lightning.args.validation import normalise_and_check
 
@@ -32,6 +33,7 @@ __all__ = ["TrainingArguments"]
 _BARE_FLAG = {"nargs": "?", "const": True}  # HF's metadata: a bare `--flag` means True for a `bool | None` field
 
 
+@with_keyword_hints
 @dataclass
 class TrainingArguments(ProcessLayoutMixin):
     """Every `transformers.TrainingArguments` field, with HF's names, types and defaults.

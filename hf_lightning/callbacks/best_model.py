@@ -1,6 +1,6 @@
 """Best-model tracking: HF's best metric, `ReduceLROnPlateau` stepping, and `load_best_model_at_end`.
 
-- `update` is `Trainer._determine_best_metric` (T:3424-3460): strict comparison, `eval_` prefix rule, the error
+- `update` is `Trainer._determine_best_metric` (T:3432-3468): strict comparison, `eval_` prefix rule, the error
   listing available metrics; `best_global_step` only moves for save strategies that write checkpoints.
 - `step_plateau_scheduler` steps a `ReduceLROnPlateau` on the best-model metric after a training-time evaluation.
 - `load_best` loads the best checkpoint's weights at the end of training.
@@ -33,14 +33,14 @@ LOSS_ONLY_KEYS = ("loss", "runtime", "samples_per_second", "steps_per_second")
 
 
 def metric_key(metric: str) -> str:
-    """HF's lookup key: `eval_` is prepended unless already there (T:3433-3445)."""
+    """HF's lookup key: `eval_` is prepended unless already there (T:3441-3453)."""
     return metric if metric.startswith("eval_") else f"eval_{metric}"
 
 
 def unreachable_best_metric(args: TrainingArguments, eval_names: list[str] | None, loss_only: bool) -> str | None:
     """The error when evaluations during training cannot produce the `metric_for_best_model` key, else None.
 
-    HF looks the key up after every training-time evaluation (T:3424-3445) and raises a `KeyError` at the first one,
+    HF looks the key up after every training-time evaluation (T:3432-3453) and raises a `KeyError` at the first one,
     when training time is already spent. Two cases are certain before training starts:
 
     - named eval datasets (`eval_dataset={"dev": ..., "test": ...}`): every key is `eval_<name>_<metric>`, so
@@ -112,7 +112,7 @@ class BestModelTracker:
 
     def step_plateau_scheduler(self, trainer: pl.Trainer, metrics: dict[str, Any]) -> None:
         """`ReduceLROnPlateau` and `GreedyLR` step on the best-model metric after each training-time evaluation
-        (T:3314-3331; `steps_on_metrics`)."""
+        (T:3322-3339; `steps_on_metrics`)."""
         for config in trainer.lr_scheduler_configs:
             if steps_on_metrics(config.scheduler):
                 key = metric_key(self.args.metric_for_best_model or "loss")
@@ -123,7 +123,7 @@ class BestModelTracker:
                 config.scheduler.step(metrics[key])
 
     def load_best(self, model: Any, state: Any, strategy: Any = None) -> None:
-        """`load_best_model_at_end` (T:2001-2003, 2280-2353): the best checkpoint's weights into `model` (sharded by
+        """`load_best_model_at_end` (T:2009-2011, 2288-2361): the best checkpoint's weights into `model` (sharded by
         `strategy`, if any: FSDP, DeepSpeed; under DeepSpeed the engine's checkpoint of that folder, as HF), once the
         folder is verified (`checkpointing/verify.py`).
 
@@ -134,7 +134,7 @@ class BestModelTracker:
         folder = state.best_model_checkpoint
         if not self.args.load_best_model_at_end or folder is None:
             return
-        logger.info(f"Loading best model from {folder} (score: {state.best_metric}).")  # T:3737
+        logger.info(f"Loading best model from {folder} (score: {state.best_metric}).")  # T:3745
         problems = checkpoint_problems(folder)
         if problems:
             raise checkpoint_error(folder, problems, what="load_best_model_at_end")

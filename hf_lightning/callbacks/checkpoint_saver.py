@@ -4,7 +4,7 @@ tracking: `best_model.py`).
 - `begin_run` / `end_run` bracket a `fit`: rank 0 takes the output-directory lock (`checkpointing/run_lock.py`),
   removes what killed runs left behind (`checkpointing/folders.py`), and every rank learns the run id that names
   this run's temporary folders.
-- `save` is `Trainer._save_checkpoint` (T:3355-3422), after one difference: weights holding a NaN or inf stop the run
+- `save` is `Trainer._save_checkpoint` (T:3363-3430), after one difference: weights holding a NaN or inf stop the run
   with `NonFiniteWeightsError` and no checkpoint (`checkpointing/finite.py`; `save_nonfinite_checkpoints=True`
   saves them, as HF does). Then: point `best_model_checkpoint` at
   `checkpoint-<best_global_step>` if that folder exists, write `tmp-checkpoint-<step>-<run>` (rank 0 the shared
@@ -68,7 +68,7 @@ __all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
 
 
 def export_callback_states(state: Any, exportable: Sequence[Any]) -> None:
-    """Store each `ExportableState`'s `state()` in `state.stateful_callbacks` (T:3399-3407), before writing JSON."""
+    """Store each `ExportableState`'s `state()` in `state.stateful_callbacks` (T:3407-3415), before writing JSON."""
     from transformers.trainer_callback import ExportableState
 
     for callback in exportable:
@@ -364,7 +364,7 @@ class CheckpointSaver:
         self._rotate(best)
 
     def finish(self, trainer: pl.Trainer, state: Any) -> None:
-        """At the end of training: HF's `save_total_limit == 1` cleanup (T:2004-2011), on rank 0."""
+        """At the end of training: HF's `save_total_limit == 1` cleanup (T:2012-2019), on rank 0."""
         best = state.best_model_checkpoint
         if trainer.is_global_zero and self.args.save_strategy != "no":
             for path in final_cleanup(list_checkpoints(self.output_dir), best, self.args.save_total_limit):

@@ -1,7 +1,7 @@
 """`HFTrainerFlow`: the HF Trainer's log / evaluate / save cadence and logged values, as one Lightning callback.
 
 One Lightning training batch is one optimizer update (see `TransformerDataModule`). After each update, in
-`on_train_batch_end`, the callback replays `Trainer._run_epoch` + `_maybe_log_save_evaluate` (T:1935-1991, 2230-2278):
+`on_train_batch_end`, the callback replays `Trainer._run_epoch` + `_maybe_log_save_evaluate` (T:1943-1999, 2238-2286):
 
     on_step_end (cadence.step_end_flags, then HF callbacks) -> log -> evaluate -> save
     [last update of the epoch, or a stop flag] on_epoch_end (cadence.epoch_end_flags, HF callbacks)
@@ -27,6 +27,7 @@ from contextlib import ExitStack
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from transformers import TrainerControl, TrainerState
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import TrainOutput
@@ -47,6 +48,7 @@ from hf_lightning.callbacks.best_model import BestModelTracker, unreachable_best
 from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import HFEvaluator
 from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
+from hf_lightning.callbacks.lightning_console import tidy_lightning_console
 from hf_lightning.callbacks.loop_steps import HFLoopSteps
 from hf_lightning.callbacks.preemption import PreemptionGuard
 from hf_lightning.callbacks.throughput import TokenLogs
@@ -58,12 +60,14 @@ from hf_lightning.callbacks.train_log import (
     train_summary,
 )
 from hf_lightning.checkpointing.checks import unreachable_best_checkpoint
+from hf_lightning.console import install_console_filters
 from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, flow_model, flow_module
 from hf_lightning.evaluation import EvalRequest, EvalResult, EvaluationOutput
 from hf_lightning.full_eval import cast_for_full_eval
 from hf_lightning.hf_messages import TRAINING_COMPLETED, logger
 from hf_lightning.interruption import TrainingPreempted
 from hf_lightning.neftune import NEFTune
+from hf_lightning.resume.csv_logs import continue_resumed_logs
 from hf_lightning.resume.load import CheckpointRestorer, start_fit
 from hf_lightning.threads import warn_if_oversubscribed
 
@@ -77,6 +81,9 @@ class HFTrainerFlow(HFLoopSteps):
         args: the training arguments (strategies, intervals, output directory, best-model settings).
         callbacks: `transformers.TrainerCallback` instances or classes, called with HF's arguments.
         processing_class: tokenizer / processor passed to HF callbacks and saved with checkpoints.
+        lightning_console: keep a hand-built `lightning.Trainer`'s output as configured; by default it prints as
+            `hf_lightning.Trainer` does (no default model summary, evaluation metrics and HF's epoch count in the
+            bar, no `v_num`: `callbacks/lightning_console.py`).
 
     Attributes:
         resume_from_checkpoint: a checkpoint folder (or True: the latest in `output_dir`) the next `fit` resumes
@@ -89,9 +96,13 @@ class HFTrainerFlow(HFLoopSteps):
     """
 
     def __init__(
-        self, args: TrainingArguments, callbacks: list[Any] | None = None, processing_class: Any = None
+        self, args: TrainingArguments, callbacks: list[Any] | None = None, processing_class: Any = None,
+        lightning_console: bool = False,
     ) -> None:
         self.args = args
+        self.lightning_console = lightning_console
+        if not lightning_console:  # now: a hand-built `lightning.Trainer` prints its first lines when it is built
+            install_console_filters()
         self.handler = HFCallbackHandler(callbacks)
         self.handler.processing_class = processing_class
         self.state = TrainerState()
@@ -140,6 +151,9 @@ class HFTrainerFlow(HFLoopSteps):
         previous = self.resume_from_checkpoint
         self.resume_from_checkpoint = resume_from_checkpoint
         self._keyboard_interrupt, self._late_signal = None, 0
+        # before Lightning opens the loggers; `rank` is set from the launcher's environment at import
+        if getattr(rank_zero_only, "rank", 0) == 0 and resume_from_checkpoint is not False:
+            continue_resumed_logs(trainer.loggers, self.args, resume_from_checkpoint)
         try:
             trainer.fit(module, datamodule=datamodule)
             metrics, self._summary = dict(self._summary or {}), None
@@ -187,6 +201,8 @@ class HFTrainerFlow(HFLoopSteps):
         check_flow_contracts(pl_module, datamodule)
         self.handler.model = flow_model(pl_module)
         self._eval_listeners = [cb for cb in callbacks_of(trainer) if isinstance(cb, HFEvaluationListener)]
+        if not self.lightning_console:
+            tidy_lightning_console(trainer)
         if stage != "fit":
             return
         self.preemption.install(trainer)  # before Lightning registers its signal handlers (callbacks/preemption.py)
@@ -204,6 +220,14 @@ class HFTrainerFlow(HFLoopSteps):
         # eval loaders are built at each evaluation, not at fit start.
         disable_validation_trigger(trainer)
         defer_validation_data(trainer)
+
+    @property
+    def resumed_from(self) -> tuple[str, int] | None:
+        """`(checkpoint folder, its global step)` when the last fit resumed, else None (for the summary)."""
+        restorer = self._restorer
+        if restorer is None or restorer.position is None:
+            return None
+        return restorer.path, restorer.position.global_step
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -257,7 +281,7 @@ class HFTrainerFlow(HFLoopSteps):
         self.neftune.start(flow_model(pl_module))  # the embeddings' noise hook, while training only (T:1537-1538)
         self.hf_event("on_train_begin")
         if self.args.eval_on_start:
-            # No plateau-scheduler step and no best-metric update for this one (T:1655-1656, 3294-3331).
+            # No plateau-scheduler step and no best-metric update for this one (T:1655-1656, 3302-3339).
             self.evaluate_step(trainer, during_training=False)
 
     # ----- per update -----
@@ -281,7 +305,7 @@ class HFTrainerFlow(HFLoopSteps):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        """HF `on_step_begin`, after the update's micro-batches were fetched, before the first forward (T:1893)."""
+        """HF `on_step_begin`, after the update's micro-batches were fetched, before the first forward (T:1901)."""
         self._end_quiet_resume()
         if self._restorer is not None:
             self._restorer.on_train_batch_start()  # a mid-epoch resume's RNG states, once
@@ -318,7 +342,7 @@ class HFTrainerFlow(HFLoopSteps):
         step_end_flags(self.state.global_step, self.args, self.plan).merge_into(self.control)
         self.hf_event("on_step_end")
         self.maybe_log_save_evaluate(trainer, pl_module, update)
-        # HF leaves the epoch when a flag says so after the pass (T:1963-1966); max_steps sets should_training_stop.
+        # HF leaves the epoch when a flag says so after the pass (T:1971-1974); max_steps sets should_training_stop.
         epoch_stop = self.control.should_epoch_stop or self.control.should_training_stop
         last_batch = position_in_epoch(trainer)[1]
         if last_batch or epoch_stop or self.state.global_step >= self.plan.max_steps:
@@ -345,7 +369,7 @@ class HFTrainerFlow(HFLoopSteps):
         return getattr(self.handler.processing_class, "pad_token_id", None)
 
     def dataset_evaluated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, Any]) -> None:
-        """HF `evaluate()` for one dataset (T:2843-2894): the log entry, `on_evaluate`, then the listeners."""
+        """HF `evaluate()` for one dataset (T:2851-2902): the log entry, `on_evaluate`, then the listeners."""
         self.hf_log(trainer, metrics)  # adds "epoch" into the same dict, as HF
         self.hf_event("on_evaluate", metrics=metrics)
         self.report_to_listeners(trainer, pl_module, metrics)
@@ -361,7 +385,7 @@ class HFTrainerFlow(HFLoopSteps):
     # ----- end -----
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """The train summary entry (T:1993-2014), best-model loading, rotation cleanup, then HF `on_train_end`."""
+        """The train summary entry (T:2001-2022), best-model loading, rotation cleanup, then HF `on_train_end`."""
         assert self.plan is not None
         self._end_quiet_resume()
         self.saver.wait(trainer)  # `save_async`: the last checkpoint is in place before the summary and best model
@@ -373,7 +397,7 @@ class HFTrainerFlow(HFLoopSteps):
         num_samples: float
         if self.args.max_steps > 0 or examples is None:
             num_samples = self.plan.max_steps * total_batch
-        else:  # T:2531-2534
+        else:  # T:2539-2542
             num_samples = examples * self.args.num_train_epochs
         self.flos.store(self.state, trainer)
         metrics = train_summary(self._train_start, num_samples, steps, self.plan.max_steps, self.state.total_flos,

@@ -1,7 +1,7 @@
 """The HF Trainer's per-update steps of `HFTrainerFlow`: log, evaluate, save; each one routed through the owner.
 
-`HFLoopSteps` is the flow's base class. It holds `Trainer._maybe_log_save_evaluate` (T:2230-2278), `Trainer.log`
-(T:4181-4203), `Trainer._evaluate` (T:3294-3331) and HF's FLOPs count, and calls each through `owner` when the
+`HFLoopSteps` is the flow's base class. It holds `Trainer._maybe_log_save_evaluate` (T:2238-2286), `Trainer.log`
+(T:4189-4211), `Trainer._evaluate` (T:3302-3339) and HF's FLOPs count, and calls each through `owner` when the
 flow has one (an `hf_lightning.Trainer`, whose subclass may override `_maybe_log_save_evaluate`, `log`, `_evaluate`,
 `evaluate`, `floating_point_ops`): the owner's base methods call back into the `*_now` methods here, so an override
 runs where HF's runs and `super()` reaches the built-in. Without an owner (the CLI, a hand-built
@@ -115,7 +115,7 @@ class HFLoopSteps(EvaluationHooks):
             logger.info(line)
 
     def announce_evaluation(self, loader: Any, is_prediction: bool) -> None:
-        """HF's evaluation-loop header (T:2949-2954) for one dataset (see `EvaluationHost`)."""
+        """HF's evaluation-loop header (T:2957-2962) for one dataset (see `EvaluationHost`)."""
         description = "Prediction" if is_prediction else "Evaluation"
         for line in evaluation_header(description, self.num_examples(loader), self.args.per_device_eval_batch_size):
             logger.info(line)
@@ -141,7 +141,7 @@ class HFLoopSteps(EvaluationHooks):
         )
 
     def log_save_evaluate_now(self, grad_norm: Any, learning_rate: float | None, tr_loss: Any = None) -> None:
-        """The built-in `_maybe_log_save_evaluate` (T:2230-2278): log, then evaluate, then save.
+        """The built-in `_maybe_log_save_evaluate` (T:2238-2286): log, then evaluate, then save.
 
         Args:
             grad_norm: the update's gradient norm (logged as `grad_norm`).
@@ -156,7 +156,7 @@ class HFLoopSteps(EvaluationHooks):
         if self.control.should_evaluate:
             new_best = self.evaluate_step(trainer, during_training=True)
             if self.args.save_strategy == "best":
-                self.control.should_save = new_best  # T:2273-2274: "best" saves exactly on a new best
+                self.control.should_save = new_best  # T:2281-2282: "best" saves exactly on a new best
         if self.control.should_save:
             self.flos.store(self.state, trainer)
             self.saver.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
@@ -235,7 +235,7 @@ class HFLoopSteps(EvaluationHooks):
             self.owner.log(logs)
 
     def record_log(self, trainer: pl.Trainer | None, logs: dict[str, Any], start_time: float | None = None) -> None:
-        """The built-in `Trainer.log` (T:4181-4203): add `epoch` and `num_input_tokens_seen` (tokens_seen.py; with this
+        """The built-in `Trainer.log` (T:4189-4211): add `epoch` and `num_input_tokens_seen` (tokens_seen.py; with this
         call's tokens/s when `start_time` is given), append to `log_history` with `step`, `on_log`, write to the
         Lightning loggers with HF's TensorBoard tag names."""
         if self.state.epoch is not None:
@@ -250,7 +250,7 @@ class HFLoopSteps(EvaluationHooks):
             lightning_logger.log_metrics(numeric, step=self.state.global_step)
 
     def _log_training(self, trainer: pl.Trainer, grad_norm: Any, learning_rate: float | None) -> None:
-        """The training-loss entry (T:2242-2266): `loss`, `grad_norm` of the last update, LR of the update just done."""
+        """The training-loss entry (T:2250-2274): `loss`, `grad_norm` of the last update, LR of the update just done."""
         logs: dict[str, Any] = {"loss": self.loss.pop_log_value(trainer.strategy, self.state.global_step)}
         if grad_norm is not None:
             logs["grad_norm"] = float(grad_norm)
@@ -299,7 +299,7 @@ class HFLoopSteps(EvaluationHooks):
         return self.evaluator.evaluate_during_fit(trainer, request)
 
     def step_plateau_scheduler(self, metrics: dict[str, Any]) -> None:
-        """A `ReduceLROnPlateau` steps on the best-model metric after a training-time evaluation (T:3314-3331)."""
+        """A `ReduceLROnPlateau` steps on the best-model metric after a training-time evaluation (T:3322-3339)."""
         trainer, _ = self._run()
         self.best.step_plateau_scheduler(trainer, metrics)
 

@@ -1,11 +1,11 @@
 """Input tokens trained on: HF's `include_num_input_tokens_seen`.
 
-- `count_input_tokens` is HF's `Trainer._track_num_input_tokens` rule for one micro-batch (T:2709-2740): `all` counts
+- `count_input_tokens` is HF's `Trainer._track_num_input_tokens` rule for one micro-batch (T:2717-2748): `all` counts
   every element of the model's main input (`model.main_input_name`, default `input_ids`), `non_padding` the ones of
   `attention_mask` (else the positions that are not the tokenizer's pad token, else all of them, with HF's warning).
 - `InputTokensSeen` keeps `state.num_input_tokens_seen` as HF does: summed over processes after every update, in every
   log entry, and in training-loss entries with this `train()` call's `train_runtime` / `train_tokens_per_second`
-  (`Trainer.log`, T:4195-4199). The count lives in `TrainerState`, so `trainer_state.json` (checkpoints, resume)
+  (`Trainer.log`, T:4203-4207). The count lives in `TrainerState`, so `trainer_state.json` (checkpoints, resume)
   keeps it.
 """
 

@@ -1,15 +1,15 @@
 """The HF Trainer's logged values: the training-loss window, FLOPs, the train summary, logger tags.
 
 - `TrainLossTracker` is the bookkeeping of `Trainer._tr_loss`, `_total_loss_scalar` and `_globalstep_last_logged`
-  (T:1645-1650, 1911-1923, 2242-2262, 1997-1999): the per-update losses are summed on device, the NaN/Inf filter
+  (T:1645-1650, 1919-1931, 2250-2270, 2005-2007): the per-update losses are summed on device, the NaN/Inf filter
   replaces a non-finite micro-batch loss by the running mean of the window, and at log time the sum is averaged over
   processes and divided by the number of updates since the last log. Two cases HF leaves silent get one
   warning each (the first time, naming the step): a window whose every micro-batch loss was NaN/Inf (its logged
   loss is the filter's 0.0), and updates without any label token (their loss is 0, they teach nothing). Without the
   filter a NaN window logs NaN and the next window starts from zero (HF's stays NaN forever: README "Differences").
-- `FlopsCounter` is `Trainer.floating_point_ops` + `store_flos` (T:4205-4233): `6 * tokens * non-embedding
+- `FlopsCounter` is `Trainer.floating_point_ops` + `store_flos` (T:4213-4241): `6 * tokens * non-embedding
   parameters` per micro-batch, summed over processes when stored.
-- `train_summary` is the final `train_*` entry of `_finalize_training` (T:1993-2014), in HF's key order.
+- `train_summary` is the final `train_*` entry of `_finalize_training` (T:2001-2022), in HF's key order.
 - `tensorboard_tag` is `integrations.rewrite_logs`: the tag names HF's `TensorBoardCallback` writes.
 - `UpdateReport` reads what an update reported through `training_step`'s output (`contracts.TrainingStepOutput`).
 """
@@ -160,7 +160,7 @@ class TrainLossTracker:
                         step, since)
 
     def train_loss(self, strategy: Any, global_step: int) -> float:
-        """`train_loss` of the summary: mean per-update loss over this call's updates (T:1997-1999).
+        """`train_loss` of the summary: mean per-update loss over this call's updates (T:2005-2007).
 
         HF adds the open window of this process only (`_tr_loss.item()`); we average it over processes as well, so
         the value is the same on every rank (identical on one process).

@@ -1,5 +1,5 @@
 """PEFT adapter checkpoints: finding and loading the adapter files of a `PeftModel` (HF's PEFT branch of
-`Trainer._load_from_checkpoint`, T:3700-3728, and `Trainer._load_best_model`, T:3773-3810).
+`Trainer._load_from_checkpoint`, T:3708-3736, and `Trainer._load_best_model`, T:3781-3818).
 
 A `PeftModel`'s `save_pretrained` writes `adapter_model.safetensors` and `adapter_config.json` (plus a `README.md`)
 instead of `model.safetensors` (`weight_files.py`: which file holds a checkpoint's weights). That is what HF's

@@ -3,7 +3,7 @@
 A checkpoint is written under `tmp-checkpoint-<step>-<run>` (unique to the run holding the output-directory lock) and
 renamed when complete, so a crash never leaves a folder that resume or rotation would take for a good one (both only
 look at `checkpoint-<n>` names, see `folders.py`). Before the rename the folder is checked (its files are there, the
-lock still names this run) and flushed to disk. The file set is HF's (T:3355-3422): `save_pretrained` files
+lock still names this run) and flushed to disk. The file set is HF's (T:3363-3430): `save_pretrained` files
 (safetensors), tokenizer / processor files, `training_args.bin`, and unless `save_only_model`: `optimizer.pt`,
 `scheduler.pt`, `scaler.pt` (fp16), `rng_state.pth` (per rank under DDP: `rng_state_<rank>.pth`), then
 `trainer_state.json`. hf_lightning adds `lightning_state.pt` (Lightning loop position and Lightning callback states,
@@ -157,7 +157,7 @@ def quiet_save_progress() -> Iterator[None]:
 
 
 def rng_state(distributed: bool = False) -> dict[str, Any]:
-    """The RNG states HF stores in `rng_state.pth` (python, numpy, cpu, cuda), in HF's format (T:3462-3498)."""
+    """The RNG states HF stores in `rng_state.pth` (python, numpy, cpu, cuda), in HF's format (T:3470-3506)."""
     state: dict[str, Any] = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),

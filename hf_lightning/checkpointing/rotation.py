@@ -64,7 +64,7 @@ def select_for_deletion(
 
 
 def final_cleanup(checkpoints: list[CheckpointInfo], best: str | None, limit: int | None) -> list[str]:
-    """End of training with `save_total_limit == 1`: every checkpoint but the best is deleted (T:2019-2028)."""
+    """End of training with `save_total_limit == 1`: every checkpoint but the best is deleted (T:2027-2036)."""
     if limit != 1 or best is None:
         return []
     best_path = str(Path(best))

@@ -1,5 +1,5 @@
 """Which file of a checkpoint folder holds its weights: the full model's, or a PEFT adapter's (HF reads both,
-T:3604-3656).
+T:3612-3664).
 
 One rule for every reader and writer: the save (`io.finalize_checkpoint` renames a folder only when it holds one),
 the resume check (`resume/find.py`), the integrity check (`integrity.py`, which also reads named adapters'

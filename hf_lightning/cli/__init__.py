@@ -20,8 +20,10 @@ A config has these sections::
   130; both print one line naming the last complete checkpoint and the `--ckpt_path` that resumes it.
 - `lightning_cli`: `HFLightningCLI`, which builds the model, data module, `HFTrainerFlow` and `lightning.Trainer`
   with the same functions as the `hf_lightning.Trainer` facade (`lightning_trainer.py`, `args/to_lightning.py`), so
-  both behave the same. Lightning options the HF arguments decide (`trainer.max_steps`...) are rejected with the
-  `args.` key to use. Errors in the config end the run with one `error:` line, not a traceback.
+  both behave the same. Lightning options the HF arguments decide (`trainer.max_steps`...) move to the `args.` key
+  of the same meaning or are refused naming what to set (`trainer_spellings`). Errors in the config end the run
+  with one `error:` line, not a traceback.
+- `file_checks`: mistakes the files alone show (columns, folders, missing evaluation data), before torch is imported.
 
 Heavy modules are imported only once a subcommand needs them, so `--help` stays fast.
 """
@@ -68,7 +70,7 @@ def run_cli(argv: list[str] | None = None) -> Any:
         allowed = check_config_code(argv[1:])
     except ConfigCodeError as err:
         fail(err, prog=f"hf-lightning {argv[0]}" if argv else "hf-lightning")
-    precheck(argv[1:])
+    precheck(argv[1:], subcommand=argv[0] if argv else "fit")
     enforce_in_parser(allowed)
     from hf_lightning.cli.lightning_cli import HFLightningCLI
 

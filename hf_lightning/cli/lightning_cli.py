@@ -26,6 +26,7 @@ from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.checkpointing.run_lock import OutputDirLocked
 from hf_lightning.checkpointing.weight_files import is_adapter_file, weights_file
 from hf_lightning.data.row_checks import BadRowError, RowLimits
+from hf_lightning.cli.trainer_spellings import LIGHTNING_TO_HF, help_text, move_lightning_spellings, user_set
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, fit_with_batch_search, split_callbacks
 from hf_lightning.parallel.checkpoint import gather_full_weights
 from hf_lightning.prediction_writer import write_predictions
@@ -65,6 +66,16 @@ def _check_sources(model_spec: ModelSpec, data_spec: DataSpec) -> None:
     name = data_spec.dataset_name
     if name is not None and looks_like_path(name) and not os.path.isdir(os.path.expanduser(name)):
         raise FileNotFoundError(missing_local_folder("data.dataset_name", name))
+
+
+def _trained_epoch(folder: str | None) -> float | None:
+    """The epoch a checkpoint folder was saved at (its `trainer_state.json`), else None."""
+    state = os.path.join(folder, "trainer_state.json") if folder else None
+    if state is None or not os.path.isfile(state):
+        return None
+    with open(state) as f:
+        epoch = json.load(f).get("epoch")
+    return float(epoch) if epoch is not None else None
 
 
 class _OneLineErrorParser(LightningArgumentParser):
@@ -107,6 +118,9 @@ class HFLightningCLI(LightningCLI):
     @override
     def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(self.trainer_class, "trainer")
+        for action in parser._actions:  # the options the HF arguments decide say so (cli/trainer_spellings.py)
+            if action.dest.startswith("trainer.") and (text := help_text(action.dest[len("trainer."):])):
+                action.help = text
         parser.add_argument(
             "--task", type=str, default="text_classification",
             help=f"What to train; one of: {', '.join(task_names())}.",
@@ -177,8 +191,12 @@ class HFLightningCLI(LightningCLI):
         self.config_init = self.parser.instantiate_classes(self.config)
         cfg = self.config[sub]
         task = get_task(cfg["task"])
+        args_defaults = self._parser(sub).get_defaults()["args"]
+        _, moved_args = move_lightning_spellings(user_set(self._section("trainer")), self._section("args"),
+                                                 args_defaults.as_dict() if hasattr(args_defaults, "as_dict")
+                                                 else dict(args_defaults or {}))
         try:
-            args_class, args_values = args_for_task(task, self._section("args"))
+            args_class, args_values = args_for_task(task, moved_args)
             args = args_class(**args_values)
         except ValueError as err:
             raise ValueError(f"in `args`: {err}") from None
@@ -198,6 +216,7 @@ class HFLightningCLI(LightningCLI):
         elif self.ckpt_for_lightning and self.ckpt_for_lightning not in ("best", "last", "hpc", "registry") \
                 and not os.path.isfile(self.ckpt_for_lightning):
             raise FileNotFoundError(f"ckpt_path={self.ckpt_for_lightning!r}: no such checkpoint folder or file.")
+        self._model_folder: str | None = model_values.get("model_name_or_path")
         model_spec, data_spec = ModelSpec(**model_values), DataSpec(**self._section("data"))
         _check_sources(model_spec, data_spec)
         self.hf_args = args
@@ -230,7 +249,7 @@ class HFLightningCLI(LightningCLI):
         self.model = resolve(task.module_class)(model, args, compute_metrics=metrics, processing_class=tokenizer)
         self.model.eval_loss_weighting = cfg.get("eval_loss_weighting") or "samples"
         trainer_cfg = dict(self.config_init[sub]["trainer"])
-        user = self._user_trainer_kwargs(trainer_cfg)
+        user = {k: v for k, v in self._user_trainer_kwargs(trainer_cfg).items() if k not in LIGHTNING_TO_HF}
         callbacks = user.pop("callbacks", None) or []
         hf_callbacks, lightning_callbacks = split_callbacks(callbacks if isinstance(callbacks, list) else [callbacks])
         hf_callbacks += build_hf_callbacks(cfg.get("hf_callbacks"), allow_code_from)
@@ -276,7 +295,7 @@ class HFLightningCLI(LightningCLI):
             with open(os.path.join(out, "train_results.json"), "w") as f:
                 json.dump(output.metrics, f, indent=2, default=float)
             print(fit_summary(self.flow.state, self.hf_args, train_metrics=output.metrics, model_dir=out,
-                              logs=logger_paths(self.trainer)))
+                              logs=logger_paths(self.trainer), resumed_from=self.flow.resumed_from))
 
     def validate(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Evaluate and print the HF metric dict (also written to `<output_dir>/eval_results.json`)."""
@@ -284,6 +303,12 @@ class HFLightningCLI(LightningCLI):
             metrics = self.flow.evaluate(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning).metrics
         except BadRowError as err:
             self._one_process_error(err)
+        # HF's `epoch` is the evaluating trainer's (0: it trained nothing); here it is the evaluated model's
+        epoch = _trained_epoch(self._model_folder)
+        if epoch is not None:
+            metrics["epoch"] = epoch
+        elif self._model_folder is not None:
+            metrics.pop("epoch", None)  # a saved model of unknown training: not "epoch 0"
         if self.trainer.is_global_zero:
             out = self.hf_args.resolved_output_dir
             os.makedirs(out, exist_ok=True)

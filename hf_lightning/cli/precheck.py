@@ -11,7 +11,7 @@ from typing import Any, NoReturn
 
 __all__ = ["precheck", "fail"]
 
-_SECTIONS = ("args", "model", "data")
+_SECTIONS = ("args", "model", "data", "trainer")
 
 
 def fail(message: object, prog: str = "hf-lightning") -> NoReturn:
@@ -24,16 +24,23 @@ def _config_sections(argv: list[str]) -> dict[str, Any] | None:
     """The YAML of `--config` merged with simple `--<section>.<key> value` overrides, or None when there is none."""
     import yaml
 
-    path = None
+    paths = []
     for i, token in enumerate(argv):
         if token in ("-c", "--config") and i + 1 < len(argv):
-            path = argv[i + 1]
+            paths.append(argv[i + 1])
         elif token.startswith("--config="):
-            path = token.split("=", 1)[1]
-    if path is None or not os.path.isfile(path):
+            paths.append(token.split("=", 1)[1])
+    if not paths or not all(os.path.isfile(path) for path in paths):
         return None
-    with open(path) as f:
-        config = yaml.safe_load(f) or {}
+    config: dict[str, Any] = {}
+    for path in paths:  # later files win, section by section (as the full parser merges them)
+        with open(path) as f:
+            loaded = yaml.safe_load(f) or {}
+        if not isinstance(loaded, dict):
+            return None
+        for key, value in loaded.items():
+            merged = isinstance(value, dict) and isinstance(config.get(key), dict)
+            config[key] = {**config[key], **value} if merged else value
     for i, token in enumerate(argv):
         if not token.startswith("--") or "." not in token:
             continue
@@ -46,7 +53,11 @@ def _config_sections(argv: list[str]) -> dict[str, Any] | None:
         if section in _SECTIONS and "." not in name:
             config.setdefault(section, {})
             if isinstance(config[section], dict):
-                config[section][name] = yaml.safe_load(value)
+                parsed = yaml.safe_load(value)
+                # YAML 1.1 reads `no` / `off` / `yes` / `on` as booleans; on the command line they are words
+                # (`--args.eval_strategy no`), as the full parser reads them
+                keep_word = isinstance(parsed, bool) and value.strip().lower() not in ("true", "false")
+                config[section][name] = value if keep_word else parsed
     return config
 
 
@@ -63,9 +74,10 @@ def _check_types(section: str, cls: type, values: dict[str, Any]) -> None:
         fail(" ".join(lines))
 
 
-def precheck(argv: list[str]) -> None:
+def precheck(argv: list[str], subcommand: str = "fit") -> None:
     """Check the `task`, `args`, `model` and `data` sections with pure-Python code before Lightning is imported,
-    so a typo in them is answered in a fraction of a second. Exits with one error line on a problem."""
+    so a typo in them is answered in a fraction of a second, then what the files alone show (`file_checks.py`).
+    Exits with one error line on a problem."""
     if any(a in ("-h", "--help", "--print_config") or a.startswith("--print_config") for a in argv):
         return
     config = _config_sections(argv)
@@ -85,8 +97,21 @@ def precheck(argv: list[str]) -> None:
         task = get_task(str(config.get("task", "text_classification")))
     except ValueError as err:
         fail(err)
+    args_class = resolve(GENERATION_ARGS)
+    trainer = config.get("trainer")
+    if isinstance(trainer, dict) and trainer:
+        from hf_lightning.cli.trainer_spellings import move_lightning_spellings, user_set
+
+        args_values = config.get("args") or {}
+        if isinstance(args_values, dict):
+            defaults = {f.name: f.default for f in dataclasses.fields(args_class)}
+            try:
+                _, config["args"] = move_lightning_spellings(user_set(trainer), args_values, defaults)
+            except ValueError as err:
+                fail(err)
+    specs: dict[str, Any] = {}
     # the parser accepts every generation field; `args_for_task` narrows them to the task's own args class
-    for section, cls in (("args", resolve(GENERATION_ARGS)), ("model", ModelSpec), ("data", DataSpec)):
+    for section, cls in (("args", args_class), ("model", ModelSpec), ("data", DataSpec)):
         values = config.get(section) or {}
         if not isinstance(values, dict):
             fail(f"`{section}` must be a mapping of options, got {type(values).__name__}.")
@@ -107,13 +132,11 @@ def precheck(argv: list[str]) -> None:
                 fail(err)
         _check_types(section, cls, values)
         try:
-            spec = cls(**values)
+            specs[section] = cls(**values)
         except (TypeError, ValueError) as err:
             fail(f"in `{section}`: {err}")
-        if isinstance(spec, DataSpec):
-            from hf_lightning.tasks.loading import check_files
+    from hf_lightning.cli.file_checks import check_config_files
 
-            try:
-                check_files(spec)
-            except (ValueError, FileNotFoundError) as err:
-                fail(err)
+    problem = check_config_files(subcommand, task, specs["args"], specs.get("model"), specs["data"])
+    if problem is not None:
+        fail(problem)

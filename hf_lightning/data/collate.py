@@ -5,6 +5,9 @@
 - `signature_columns` / `remove_unused_columns`: the model's `forward` parameter names plus `label`, `label_ids` and
   the label names (T:1179-1244; the transformers model's, inside PEFT and compile wrappers); a `datasets.Dataset`
   loses the other columns, other datasets are filtered per item.
+- `missing_labels_problem`: a training `datasets.Dataset` whose label column has another name (`label_id`) would
+  lose it to `remove_unused_columns` and fail at the first update with HF's "The model did not return a loss"; this
+  names the dropped columns and the model's arguments before training.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ __all__ = [
     "ColumnFilter",
     "default_collator",
     "find_label_names",
+    "missing_labels_problem",
     "remove_unused_columns",
     "signature_columns",
 ]
@@ -75,6 +79,39 @@ def remove_unused_columns(dataset: Any, allowed: Sequence[str], description: str
         )
     unused = [c for c in columns if c not in keep]
     return dataset.remove_columns(unused) if unused else dataset
+
+
+_LABEL_COLUMNS = ("label", "label_ids")  # the default collators turn these into `labels`
+
+
+def missing_labels_problem(columns: Sequence[str], allowed: Sequence[str], label_names: Sequence[str],
+                           collator: Any) -> str | None:
+    """Why training would get no labels, or None: `remove_unused_columns` drops some columns of the training data,
+    none of the kept ones is a label column of the model (`label_names`, `label`, `label_ids`), and the collator is
+    one of HF's defaults (`DataCollatorWithPadding`, `default_data_collator`), which only pass label columns on.
+    Other collators may build labels themselves (language modelling), so they are not judged here.
+
+    Args:
+        columns: the training dataset's columns.
+        allowed: the columns the model takes (`signature_columns`).
+        label_names: the model's label arguments (`args.label_names` or `find_label_names`).
+        collator: the training collator.
+    """
+    if not label_names or not (collator is default_data_collator or isinstance(collator, DataCollatorWithPadding)):
+        return None
+    dropped = [c for c in columns if c not in allowed]
+    if len(dropped) == len(columns):
+        return None  # no column is kept: `remove_unused_columns`'s own error says more
+    if not dropped or any(c in columns for c in (*label_names, *_LABEL_COLUMNS)):
+        return None
+    candidates = [c for c in dropped if "label" in c.lower()] or dropped
+    inputs = [c for c in allowed if c not in (*label_names, *_LABEL_COLUMNS, "kwargs")]
+    return (
+        f"The training dataset has no label column the model takes ({', '.join(label_names)}, or label / label_ids): "
+        f"remove_unused_columns drops {dropped}, which the model's forward does not take (its arguments: {inputs}), "
+        "so the model would get no labels and return no loss. Rename the label column, e.g. "
+        f"dataset.rename_column({candidates[0]!r}, {label_names[0]!r})."
+    )
 
 
 class ColumnFilter:

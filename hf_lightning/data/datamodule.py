@@ -35,6 +35,7 @@ from hf_lightning.data.collate import (
     ColumnFilter,
     default_collator,
     find_label_names,
+    missing_labels_problem,
     remove_unused_columns,
     signature_columns,
 )
@@ -130,6 +131,7 @@ class TransformerDataModule(pl.LightningDataModule):
         """The loader of a running `evaluation_loop` call: the validation loader while set."""
         self.signature_model: Any = None
         self._allowed_columns: list[str] | None = None
+        self._label_names: list[str] = []
         self._fit_loader: Any = None
         self.resume_position: tuple[int, int] | None = None
         """`(epoch, windows)`: the next train loader starts at that window of that epoch (set on resume, used once)."""
@@ -211,12 +213,42 @@ class TransformerDataModule(pl.LightningDataModule):
     def _sample_lengths(self, dataset: Any) -> list[int]:
         return train_sample_lengths(dataset, self.args.length_column_name, self.processing_class)
 
-    def _resolve_columns(self) -> None:
-        module = self.trainer.lightning_module if self.trainer is not None else None
+    def _resolve_columns(self, module: Any = None) -> None:
+        if module is None and self.trainer is not None:
+            module = self.trainer.lightning_module
         model = getattr(module, "model", None) or self.signature_model
         if self.args.remove_unused_columns and model is not None:
             label_names = self.args.label_names or find_label_names(model)
             self._allowed_columns = signature_columns(model, label_names)
+            self._label_names = list(label_names)
+
+    def check_training_labels(self, dataset: Any = None, module: Any = None) -> None:
+        """A training dataset whose label column `remove_unused_columns` would drop is one error before training
+        (`collate.missing_labels_problem`); a user loss (`compute_loss` / `training_step` override,
+        `compute_loss_func`) may need no labels and is not judged.
+
+        Args:
+            dataset: the training dataset (default: `train_dataset`).
+            module: the `TransformerModule` that will train (default: the attached trainer's).
+
+        Raises:
+            ValueError: naming the dropped columns and the model's arguments.
+        """
+        dataset = self.train_dataset if dataset is None else dataset
+        columns = getattr(dataset, "column_names", None)
+        if columns is None:
+            return
+        if module is None and self.trainer is not None:
+            module = self.trainer.lightning_module
+        if getattr(module, "hf_loss_rule", False) or getattr(module, "compute_loss_func", None) is not None:
+            return
+        if self._allowed_columns is None:
+            self._resolve_columns(module)
+        if self._allowed_columns is None:  # remove_unused_columns=False: every column reaches the collator
+            return
+        problem = missing_labels_problem(columns, self._allowed_columns, self._label_names, self.data_collator)
+        if problem is not None:
+            raise ValueError(problem)
 
     def _with_columns(self, dataset: Any, description: str) -> tuple[Any, Any]:
         """`(dataset, collator)`: a `datasets.Dataset` loses its unused columns; other datasets are filtered by item."""
@@ -375,6 +407,8 @@ class TransformerDataModule(pl.LightningDataModule):
         is_training: bool = False, dataloader_key: str | None = None,
     ) -> DataLoader:
         """HF's `_get_dataloader` (T:1007-1069): unused columns removed, `sampler_fn`'s order, sharded per process."""
+        if is_training:
+            self.check_training_labels(dataset)
         dataset, collate = self._with_columns(dataset, description)
         world, rank = self._world()
         kwargs = self._loader_kwargs()

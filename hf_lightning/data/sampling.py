@@ -9,7 +9,7 @@ window of any epoch by slicing, without iterating the skipped data (O(1) in the 
   (`group_by_length`), HF's length grouping of that permutation (`length_grouping.py`).
 - Sharding across processes reproduces accelerate's `BatchSamplerShard` with `even_batches=True`: batch `i` goes to
   rank `i % world_size`, and the tail is completed with samples from the start so every rank has as many batches.
-- Windows hold `gradient_accumulation_steps` micro-batches; the last window of an epoch may be shorter (T:1862-1872).
+- Windows hold `gradient_accumulation_steps` micro-batches; the last window of an epoch may be shorter (T:1870-1880).
 
 - `EpochSampler` is that order as a plain sampler (what `Trainer._get_train_sampler` returns); the data module turns it
   into a `WindowBatchSampler` of micro-batches (`accumulation=1`), whose resume is O(1). Any other sampler (a

@@ -1,7 +1,7 @@
 """Grouping a loader's micro-batches into accumulation windows (one Lightning batch = one optimizer update).
 
 The HF Trainer takes each update's micro-batches from its train loader with `get_batch_samples` right before the
-update's first forward (T:1868-1873), and accelerate's `DataLoaderShard` fetches one micro-batch ahead of the one it
+update's first forward (T:1876-1881), and accelerate's `DataLoaderShard` fetches one micro-batch ahead of the one it
 hands out. A random collator (`DataCollatorForLanguageModeling`) draws its masks while collating, from the same
 global RNG that dropout draws from during the forward, so *when* a micro-batch is collated decides the masks and
 the dropout of every later step.
@@ -74,7 +74,7 @@ def num_examples(loader: Any, batch_size: int) -> int:
 
 
 def window_sizes(microbatches: int, accumulation: int) -> list[int]:
-    """Micro-batches per update of an epoch: `accumulation` each, the last one shorter (T:1862-1872)."""
+    """Micro-batches per update of an epoch: `accumulation` each, the last one shorter (T:1870-1880)."""
     full, rest = divmod(microbatches, accumulation)
     return [accumulation] * full + ([rest] if rest else [])
 
@@ -89,7 +89,7 @@ def _set_epoch(obj: Any, epoch: int) -> bool:
 
 
 def set_loader_epoch(loader: Any, epoch: int) -> None:
-    """What HF's `_run_epoch` does to its train loader every epoch (T:1839-1847): `loader.set_epoch(epoch)` if it has
+    """What HF's `_run_epoch` does to its train loader every epoch (T:1847-1855): `loader.set_epoch(epoch)` if it has
     one, and the `set_epoch` of the batch sampler wrapped by accelerate's `BatchSamplerShard`."""
     _set_epoch(loader, epoch)
     _set_epoch(getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None), epoch)

@@ -1,6 +1,6 @@
 """Resuming a run from an HF-layout checkpoint folder (ours or one written by `transformers.Trainer`).
 
-`HFTrainerFlow` drives it through three hooks, in HF's order (T:1559-1710, 1809-1882):
+`HFTrainerFlow` drives it through three hooks, in HF's order (T:1559-1710, 1817-1890):
 
 1. `on_fit_start` (optimizers exist, the fit loop has not started): model weights (shapes checked), optimizer,
    scheduler, grad scaler, Lightning callback states, the loop position and the data sampler's start window.
@@ -198,7 +198,7 @@ class CheckpointRestorer:
         _check_changed_settings(trainer, files, self.args, global_step)
         model = flow_model(pl_module)
         strategy = trainer.strategy
-        hf_logger.info(f"Loading model from {self.path}.")  # HF's message (T:3659)
+        hf_logger.info(f"Loading model from {self.path}.")  # HF's message (T:3667)
         if is_deepspeed(strategy):
             # the engine's checkpoint holds the fp32 master weights with the optimizer; HF resumes from it only
             if not load_engine_state(strategy, files.path):
@@ -273,7 +273,7 @@ class CheckpointRestorer:
 
     @staticmethod
     def _restore_hf_callbacks(flow: Any, state: Any) -> None:
-        """HF `_load_callback_state` (T:4020-4057): rebuild each stored `ExportableState` from its args/attributes."""
+        """HF `_load_callback_state` (T:4028-4065): rebuild each stored `ExportableState` from its args/attributes."""
         from transformers import TrainerControl
 
         originals = [*flow.handler.callbacks, flow.control]
@@ -294,7 +294,7 @@ class CheckpointRestorer:
         if self.position is None or self.position.windows == 0:
             self._load_rng()
             if self.position is not None and trainer.current_epoch == 0:
-                # HF loads the states before it makes the epoch's loader iterator (T:1848-1849, 1857), whose seed
+                # HF loads the states before it makes the epoch's loader iterator (T:1856-1857, 1865), whose seed
                 # draw then follows them; Lightning made epoch 0's iterator before this hook (`ignore_data_skip`,
                 # or a step-0 checkpoint), and an unsized loader's first window was read then: make it again, after them
                 restart_train_iterator(trainer)

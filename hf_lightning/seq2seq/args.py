@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.keyword_hints import with_keyword_hints
 
 __all__ = ["Seq2SeqTrainingArguments", "SEQ2SEQ_FIELDS"]
 
@@ -20,6 +21,7 @@ SEQ2SEQ_FIELDS = (
 """The fields this class adds to `TrainingArguments` (every field HF's adds, same names and defaults)."""
 
 
+@with_keyword_hints
 @dataclass
 class Seq2SeqTrainingArguments(TrainingArguments):
     """`TrainingArguments` with HF's `Seq2SeqTrainingArguments` generation fields.

@@ -12,18 +12,11 @@ from typing_extensions import override
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.data.datamodule import TransformerDataModule
-from hf_lightning.tasks.loading import load_split
+from hf_lightning.tasks.loading import load_split, splits_for_stage
 from hf_lightning.tasks.specs import DataSpec
 from hf_lightning.tasks.task import Task
 
 __all__ = ["TaskDataModule", "splits_for_stage"]
-
-
-def splits_for_stage(stage: str, args: TrainingArguments) -> list[str]:
-    """Raw splits a run needs: fit -> train (+ validation when evaluating), validate -> validation, predict -> test."""
-    if stage == "fit":
-        return ["train", "validation"] if args.eval_strategy != "no" or args.eval_on_start else ["train"]
-    return ["validation"] if stage == "validate" else ["test"]
 
 
 class TaskDataModule(TransformerDataModule):

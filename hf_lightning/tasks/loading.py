@@ -14,13 +14,14 @@ from hf_lightning.tasks.code_paths import import_checked, is_auto_class, is_conf
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 from hf_lightning.tasks.task import Task
 
-__all__ = ["load_split", "load_tokenizer", "label_list_for", "build_model", "FILE_BUILDERS"]
+__all__ = ["check_files", "load_split", "split_source", "splits_for_stage", "load_tokenizer", "label_list_for",
+           "build_model", "FILE_BUILDERS"]
 
 FILE_BUILDERS = {".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
 """File extension -> `datasets` builder."""
 
 
-def _split_source(spec: DataSpec, split: str) -> tuple[str, str | None]:
+def split_source(spec: DataSpec, split: str) -> tuple[str, str | None]:
     """`(key, file_or_split)` for split `train`, `validation` or `test` (test falls back to validation)."""
     if spec.dataset_name is None:
         files = {"train": spec.train_file, "validation": spec.validation_file, "test": spec.test_file}
@@ -30,6 +31,13 @@ def _split_source(spec: DataSpec, split: str) -> tuple[str, str | None]:
     names = {"train": spec.train_split, "validation": spec.validation_split,
              "test": spec.test_split or spec.validation_split}
     return f"data.{split}_split", names[split]
+
+
+def splits_for_stage(stage: str, args: Any) -> list[str]:
+    """Raw splits a run needs: fit -> train (+ validation when evaluating), validate -> validation, predict -> test."""
+    if stage == "fit":
+        return ["train", "validation"] if args.eval_strategy != "no" or args.eval_on_start else ["train"]
+    return ["validation"] if stage == "validate" else ["test"]
 
 
 def check_files(spec: DataSpec) -> None:
@@ -57,7 +65,7 @@ def load_split(spec: DataSpec, split: str) -> Any:
         ValueError: an unsupported file extension or a missing split (naming the key).
         FileNotFoundError: a data file that does not exist.
     """
-    key, source = _split_source(spec, split)
+    key, source = split_source(spec, split)
     if source is None:
         return None
     import datasets

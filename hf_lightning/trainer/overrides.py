@@ -1,6 +1,6 @@
 """Which `transformers.Trainer` methods a `hf_lightning.Trainer` subclass may override, and the construction check.
 
-Every method of `transformers.Trainer` / `Seq2SeqTrainer` (transformers 5.23; `tests/test_overrides.py` keeps the
+Every method of `transformers.Trainer` / `Seq2SeqTrainer` (transformers 5.24; `tests/test_overrides.py` keeps the
 tables complete against the installed class) is in exactly one table:
 
 - `ROUTED`: the Lightning pieces call the trainer's method where HF's loop calls it, with HF's signature, so an
