@@ -25,8 +25,8 @@ from hf_lightning.checkpointing.checks import output_dir_problem
 from hf_lightning.checkpointing.final_model import save_final_model
 from hf_lightning.checkpointing.run_lock import OutputDirLocked
 from hf_lightning.checkpointing.weight_files import is_adapter_file, weights_file
-from hf_lightning.data.row_checks import BadRowError, RowLimits
 from hf_lightning.cli.trainer_spellings import LIGHTNING_TO_HF, help_text, move_lightning_spellings, user_set
+from hf_lightning.data.row_checks import BadRowError, RowLimits
 from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, fit_with_batch_search, split_callbacks
 from hf_lightning.parallel.checkpoint import gather_full_weights
 from hf_lightning.prediction_writer import write_predictions
