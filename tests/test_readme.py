@@ -155,5 +155,5 @@ def test_every_output_folder_of_the_readme_is_git_ignored():
     folders = {f.split("/")[0] for f in folders if not f.startswith(("<", "$", "/"))}
     assert {"out_lora", "out_seq2seq", "out_lightning", "weighted_output", "lora_output"} <= folders
     for folder in sorted(folders):
-        ignored = subprocess.run(["git", "check-ignore", "-q", f"{folder}/x"], cwd=README.parent)
+        ignored = subprocess.run(["git", "check-ignore", "-q", f"{folder}/x"], cwd=README.parent, timeout=60)
         assert ignored.returncode == 0, f"{folder}/ (an output_dir in README.md) is not in .gitignore"

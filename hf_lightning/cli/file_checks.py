@@ -76,7 +76,8 @@ def stage_data_problem(subcommand: str, args: Any, spec: DataSpec) -> str | None
     if subcommand == "fit" and spec.train_file is None:
         return "fit needs training data: set data.train_file or data.dataset_name."
     if subcommand == "fit" and "validation" in splits_for_stage("fit", args) and spec.validation_file is None:
-        setting = (f"args.eval_strategy={str(args.eval_strategy)!r}" if str(args.eval_strategy) != "no"
+        strategy = getattr(args.eval_strategy, "value", args.eval_strategy)  # HF's str enum once validated
+        setting = (f"args.eval_strategy={strategy!r}" if strategy != "no"
                    else "args.eval_on_start=True")
         return (f"{setting} needs evaluation data: set data.validation_file (or data.validation_split), or "
                 "args.eval_strategy: 'no'.")
