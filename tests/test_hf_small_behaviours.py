@@ -1,0 +1,231 @@
+"""Small `transformers.Trainer` behaviours (issue 22), each against the real `transformers.Trainer` in this process.
+
+A model with its own input names, `optim="adafactor"`, HF's optimizer accessors, `TrainingArguments.to_json_string`
+with a dtype, HF's error for a missing checkpoint, the cached eval loader under persistent workers, train mode at
+every step, a model's own `load_state_dict` on resume, and the `callback_handler` surface.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from datasets import Dataset
+from helpers import classification_dataset, lm_dataset, tiny_bert, tiny_gpt2
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel
+
+import hf_lightning
+
+CPU = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
+QUIET = dict(report_to="none", disable_tqdm=True, seed=7)
+
+
+def hf_trainer(tmp_path, model, name="hf", trainer_cls=transformers.Trainer, **kwargs):
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / name), use_cpu=True,
+                                          **{**QUIET, **kwargs.pop("args", {})})
+    return trainer_cls(model=model, args=args, **kwargs)
+
+
+def our_trainer(tmp_path, model, name="ours", trainer_cls=hf_lightning.Trainer, **kwargs):
+    args = hf_lightning.TrainingArguments(output_dir=str(tmp_path / name), **{**QUIET, **kwargs.pop("args", {})})
+    return trainer_cls(model=model, args=args, lightning_kwargs=dict(CPU), **kwargs)
+
+
+def losses(trainer) -> list[float]:
+    return [e["loss"] for e in trainer.state.log_history if "loss" in e]
+
+
+# ----- 1. a model whose inputs are not `main_input_name` -----
+class PointConfig(PretrainedConfig):
+    model_type = "hf_lightning_point"
+
+    def __init__(self, a: float = 0.5, b: float = -0.25, **kwargs):
+        super().__init__(**kwargs)
+        self.a, self.b = a, b
+
+
+class PointModel(PreTrainedModel):
+    """`y = a * input_x + b` with an MSE loss: a `PreTrainedModel` (so `main_input_name` is HF's default
+    `input_ids`) whose forward takes `input_x` instead."""
+
+    config_class = PointConfig
+    base_model_prefix = "point"
+
+    def __init__(self, config: PointConfig) -> None:
+        super().__init__(config)
+        self.a = nn.Parameter(torch.tensor(float(config.a)))
+        self.b = nn.Parameter(torch.tensor(float(config.b)))
+
+    def forward(self, input_x, labels=None, **kwargs):
+        y = input_x * self.a + self.b
+        if labels is None:
+            return (y,)
+        return (nn.functional.mse_loss(y, labels), y)
+
+
+def point_rows(n: int = 24, seed: int = 0) -> Dataset:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=n).astype(np.float32)
+    return Dataset.from_dict({"input_x": x.tolist(), "labels": (2.0 * x + 3.0).tolist()})
+
+
+def test_model_without_its_main_input_in_the_batch_evaluates_predicts_and_trains_as_hf(tmp_path):
+    model = PointModel(PointConfig())
+    assert model.main_input_name == "input_ids"
+    train, dev = point_rows(), point_rows(10, seed=1)
+    settings = dict(args=dict(per_device_train_batch_size=4, per_device_eval_batch_size=4, max_steps=6,
+                              logging_steps=1, learning_rate=0.1, save_strategy="no"),
+                    train_dataset=train, eval_dataset=dev, compute_metrics=lambda p: {"n": float(len(p.predictions))})
+    hf = hf_trainer(tmp_path, copy.deepcopy(model), **copy.deepcopy(settings))
+    ours = our_trainer(tmp_path, copy.deepcopy(model), **copy.deepcopy(settings))
+    for trainer in (hf, ours):
+        trainer.train()
+    assert losses(ours) == pytest.approx(losses(hf), rel=1e-6) and len(losses(hf)) == 6
+    want, got = hf.evaluate(), ours.evaluate()
+    assert got["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-6) and got["eval_n"] == want["eval_n"] == 10
+    want, got = hf.predict(dev), ours.predict(dev)
+    np.testing.assert_allclose(got.predictions, want.predictions, rtol=1e-6)
+    np.testing.assert_array_equal(got.label_ids, want.label_ids)
+
+
+def test_a_model_failing_without_its_main_input_gets_a_note_naming_the_column(tmp_path):
+    rows = classification_dataset(n=8).rename_column("input_ids", "tokens")
+    trainer = our_trainer(tmp_path, tiny_bert(), args=dict(remove_unused_columns=False))
+    with pytest.raises(Exception) as caught:
+        trainer.evaluate(rows)
+    assert any("no column 'input_ids'" in note and "'tokens'" in note for note in caught.value.__notes__)
+
+
+# ----- 2. optim="adafactor" (transformers' Adafactor calls the closure under `no_grad`) -----
+def test_adafactor_trains_with_hf_losses(tmp_path):
+    model = tiny_gpt2()
+    model.loss_type = "ForCausalLM"  # HF's count of label tokens is then right (test_train_parity.py)
+    settings = dict(args=dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=4,
+                              logging_steps=1, learning_rate=1e-2, optim="adafactor", save_strategy="no"),
+                    train_dataset=lm_dataset(n=32, padded=False))
+    hf = hf_trainer(tmp_path, copy.deepcopy(model), **settings)
+    ours = our_trainer(tmp_path, copy.deepcopy(model), **settings)
+    hf.train()
+    ours.train()
+    assert type(ours.optimizer).__name__ == "Adafactor"
+    assert len(losses(hf)) == 4 and losses(ours) == pytest.approx(losses(hf), rel=1e-5)
+    for name, tensor in hf.model.state_dict().items():
+        torch.testing.assert_close(ours.model.state_dict()[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+# ----- 4. get_learning_rates, get_optimizer_group, get_num_trainable_parameters -----
+def test_optimizer_accessors_as_hf(tmp_path):
+    model = tiny_bert()
+    model.bert.embeddings.requires_grad_(False)
+    settings = dict(args=dict(per_device_train_batch_size=4, max_steps=2, weight_decay=0.1, learning_rate=1e-3,
+                              warmup_steps=1, save_strategy="no"),
+                    train_dataset=classification_dataset(n=16))
+    hf = hf_trainer(tmp_path, copy.deepcopy(model), **settings)
+    ours = our_trainer(tmp_path, copy.deepcopy(model), **settings)
+    for trainer in (hf, ours):
+        with pytest.raises(ValueError, match="Trainer optimizer is None, please make sure you have setup the "
+                                             "optimizer before."):
+            trainer.get_learning_rates()
+        with pytest.raises(ValueError, match="Trainer optimizer is None"):
+            trainer.get_optimizer_group()
+    assert ours.get_num_trainable_parameters() == hf.get_num_trainable_parameters() < model.num_parameters()
+    hf.train()
+    ours.train()
+    assert ours.get_learning_rates() == pytest.approx(hf.get_learning_rates()) and len(hf.get_learning_rates()) == 2
+    want, got = hf.get_optimizer_group(), ours.get_optimizer_group()
+    assert [len(g) for g in got] == [len(g) for g in want] and len(want) == 2
+    bias = ours.model.classifier.bias
+    group = ours.get_optimizer_group(bias)
+    assert any(p is bias for p in group["params"])
+    # HF's `param in group["params"]` compares tensors elementwise and raises for most parameters: the oracle made
+    # right looks the parameter up by identity
+    hf_bias = hf.model.classifier.bias
+    hf_group = next(g for g in hf.optimizer.param_groups if any(p is hf_bias for p in g["params"]))
+    assert group["weight_decay"] == hf_group["weight_decay"] == 0.0
+    weight = ours.model.classifier.weight
+    assert ours.get_optimizer_group(weight)["weight_decay"] == 0.1
+
+
+# ----- 5. to_dict / to_json_string with a torch.dtype -----
+def test_to_json_string_with_a_dtype_as_hf(tmp_path):
+    @dataclasses.dataclass
+    class HFArgs(transformers.TrainingArguments):
+        dtype: torch.dtype | None = torch.bfloat16
+
+    @dataclasses.dataclass
+    class OurArgs(hf_lightning.TrainingArguments):
+        dtype: torch.dtype | None = torch.bfloat16
+
+    kwargs = dict(output_dir=str(tmp_path), lr_scheduler_kwargs={"dtype": torch.float16, "inner": {"dtype":
+                                                                                                  torch.float32}})
+    hf, ours = HFArgs(**copy.deepcopy(kwargs)), OurArgs(**copy.deepcopy(kwargs))
+    want, got = json.loads(hf.to_json_string()), json.loads(ours.to_json_string())
+    assert got["dtype"] == want["dtype"] == "bfloat16"
+    assert got["lr_scheduler_kwargs"] == want["lr_scheduler_kwargs"] == {"dtype": "float16",
+                                                                         "inner": {"dtype": "float32"}}
+    assert ours.to_sanitized_dict()["dtype"] == hf.to_sanitized_dict()["dtype"]
+    assert ours.lr_scheduler_kwargs["dtype"] is torch.float16  # HF rewrites the argument's own dict; ours is left
+
+
+# ----- 8. the eval loader is reused under dataloader_persistent_workers -----
+@pytest.mark.parametrize("persistent", [True, False])
+def test_eval_dataloader_is_cached_per_name_with_persistent_workers_as_hf(tmp_path, persistent):
+    dev, other = classification_dataset(n=8), classification_dataset(n=8, seed=1)
+    settings = dict(args=dict(dataloader_num_workers=1, dataloader_persistent_workers=persistent))
+    for trainer in (hf_trainer(tmp_path, tiny_bert(), eval_dataset=dev, **settings),
+                    our_trainer(tmp_path, tiny_bert(), eval_dataset=dev, **settings)):
+        assert (trainer.get_eval_dataloader() is trainer.get_eval_dataloader()) is persistent
+    for trainer in (hf_trainer(tmp_path, tiny_bert(), eval_dataset={"a": dev, "b": other}, **settings),
+                    our_trainer(tmp_path, tiny_bert(), eval_dataset={"a": dev, "b": other}, **settings)):
+        a, b = trainer.get_eval_dataloader("a"), trainer.get_eval_dataloader("b")
+        assert a is not b and a.dataset.num_rows == b.dataset.num_rows == 8
+        assert (trainer.get_eval_dataloader("a") is a) is persistent
+        assert (trainer.get_eval_dataloader("b") is b) is persistent
+    ours = our_trainer(tmp_path, tiny_bert(), eval_dataset=dev, **settings)
+    first = ours.get_eval_dataloader()
+    # HF would hand back the cached loader of `dev` for another dataset passed in: the oracle made right
+    assert ours.get_eval_dataloader(other) is not first
+
+
+# ----- 9. a missing checkpoint folder -----
+def test_missing_checkpoint_folder_raises_hf_value_error(tmp_path):
+    missing = str(tmp_path / "checkpoint-9")
+    settings = dict(args=dict(max_steps=1, save_strategy="no"), train_dataset=classification_dataset(n=8))
+    for trainer in (hf_trainer(tmp_path, tiny_bert(), **settings), our_trainer(tmp_path, tiny_bert(), **settings)):
+        with pytest.raises(ValueError, match=f"^Can't find a valid checkpoint at {missing}"):
+            trainer.train(resume_from_checkpoint=missing)
+    (tmp_path / "checkpoint-9").mkdir()  # a folder without weights: the same error in both
+    for trainer in (hf_trainer(tmp_path, tiny_bert(), **settings), our_trainer(tmp_path, tiny_bert(), **settings)):
+        with pytest.raises(ValueError, match=f"^Can't find a valid checkpoint at {missing}"):
+            trainer.train(resume_from_checkpoint=missing)
+
+
+# ----- issue 24: the model is put in train mode at every step, as HF's `training_step` does -----
+class EvalModeAt(transformers.TrainerCallback):
+    """Switches the model to eval mode at the end of each update and after each save."""
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        model.eval()
+
+    def on_save(self, args, state, control, model=None, **kwargs):
+        model.eval()
+
+
+def test_a_callback_switching_to_eval_mode_does_not_change_the_run(tmp_path):
+    model = tiny_bert(dropout=0.1)  # dropout on: eval mode would change every later loss
+    settings = dict(args=dict(per_device_train_batch_size=4, max_steps=6, logging_steps=1, learning_rate=1e-3,
+                              save_strategy="steps", save_steps=2),
+                    train_dataset=classification_dataset(n=32))
+    # each trainer seeds the RNG when it is built (as HF): build and train one, then the other
+    hf = hf_trainer(tmp_path, copy.deepcopy(model), callbacks=[EvalModeAt()], **settings)
+    hf.train()
+    ours = our_trainer(tmp_path, copy.deepcopy(model), callbacks=[EvalModeAt()], **settings)
+    ours.train()
+    assert len(losses(hf)) == 6 and losses(ours) == pytest.approx(losses(hf), rel=1e-5)
