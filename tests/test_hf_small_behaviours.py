@@ -229,3 +229,63 @@ def test_a_callback_switching_to_eval_mode_does_not_change_the_run(tmp_path):
     ours = our_trainer(tmp_path, copy.deepcopy(model), callbacks=[EvalModeAt()], **settings)
     ours.train()
     assert len(losses(hf)) == 6 and losses(ours) == pytest.approx(losses(hf), rel=1e-5)
+
+
+# ----- 6. resume honours the model's own `load_state_dict` -----
+class LegacyRegressor(nn.Module):
+    """The layout a checkpoint was written with: a `legacy` layer and a flat `scale` buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.legacy = nn.Linear(3, 1)
+        self.register_buffer("scale", torch.arange(1.0, 7.0))
+
+    def predict(self, layer: nn.Linear, input_x: torch.Tensor) -> torch.Tensor:
+        return layer(input_x).squeeze(-1) * self.scale.sum() / 21.0
+
+    def forward(self, input_x, labels=None):
+        y = self.predict(self.legacy, input_x)
+        return (nn.functional.mse_loss(y, labels), y) if labels is not None else (y,)
+
+
+class RenamedRegressor(LegacyRegressor):
+    """Today's layout: the layer is `linear`, `scale` is 2x3; its `load_state_dict` maps the old layout onto it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = self.legacy
+        del self.legacy
+        self.scale = self.scale.reshape(2, 3)
+
+    def forward(self, input_x, labels=None):
+        y = self.predict(self.linear, input_x)
+        return (nn.functional.mse_loss(y, labels), y) if labels is not None else (y,)
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        state = {k.replace("legacy.", "linear."): v for k, v in state_dict.items()}
+        state["scale"] = state["scale"].reshape(2, 3)
+        return super().load_state_dict(state, strict, assign)
+
+
+def vector_rows(n: int = 32) -> Dataset:
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    return Dataset.from_dict({"input_x": x.tolist(), "labels": (x @ np.array([1.0, -2.0, 0.5]) + 1.0).tolist()})
+
+
+def test_resume_loads_through_the_models_own_load_state_dict_as_hf(tmp_path):
+    settings = dict(per_device_train_batch_size=4, max_steps=6, logging_steps=1, learning_rate=0.05,
+                    save_strategy="steps", save_steps=2)
+    legacy = hf_trainer(tmp_path, LegacyRegressor(), name="legacy", args=dict(settings, max_steps=2),
+                        train_dataset=vector_rows())
+    legacy.train()
+    checkpoint = str(tmp_path / "legacy" / "checkpoint-2")
+    hf = hf_trainer(tmp_path, RenamedRegressor(), args=settings, train_dataset=vector_rows())
+    hf.train(resume_from_checkpoint=checkpoint)
+    ours = our_trainer(tmp_path, RenamedRegressor(), args=settings, train_dataset=vector_rows())
+    ours.train(resume_from_checkpoint=checkpoint)
+    # the log history starts with the checkpoint's 2 updates
+    assert len(losses(hf)) == 6 and losses(ours) == pytest.approx(losses(hf), rel=1e-6)
+    for name, tensor in hf.model.state_dict().items():
+        torch.testing.assert_close(ours.model.state_dict()[name], tensor, rtol=0, atol=1e-7, msg=name)
