@@ -289,3 +289,101 @@ def test_resume_loads_through_the_models_own_load_state_dict_as_hf(tmp_path):
     assert len(losses(hf)) == 6 and losses(ours) == pytest.approx(losses(hf), rel=1e-6)
     for name, tensor in hf.model.state_dict().items():
         torch.testing.assert_close(ours.model.state_dict()[name], tensor, rtol=0, atol=1e-7, msg=name)
+
+
+# ----- 7. the callback handler: DefaultFlowCallback, duplicates, stateful callbacks left out, on_push_begin -----
+def callback_classes(trainer) -> list[type]:
+    return [type(cb) for cb in trainer.callback_handler.callbacks]
+
+
+def test_callback_handler_starts_with_default_flow_callback_as_hf(tmp_path):
+    hf, ours = hf_trainer(tmp_path, tiny_bert()), our_trainer(tmp_path, tiny_bert())
+    assert callback_classes(ours) == callback_classes(hf)
+    assert callback_classes(hf) == [transformers.DefaultFlowCallback, transformers.PrinterCallback]
+    flow = ours.callback_handler.callbacks[0]
+    assert ours.pop_callback(transformers.DefaultFlowCallback) is flow
+    assert callback_classes(ours) == [transformers.PrinterCallback]
+
+
+def test_without_default_flow_callback_nothing_is_logged_evaluated_or_saved_as_hf(tmp_path):
+    settings = dict(args=dict(per_device_train_batch_size=4, max_steps=4, logging_steps=1, eval_strategy="steps",
+                              eval_steps=2, save_strategy="steps", save_steps=2),
+                    train_dataset=classification_dataset(n=16), eval_dataset=classification_dataset(n=8, seed=1))
+    runs = []
+    for make, name in ((hf_trainer, "hf"), (our_trainer, "ours")):
+        trainer = make(tmp_path, tiny_bert(), **settings)
+        trainer.remove_callback(transformers.DefaultFlowCallback)
+        trainer.train()
+        runs.append(trainer)
+        assert not [p.name for p in (tmp_path / name).glob("checkpoint-*")]
+    hf, ours = runs
+    assert ours.state.global_step == hf.state.global_step == 4
+    assert [sorted(e) for e in ours.state.log_history] == [sorted(e) for e in hf.state.log_history]
+    assert len(hf.state.log_history) == 1 and "train_runtime" in hf.state.log_history[0]
+
+
+def test_a_duplicated_callback_class_warns_as_hf(tmp_path, caplog):
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging as hf_logging
+
+    texts = []
+    for make in (hf_trainer, our_trainer):
+        trainer = make(tmp_path, tiny_bert())
+        with CaptureLogger(hf_logging.get_logger("transformers.trainer_callback")) as captured:
+            trainer.add_callback(transformers.PrinterCallback)
+        texts.append(captured.out)
+        assert callback_classes(trainer).count(transformers.PrinterCallback) == 2
+    assert texts[1] == texts[0] and "You are adding a <class 'transformers.trainer_callback.PrinterCallback'>" \
+        in texts[0]
+
+
+class CountingState(transformers.TrainerCallback, transformers.trainer_callback.ExportableState):
+    """A stateful callback: counts updates, and its count is saved in `trainer_state.json`."""
+
+    def __init__(self, count: int = 0) -> None:
+        self.count = count
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.count += 1
+
+    def state(self) -> dict:
+        return {"args": {"count": self.count}, "attributes": {}}
+
+
+def test_stateful_callbacks_restored_or_reported_missing_as_hf(tmp_path):
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging as hf_logging
+
+    settings = dict(per_device_train_batch_size=4, max_steps=4, save_strategy="steps", save_steps=2,
+                    restore_callback_states_from_checkpoint=True)
+    first = hf_trainer(tmp_path, tiny_bert(), name="first", args=dict(settings, max_steps=2),
+                       train_dataset=classification_dataset(n=16), callbacks=[CountingState()])
+    first.train()
+    checkpoint = str(tmp_path / "first" / "checkpoint-2")
+    counts, warnings = [], []
+    for make, name in ((hf_trainer, "hf"), (our_trainer, "ours")):
+        trainer = make(tmp_path, tiny_bert(), name=name, args=settings, train_dataset=classification_dataset(n=16),
+                       callbacks=[CountingState()])
+        trainer.train(resume_from_checkpoint=checkpoint)
+        counts.append(next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, CountingState)).count)
+        trainer = make(tmp_path, tiny_bert(), name=name + "_without", args=settings,
+                       train_dataset=classification_dataset(n=16))
+        with CaptureLogger(hf_logging.get_logger("transformers.trainer")) as captured:
+            trainer.train(resume_from_checkpoint=checkpoint)
+        warnings.append([line for line in captured.out.splitlines() if "Checkpoint included" in line])
+    assert counts == [4, 4]
+    assert warnings[1] == warnings[0] == ["Checkpoint included callbacks not included in current configuration. "
+                                          "Ignoring. (CountingState)"]
+
+
+def test_on_push_begin_reaches_the_callbacks(tmp_path):
+    class Pushed(transformers.TrainerCallback):
+        calls = 0
+
+        def on_push_begin(self, args, state, control, **kwargs):
+            Pushed.calls += 1
+
+    for make in (hf_trainer, our_trainer):
+        trainer = make(tmp_path, tiny_bert(), callbacks=[Pushed()])
+        trainer.callback_handler.on_push_begin(trainer.args, trainer.state, trainer.control)
+    assert Pushed.calls == 2

@@ -315,8 +315,11 @@ class CheckpointRestorer:
         from transformers import TrainerControl
 
         originals = [*flow.handler.callbacks, flow.control]
+        rebuilt_callbacks, not_found = [], []
         for name, data in state.stateful_callbacks.items():
             matching = [cb for cb in originals if type(cb).__name__ == name]
+            if not matching:
+                not_found.append(name)
             for callback, entry in zip(matching, data if isinstance(data, list) else [data]):
                 rebuilt = type(callback)(**entry.get("args", {}))
                 for attribute, value in entry.get("attributes", {}).items():
@@ -324,8 +327,13 @@ class CheckpointRestorer:
                 if isinstance(callback, TrainerControl):
                     flow.control = rebuilt
                 else:
-                    flow.handler.remove_callback(type(rebuilt))
-                    flow.handler.add_callback(rebuilt)
+                    rebuilt_callbacks.append(rebuilt)
+                    flow.handler.remove_callback(type(rebuilt))  # as HF: the rebuilt ones are added after all
+        if not_found:  # HF's words
+            hf_logger.warning("Checkpoint included callbacks not included in current configuration. Ignoring. "
+                              f"({', '.join(not_found)})")
+        for callback in rebuilt_callbacks:
+            flow.handler.add_callback(callback)
 
     def on_train_epoch_start(self, trainer: pl.Trainer) -> None:
         """At an epoch boundary, load this rank's RNG states now (see the module docstring)."""
