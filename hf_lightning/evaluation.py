@@ -14,6 +14,7 @@ The accumulation across batches and processes is in `eval_run.py`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -253,11 +254,16 @@ def note_missing_main_input(err: BaseException, model: torch.nn.Module, inputs: 
     main = getattr(model, "main_input_name", None)  # a PreTrainedModel attribute; plain modules have none
     if not isinstance(main, str) or main in inputs:
         return
-    err.add_note(
+    note = (
         f"The evaluation / prediction batch has no column {main!r}, which {type(model).__name__} takes as its main "
         f"input (`model.main_input_name`); the batch has the columns {sorted(map(str, inputs))}. If the model needs "
         f"it, add a {main!r} column to the eval / test dataset (tokenise it), or check the collator."
     )
+    add_note = getattr(err, "add_note", None)  # Python 3.11+
+    if callable(add_note):
+        add_note(note)
+    else:
+        logging.getLogger(__name__).error(note)
 
 
 def concat_padded(batches: list[Any], padding_index: int = -100) -> Any:

@@ -32,8 +32,9 @@ from hf_lightning.checkpointing.verify import checkpoint_error, checkpoint_probl
 from hf_lightning.checkpointing.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 from hf_lightning.resume.same_run import argument_differences
 
-__all__ = ["CheckpointFiles", "CheckpointNotFoundError", "check_checkpoint", "existing_checkpoint_conflict", "last_checkpoint",
-           "list_checkpoint_steps", "replaced_checkpoints_notice", "resolve_checkpoint", "resolve_resume"]
+__all__ = ["CheckpointFiles", "CheckpointNotFoundError", "check_checkpoint", "existing_checkpoint_conflict",
+           "last_checkpoint", "list_checkpoint_steps", "replaced_checkpoints_notice", "resolve_checkpoint",
+           "resolve_resume"]
 
 
 def list_checkpoint_steps(folder: str | Path) -> dict[int, Path]:

@@ -139,7 +139,7 @@ class StepHooks:
         optimizer = self.optimizer
         if optimizer is None:  # HF's words
             raise ValueError("Trainer optimizer is None, please make sure you have setup the optimizer before.")
-        return optimizer  # type: ignore[no-any-return]  # the module's attribute
+        return optimizer
 
     def get_learning_rates(self) -> list[float]:
         """HF's `get_learning_rates`: each parameter group's `lr`.
