@@ -191,6 +191,12 @@ def test_eval_dataloader_is_cached_per_name_with_persistent_workers_as_hf(tmp_pa
     first = ours.get_eval_dataloader()
     # HF would hand back the cached loader of `dev` for another dataset passed in: the oracle made right
     assert ours.get_eval_dataloader(other) is not first
+    if persistent:  # the reused loader (its worker kept) evaluates as HF's, again and again
+        hf = hf_trainer(tmp_path, tiny_bert(), eval_dataset=dev, **settings)
+        want = [hf.evaluate()["eval_loss"] for _ in range(2)]
+        loader = ours.get_eval_dataloader()
+        got = [ours.evaluate()["eval_loss"] for _ in range(2)]
+        assert got == pytest.approx(want, rel=1e-6) and ours.get_eval_dataloader() is loader
 
 
 # ----- 9. a missing checkpoint folder -----
