@@ -87,6 +87,7 @@ def test_model_without_its_main_input_in_the_batch_evaluates_predicts_and_trains
     for trainer in (hf, ours):
         trainer.train()
     assert losses(ours) == pytest.approx(losses(hf), rel=1e-6) and len(losses(hf)) == 6
+    assert ours.state.total_flos == hf.state.total_flos
     want, got = hf.evaluate(), ours.evaluate()
     assert got["eval_loss"] == pytest.approx(want["eval_loss"], rel=1e-6) and got["eval_n"] == want["eval_n"] == 10
     want, got = hf.predict(dev), ours.predict(dev)

@@ -7,14 +7,14 @@ the callbacks after it. Flags are reset before the callbacks run, exactly where 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
-
-from transformers.utils import logging as hf_logging
 
 __all__ = ["HFCallbackHandler", "HF_EVENTS"]
 
-_logger = hf_logging.get_logger("transformers.trainer_callback")
-"""HF's callback-handler logger: its warnings reach a `transformers` user's logging settings as HF's do."""
+_logger = logging.getLogger("transformers.trainer_callback")
+"""HF's callback-handler logger (transformers' loggers are the standard library's, by name): its warnings reach a
+`transformers` user's logging settings as HF's do."""
 
 HF_EVENTS = (
     "on_init_end",
