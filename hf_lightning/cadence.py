@@ -7,7 +7,9 @@ One place for each rule of `transformers` 5.x that decides *when* things happen:
 - `epoch_progress`: the float `state.epoch` (T:1956), a fraction of micro-batches, not of updates.
 - `step_end_flags` / `epoch_end_flags`: `DefaultFlowCallback.on_step_end` / `on_epoch_end` (CB:568-621).
 
-The Lightning callback in `callbacks/flow.py` calls these; tests check them against `DefaultFlowCallback` itself.
+`callbacks/flow.py` calls `plan_training` and `epoch_progress`; the flags come from HF's own `DefaultFlowCallback`,
+dispatched first among the HF callbacks (so removing it works as in HF). `step_end_flags` / `epoch_end_flags` state
+its rules without a run; tests check them against `DefaultFlowCallback` itself.
 """
 
 from __future__ import annotations

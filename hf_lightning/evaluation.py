@@ -2,8 +2,8 @@
 
 - `hf_prediction_step` is `Trainer.prediction_step` (transformers `trainer.py`, `Trainer.prediction_step`).
 - `check_metrics` / `prefix_metrics`: what `compute_metrics` may return and how its keys get the `eval_` prefix
-  (`Trainer.evaluation_loop`'s renaming), and `check_batch_columns`: a clear error for an eval batch without the
-  model's main input.
+  (`Trainer.evaluation_loop`'s renaming), and `note_missing_main_input`: a note naming the missing column when a
+  model fails on an eval batch without its main input.
 - `concat_padded`: per-batch arrays concatenated once, padded with -100 (the result of HF's `nested_concat`).
 - The value types of a run: `EvalRequest` (what to run), `EvalStep` (what one `validation_step` / `predict_step`
   returns), `EvalResult` (one finished dataset: HF's `EvalLoopOutput`), `EvaluationOutput` (a whole `evaluate()` /
@@ -14,6 +14,7 @@ The accumulation across batches and processes is in `eval_run.py`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -26,7 +27,8 @@ from transformers.utils import can_return_loss
 
 __all__ = [
     "EVAL_LOSS_WEIGHTINGS", "EvalRequest", "EvalResult", "EvalSettings", "EvalStep", "EvaluationOutput",
-    "PredictionHooks", "check_batch_columns", "check_metrics", "concat_padded", "hf_prediction_step", "prefix_metrics",
+    "PredictionHooks", "check_metrics", "concat_padded", "hf_prediction_step", "note_missing_main_input",
+    "prefix_metrics",
 ]
 
 # Keys HF puts into every evaluation result; a compute_metrics key landing on one of them would overwrite it.
@@ -157,7 +159,17 @@ def hf_prediction_step(
     The HF hooks it calls (`_prepare_inputs`, `_get_num_items_in_batch`, `compute_loss_context_manager`,
     `compute_loss`) are `hooks`' (the module's owner), in HF's order (T:3193-3300).
     """
-    check_batch_columns(model, inputs)
+    try:
+        return _prediction_step(hooks, label_names, model, inputs, prediction_loss_only, ignore_keys, device)
+    except Exception as err:  # any model may run without its main input (HF's does not check it): name it only
+        note_missing_main_input(err, model, inputs)  # when the model's own error is what the user sees
+        raise
+
+
+def _prediction_step(
+    hooks: PredictionHooks, label_names: list[str], model: torch.nn.Module, inputs: dict[str, Any],
+    prediction_loss_only: bool, ignore_keys: list[str] | None, device: Any,
+) -> tuple[torch.Tensor | None, Any, Any]:
     has_labels = bool(label_names) and all(inputs.get(k) is not None for k in label_names)
     return_loss = inputs.get("return_loss")
     if return_loss is None:
@@ -245,19 +257,26 @@ def check_metrics(metrics: Any, prefix: str) -> dict[str, Any]:
     return out
 
 
-def check_batch_columns(model: torch.nn.Module, inputs: Mapping[str, Any]) -> None:
-    """Raise a clear error when an eval / predict batch lacks the model's main input column.
+def note_missing_main_input(err: BaseException, model: torch.nn.Module, inputs: Mapping[str, Any]) -> None:
+    """Add a note to `err` (raised by an eval / predict step) when the batch lacks the model's main input column.
 
-    Without it the model fails deep in `forward` with a message that names no dataset column.
+    HF runs any model on the batch it gets (a model may take other inputs than `main_input_name`, e.g. `input_x` or
+    `inputs_embeds`), so a missing column is not refused; when the model then fails, its message names no dataset
+    column, and this note does.
     """
     main = getattr(model, "main_input_name", None)  # a PreTrainedModel attribute; plain modules have none
-    if not isinstance(main, str) or main in inputs or any(str(k).endswith("_embeds") for k in inputs):
+    if not isinstance(main, str) or main in inputs:
         return
-    raise ValueError(
-        f"The evaluation / prediction batch has no column {main!r}, which {type(model).__name__} needs as its main "
-        f"input (`model.main_input_name`); the batch has the columns {sorted(map(str, inputs))}. Add a {main!r} "
-        "column to the eval / test dataset (tokenise it), or check the collator."
+    note = (
+        f"The evaluation / prediction batch has no column {main!r}, which {type(model).__name__} takes as its main "
+        f"input (`model.main_input_name`); the batch has the columns {sorted(map(str, inputs))}. If the model needs "
+        f"it, add a {main!r} column to the eval / test dataset (tokenise it), or check the collator."
     )
+    add_note = getattr(err, "add_note", None)  # Python 3.11+
+    if callable(add_note):
+        add_note(note)
+    else:
+        logging.getLogger(__name__).error(note)
 
 
 def concat_padded(batches: list[Any], padding_index: int = -100) -> Any:

@@ -188,6 +188,7 @@ class TransformerModule(HFHooksModule):
         hooks = self.hooks
         model = step_model(strategy, self.model_wrapped)  # FSDP1: each micro-batch a forward of the FSDP root
 
+        @torch.enable_grad()  # optimizers that step under `no_grad` call it there (transformers' Adafactor)
         def closure() -> None:
             micro_losses.clear()  # a closure is called once, but an optimizer may call it again (LBFGS)
             for i, micro in enumerate(window):

@@ -218,6 +218,8 @@ class HFHooksModule(pl.LightningModule):
         Returns:
             The detached loss, as HF's `training_step` returns it (what the logged loss sums).
         """
+        # HF puts the model in train mode at every micro-batch: a callback or a save may have switched it to eval
+        model.train()
         hooks = self.hooks
         cp_context, inputs = hooks._prepare_context_parallel_inputs(model, inputs)
         with cp_context():

@@ -69,6 +69,7 @@ TIERS = {
     "test_eval_parity.py": "parity",
     "test_flow.py": "parity",
     "test_hf_console.py": "parity",
+    "test_hf_small_behaviours.py": "parity",
     "test_grad_accumulation.py": "parity",
     "test_hp_search.py": "parity",
     "test_fp16_on_cpu.py": "parity",

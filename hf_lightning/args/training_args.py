@@ -14,6 +14,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Literal
 
 from hf_lightning.args.choices import (
@@ -31,6 +32,15 @@ from hf_lightning.args.validation import normalise_and_check
 __all__ = ["TrainingArguments"]
 
 _BARE_FLAG = {"nargs": "?", "const": True}  # HF's metadata: a bare `--flag` means True for a `bool | None` field
+
+
+def _dtype_names(values: dict[str, Any]) -> dict[str, Any]:
+    """HF's `_dict_dtype_to_str` on a copy (HF's edits the argument's own dicts): a non-string `dtype` value (here
+    and in nested dicts) becomes its name after the module prefix (`torch.float16` -> `"float16"`)."""
+    out = {k: _dtype_names(v) if isinstance(v, dict) else v for k, v in values.items()}
+    if out.get("dtype") is not None and not isinstance(out["dtype"], str):
+        out["dtype"] = str(out["dtype"]).split(".")[1]
+    return out
 
 
 @with_keyword_hints
@@ -368,17 +378,23 @@ class TrainingArguments(ProcessLayoutMixin):
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
 
     def to_dict(self) -> dict[str, Any]:
-        """Every field, JSON-friendly, with `*_token` values hidden (HF's `to_dict`)."""
+        """Every field, JSON-friendly, with `*_token` values hidden (HF's `to_dict`): an `Enum` (or a list of them)
+        becomes its value, and a `dtype` key holding a `torch.dtype` (at the top or in a nested dict, e.g. a
+        subclass's field or `model_init_kwargs`) becomes its name (`torch.bfloat16` -> `"bfloat16"`), as HF's."""
         out = {}
         for name, value in self._field_values().items():
             if name.endswith("_token"):
                 value = f"<{name.upper()}>"
+            elif isinstance(value, Enum):
+                value = value.value
+            elif isinstance(value, list) and value and isinstance(value[0], Enum):
+                value = [v.value for v in value]
             elif hasattr(value, "to_dict"):  # e.g. a `GenerationConfig` (HF serialises it the same way)
                 value = value.to_dict()
             elif isinstance(value, os.PathLike):  # a `Path` from the command line stays JSON-friendly
                 value = os.fspath(value)
             out[name] = value
-        return out
+        return _dtype_names(out)
 
     def to_json_string(self) -> str:
         """`to_dict()` as indented JSON (what HF's callbacks print)."""

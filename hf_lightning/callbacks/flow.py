@@ -3,9 +3,8 @@
 One Lightning training batch is one optimizer update (see `TransformerDataModule`). After each update, in
 `on_train_batch_end`, the callback replays `Trainer._run_epoch` + `_maybe_log_save_evaluate` (T:1943-1999, 2238-2286):
 
-    on_step_end (cadence.step_end_flags, then HF callbacks) -> log -> evaluate -> save
-    [last update of the epoch, or a stop flag] on_epoch_end (cadence.epoch_end_flags, HF callbacks)
-        -> log -> evaluate -> save
+    on_step_end (HF callbacks, `DefaultFlowCallback` first) -> log -> evaluate -> save
+    [last update of the epoch, or a stop flag] on_epoch_end (HF callbacks) -> log -> evaluate -> save
 
 Evaluations run Lightning's own validation loop synchronously, right where HF evaluates (`HFEvaluator`,
 `callbacks/evaluator.py`), so several evaluations in one update (a step pass and an epoch pass, or a flag set by a
@@ -28,7 +27,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from transformers import TrainerControl, TrainerState
+from transformers import DefaultFlowCallback, TrainerControl, TrainerState
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import TrainOutput
 from typing_extensions import override
@@ -43,7 +42,7 @@ from hf_lightning._lightning_compat import (
     set_step_budget,
 )
 from hf_lightning.args import TrainingArguments
-from hf_lightning.cadence import TrainingPlan, epoch_end_flags, epoch_progress, plan_training, step_end_flags
+from hf_lightning.cadence import TrainingPlan, epoch_progress, plan_training
 from hf_lightning.callbacks.best_model import BestModelTracker, unreachable_best_metric
 from hf_lightning.callbacks.checkpoint_saver import CheckpointSaver
 from hf_lightning.callbacks.evaluator import HFEvaluator
@@ -103,7 +102,9 @@ class HFTrainerFlow(HFLoopSteps):
         self.lightning_console = lightning_console
         if not lightning_console:  # now: a hand-built `lightning.Trainer` prints its first lines when it is built
             install_console_filters()
-        self.handler = HFCallbackHandler(callbacks)
+        # HF's handler starts with `DefaultFlowCallback`: it raises the log / evaluate / save / stop flags at each
+        # update's and epoch's end, so removing it stops them as in HF
+        self.handler = HFCallbackHandler([DefaultFlowCallback, *(callbacks or [])])
         self.handler.processing_class = processing_class
         self.state = TrainerState()
         self.control = TrainerControl()
@@ -339,15 +340,13 @@ class HFTrainerFlow(HFLoopSteps):
         micro_done = batch_idx * self.args.gradient_accumulation_steps + len(window)
         self.state.global_step = trainer.global_step
         self.state.epoch = epoch_progress(self._epoch_index, micro_done, self.plan.microbatches_per_epoch)
-        step_end_flags(self.state.global_step, self.args, self.plan).merge_into(self.control)
-        self.hf_event("on_step_end")
+        self.hf_event("on_step_end")  # `DefaultFlowCallback` first: the flags of `cadence.step_end_flags`
         self.maybe_log_save_evaluate(trainer, pl_module, update)
         # HF leaves the epoch when a flag says so after the pass (T:1971-1974); max_steps sets should_training_stop.
         epoch_stop = self.control.should_epoch_stop or self.control.should_training_stop
         last_batch = position_in_epoch(trainer)[1]
         if last_batch or epoch_stop or self.state.global_step >= self.plan.max_steps:
-            epoch_end_flags(self.state.epoch, self.args).merge_into(self.control)
-            self.hf_event("on_epoch_end")
+            self.hf_event("on_epoch_end")  # `DefaultFlowCallback`: the flags of `cadence.epoch_end_flags`
             self.maybe_log_save_evaluate(trainer, pl_module, update)
             if self.control.should_training_stop:
                 trainer.should_stop = True

@@ -7,10 +7,15 @@ the callbacks after it. Flags are reset before the callbacks run, exactly where 
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 from typing import Any
 
 __all__ = ["HFCallbackHandler", "HF_EVENTS"]
+
+_logger = logging.getLogger("transformers.trainer_callback")
+"""HF's callback-handler logger (transformers' loggers are the standard library's, by name): its warnings reach a
+`transformers` user's logging settings as HF's do."""
 
 HF_EVENTS = (
     "on_init_end",
@@ -28,6 +33,7 @@ HF_EVENTS = (
     "on_save",
     "on_log",
     "on_prediction_step",
+    "on_push_begin",  # never called: hf_lightning does not push to the Hub (`push_to_hub` is refused)
 )
 
 # Which control flags HF's CallbackHandler clears before calling the callbacks of an event (CB:490-535).
@@ -53,7 +59,9 @@ class HFCallbackHandler:
     """
 
     def __init__(self, callbacks: list[Any] | None = None) -> None:
-        self.callbacks = [cb() if isinstance(cb, type) else cb for cb in (callbacks or [])]
+        self.callbacks: list[Any] = []
+        for callback in callbacks or []:
+            self.add_callback(callback)
         self.model: Any = None
         self.processing_class: Any = None
         self.optimizer: Any = None
@@ -62,8 +70,16 @@ class HFCallbackHandler:
         self.eval_dataloader: Any = None
 
     def add_callback(self, callback: Any) -> None:
-        """Append a callback (an instance or a class); a second one of the same class is allowed, as in HF."""
-        self.callbacks.append(callback() if isinstance(callback, type) else callback)
+        """Append a callback (an instance or a class); a second one of the same class is allowed, with HF's
+        warning."""
+        instance = callback() if isinstance(callback, type) else callback
+        cls = callback if isinstance(callback, type) else type(callback)
+        if cls in [type(existing) for existing in self.callbacks]:
+            _logger.warning(  # HF's words, run-ons included
+                f"You are adding a {cls} to the callbacks of this Trainer, but there is already one. The current"
+                + "list of callbacks is\n:" + self.callback_list
+            )
+        self.callbacks.append(instance)
 
     def pop_callback(self, callback: Any) -> Any:
         """Remove and return the first callback of that class (or that instance); None if there is none."""

@@ -143,6 +143,8 @@ class TransformerDataModule(pl.LightningDataModule):
         """The training samples' lengths, for `train_sampling_strategy="group_by_length"` (measured in `setup`)."""
         self._lengths_of: Any = None
         self._rows_checked: list[tuple[Any, RowLimits]] = []  # datasets (by identity) checked against limits
+        self._eval_loaders: dict[str, tuple[Any, DataLoader]] = {}
+        """With `dataloader_persistent_workers`: the eval loader per key (HF's `_eval_dataloaders`) and its dataset."""
         self._train_lengths()  # a bad length column is an error now, not at fit
 
     @staticmethod
@@ -313,10 +315,19 @@ class TransformerDataModule(pl.LightningDataModule):
             ValueError: no eval dataset, an unknown name, or None with several named eval datasets.
         """
         dataset = self._eval_dataset(eval_dataset)
+        key = eval_dataset if isinstance(eval_dataset, str) else "eval"
+        # HF reuses the loader of a key under `dataloader_persistent_workers` (its workers stay up between
+        # evaluations); HF's would also hand back the cached loader for another dataset passed in, so the dataset
+        # must be the same object here too
+        cached = self._eval_loaders.get(key)
+        if self.args.dataloader_persistent_workers and cached is not None and cached[0] is dataset:
+            return cached[1]
         loaders = self.loaders
-        return loaders._get_dataloader(dataset, "Evaluation", self.args.per_device_eval_batch_size,
-                                       loaders._get_eval_sampler, dataloader_key=eval_dataset
-                                       if isinstance(eval_dataset, str) else "eval")
+        loader = loaders._get_dataloader(dataset, "Evaluation", self.args.per_device_eval_batch_size,
+                                         loaders._get_eval_sampler, dataloader_key=key)
+        if self.args.dataloader_persistent_workers:
+            self._eval_loaders[key] = (dataset, loader)
+        return loader
 
     def _eval_dataset(self, eval_dataset: Any) -> Any:
         if eval_dataset is not None and not isinstance(eval_dataset, str):

@@ -31,7 +31,7 @@ from hf_lightning.checkpointing.verify import checkpoint_error, checkpoint_probl
 from hf_lightning.checkpointing.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 from hf_lightning.resume.same_run import argument_differences
 
-__all__ = ["CheckpointFiles", "check_checkpoint", "last_checkpoint",
+__all__ = ["CheckpointFiles", "CheckpointNotFoundError", "check_checkpoint", "last_checkpoint",
            "list_checkpoint_steps", "replaced_checkpoints_notice", "resolve_checkpoint", "resolve_resume"]
 
 
@@ -44,6 +44,12 @@ def last_checkpoint(folder: str | Path) -> str | None:
     """HF `get_last_checkpoint` (TU:270-279): the `checkpoint-<n>` folder with the largest n, or None."""
     steps = list_checkpoint_steps(folder)
     return str(steps[max(steps)]) if steps else None
+
+
+
+class CheckpointNotFoundError(ValueError, FileNotFoundError):
+    """A `resume_from_checkpoint` folder that does not exist or holds no model weights: HF's `ValueError` ("Can't
+    find a valid checkpoint at ..."), also a `FileNotFoundError` for code written against earlier releases."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,8 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0, verif
     checksums, the step of `trainer_state.json`); `verify=False` checks only that the files are there and whole.
 
     Raises:
-        FileNotFoundError: the folder does not exist; no weights file; no `trainer_state.json`; one of
+        CheckpointNotFoundError: the folder does not exist or holds no weights file (HF's `ValueError` and text).
+        FileNotFoundError: no `trainer_state.json`; one of
             `optimizer.pt` / `scheduler.pt` without the other, or RNG / Lightning state without either (a
             half-copied checkpoint).
         DamagedCheckpointError: a truncated, corrupted or altered file, or a `trainer_state.json` of another step
@@ -75,12 +82,13 @@ def check_checkpoint(path: str | Path, world_size: int = 1, rank: int = 0, verif
     """
     folder = Path(path)
     where = f"resume_from_checkpoint={str(folder)!r}"
+    hf_words = f"Can't find a valid checkpoint at {path}"  # HF's ValueError, then what is wrong
     if not folder.is_dir():
-        raise FileNotFoundError(f"{where}: no such checkpoint folder.")
+        raise CheckpointNotFoundError(f"{hf_words} ({where}: no such checkpoint folder).")
     weights = weights_file(folder)
     if weights is None:
-        raise FileNotFoundError(
-            f"{where}: incomplete checkpoint, the model weights file is missing (expected one of "
+        raise CheckpointNotFoundError(
+            f"{hf_words} ({where}: incomplete checkpoint, the model weights file is missing, expected one of "
             f"{list(WEIGHT_FILES + ADAPTER_WEIGHT_FILES)})."
         )
     if not (folder / TRAINER_STATE_NAME).is_file():

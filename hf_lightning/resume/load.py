@@ -131,6 +131,14 @@ def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_ch
         load_adapter_checkpoint(model, path, what)
         return
     saved = read_weights(path, what)
+    if _own_load_state_dict(model, strategy):
+        # HF loads through the model's `load_state_dict(state_dict, False)`: an override that renames or reshapes
+        # keys decides what fits (torch still refuses a shape it gets wrong)
+        if is_deepspeed(strategy):  # through the override too, then the engine's fp32 master weights refreshed
+            load_full_weights(strategy, model, saved)
+        else:
+            _warn_after_load(model, model.load_state_dict(saved, False))
+        return
     model_shapes = full_shapes(strategy, model)
     if model_shapes is None:  # FSDP1: the shards do not know the shapes; torch checks them while loading
         load_full_weights(strategy, model, saved)
@@ -143,6 +151,31 @@ def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_ch
     if missing:
         log.info("Weights not in %s (kept as initialised, e.g. tied): %s", path, missing[:10])
     load_full_weights(strategy, model, saved)
+
+
+def _own_load_state_dict(model: nn.Module, strategy: Any) -> bool:
+    """Whether the model's class overrides `load_state_dict` and the load would go through it (a plain or DDP
+    model, or DeepSpeed below ZeRO-3: FSDP and ZeRO-3 load the shards with torch's / DeepSpeed's own code, where the
+    shapes are checked before)."""
+    overridden = type(model).load_state_dict is not nn.Module.load_state_dict
+    sharded = full_shapes(strategy, model) is None or dist_state.is_sharded(model) or (
+        is_deepspeed(strategy) and bool(getattr(strategy, "zero_stage_3", False)))
+    return overridden and not sharded
+
+
+def _warn_after_load(model: nn.Module, result: Any) -> None:
+    """HF's `_issue_warnings_after_load`: missing keys (unless they are the model's `_keys_to_ignore_on_save`,
+    then the weights are tied again) and unexpected keys, from what the model's `load_state_dict` returned."""
+    missing = list(getattr(result, "missing_keys", None) or [])
+    unexpected = list(getattr(result, "unexpected_keys", None) or [])
+    if missing:
+        ignored = getattr(model, "_keys_to_ignore_on_save", None)
+        if ignored and set(missing) == set(ignored):
+            model.tie_weights()  # type: ignore[operator]  # a PreTrainedModel's, the one kind with that attribute
+        else:
+            hf_logger.warning(f"There were missing keys in the checkpoint model loaded: {missing}.")
+    if unexpected:
+        hf_logger.warning(f"There were unexpected keys in the checkpoint model loaded: {unexpected}.")
 
 
 def _torch_load(path: Path) -> Any:
@@ -277,8 +310,11 @@ class CheckpointRestorer:
         from transformers import TrainerControl
 
         originals = [*flow.handler.callbacks, flow.control]
+        rebuilt_callbacks, not_found = [], []
         for name, data in state.stateful_callbacks.items():
             matching = [cb for cb in originals if type(cb).__name__ == name]
+            if not matching:
+                not_found.append(name)
             for callback, entry in zip(matching, data if isinstance(data, list) else [data]):
                 rebuilt = type(callback)(**entry.get("args", {}))
                 for attribute, value in entry.get("attributes", {}).items():
@@ -286,8 +322,13 @@ class CheckpointRestorer:
                 if isinstance(callback, TrainerControl):
                     flow.control = rebuilt
                 else:
-                    flow.handler.remove_callback(type(rebuilt))
-                    flow.handler.add_callback(rebuilt)
+                    rebuilt_callbacks.append(rebuilt)
+                    flow.handler.remove_callback(type(rebuilt))  # as HF: the rebuilt ones are added after all
+        if not_found:  # HF's words
+            hf_logger.warning("Checkpoint included callbacks not included in current configuration. Ignoring. "
+                              f"({', '.join(not_found)})")
+        for callback in rebuilt_callbacks:
+            flow.handler.add_callback(callback)
 
     def on_train_epoch_start(self, trainer: pl.Trainer) -> None:
         """At an epoch boundary, load this rank's RNG states now (see the module docstring)."""

@@ -131,6 +131,37 @@ class StepHooks:
         return 1
 
     # ----- optimizer and scheduler -----
+    def get_num_trainable_parameters(self) -> int:
+        """HF's `get_num_trainable_parameters`: the elements of the model's parameters that require a gradient."""
+        return sum(p.numel() for p in self.module.model.parameters() if p.requires_grad)
+
+    def _optimizer_or_error(self) -> torch.optim.Optimizer:
+        optimizer = self.optimizer
+        if optimizer is None:  # HF's words
+            raise ValueError("Trainer optimizer is None, please make sure you have setup the optimizer before.")
+        return optimizer
+
+    def get_learning_rates(self) -> list[float]:
+        """HF's `get_learning_rates`: each parameter group's `lr`.
+
+        Raises:
+            ValueError: there is no optimizer yet (before `train()` or `create_optimizer()`), HF's error.
+        """
+        return [group["lr"] for group in self._optimizer_or_error().param_groups]
+
+    def get_optimizer_group(self, param: str | nn.Parameter | None = None) -> Any:
+        """HF's `get_optimizer_group`: the parameter group holding `param`, else every group's `params` list.
+
+        Raises:
+            ValueError: there is no optimizer yet, HF's error.
+        """
+        groups = self._optimizer_or_error().param_groups
+        if param is not None:
+            for group in groups:
+                if any(p is param for p in group["params"]):  # HF's `in`, without comparing tensors elementwise
+                    return group
+        return [group["params"] for group in groups]
+
     def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
         """HF's `get_decay_parameter_names`: every parameter but biases and normalisation weights."""
         return self.module.get_decay_parameter_names(model)
