@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import importlib.util
 import queue
 import random
 import subprocess
 import threading
+from pathlib import Path
+from types import ModuleType
 
 import torch
 from datasets import Dataset
 from torch.utils.data import Dataset as TorchDataset
 
 VOCAB = 64
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def load_script(name: str) -> ModuleType:
+    """`tests/scripts/<name>.py` imported as a module, to call its functions in this process."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def tiny_bert(num_labels: int = 2, dropout: float = 0.0, seed: int = 0):

@@ -3,7 +3,6 @@ and exact resumes. The scenarios run tests/scripts/checkpoint_train.py as subpro
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_script
 from safetensors.torch import load_file
 
 from hf_lightning.callbacks.checkpoint_saver import list_checkpoints
@@ -22,10 +22,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "checkpoint_train.py"
 
 
 def _script_module():
-    spec = importlib.util.spec_from_file_location("checkpoint_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("checkpoint_train")
 
 
 def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:

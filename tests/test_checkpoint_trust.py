@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import CPU_QUIET, classification_dataset, lm_dataset, load_script, tiny_bert, tiny_gpt2
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
@@ -34,7 +34,6 @@ from hf_lightning.checkpointing.finite import NonFiniteWeightsError, first_nonfi
 from hf_lightning.checkpointing.integrity import DamagedCheckpointError
 from hf_lightning.checkpointing.manifest import MANIFEST_NAME, file_checksum
 from hf_lightning.checkpointing.verify import verify_path
-from helpers import CPU_QUIET, classification_dataset, lm_dataset, tiny_bert, tiny_gpt2
 
 SCRIPT = Path(__file__).parent / "scripts" / "fault_train.py"
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
@@ -42,10 +41,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("fault_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("fault_train")
 
 
 def _verify(*paths) -> subprocess.CompletedProcess:

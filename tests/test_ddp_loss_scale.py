@@ -13,7 +13,6 @@ pin down the factor); README "Differences from the HF Trainer", "DDP losses are 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_script
 from safetensors.torch import load_file
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -39,11 +39,7 @@ def _launch(side: str, out: Path) -> None:
 
 
 def _single_process_hf(out: Path) -> None:
-    spec = importlib.util.spec_from_file_location("ddp_loss_scale", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module.train("hf", str(out), 8)
+    load_script("ddp_loss_scale").train("hf", str(out), 8)
 
 
 def _steps(out: Path) -> list[dict]:

@@ -16,7 +16,6 @@ runs, delete what the run did not write, or make a resume lie; every bad input i
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_script
 from safetensors.torch import load_file
 
 from hf_lightning.checkpointing.integrity import DamagedCheckpointError, folder_problems
@@ -41,10 +41,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("fault_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("fault_train")
 
 
 def _child(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

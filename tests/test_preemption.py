@@ -18,7 +18,6 @@ chosen phase and step, so every instant is reproducible: no timers, no races).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_script
 
 import hf_lightning
 from hf_lightning.checkpointing.integrity import folder_problems
@@ -41,10 +41,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("preempt_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("preempt_train")
 
 
 def _child(tmp_path: Path, timeout: int = 300, env: dict | None = None, **spec
