@@ -59,7 +59,8 @@ def test_cli_mistyped_local_folder(key, tmp_path, in_repo, capsys):
         main(["fit", *CONFIG, "--args.output_dir", str(tmp_path / "out"), *extra, f"--{key}", f"{tmp_path}/my_modle"])
     assert exit_info.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
-    assert line == (f"hf-lightning fit: error: {key}='{tmp_path}/my_modle': no such local folder; did you mean "
+    # found from the files alone, before anything heavy is imported: the early checks' "hf-lightning: error:" line
+    assert line == (f"hf-lightning: error: {key}='{tmp_path}/my_modle': no such local folder; did you mean "
                     f"'{tmp_path}/my_model'?")
 
 
