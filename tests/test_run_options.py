@@ -90,7 +90,8 @@ def test_out_of_memory_shrinks_the_batch_and_trains_to_the_end_as_hf(tmp_path):
     ours.train()
     # 8 -> 7 -> 6 -> 5 (accelerate multiplies by 0.9): 5 rows fit
     assert hf._train_batch_size == hf.state.train_batch_size == 5
-    assert ours.state.train_batch_size == 5 and ours.state.global_step == hf.state.global_step == 4
+    assert ours._train_batch_size == ours.state.train_batch_size == 5  # HF's private size after the search too
+    assert ours.state.global_step == hf.state.global_step == 4
     assert ours.args.per_device_train_batch_size == 8  # the user's arguments are given back unchanged
     assert _losses(ours) == _losses(hf) and len(_losses(hf)) == 4  # the whole run, from the start, with 5 rows
 

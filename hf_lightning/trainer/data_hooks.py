@@ -28,6 +28,7 @@ class DataHooks:
 
     datamodule: TransformerDataModule
     args: Any
+    state: Any  # `LoopHooks.state` (HF's TrainerState)
     _eval_dataset: Any = None
 
     # ----- attributes -----
@@ -67,8 +68,10 @@ class DataHooks:
 
     @property
     def _train_batch_size(self) -> int:
-        """HF's `_train_batch_size`: the micro-batch size per device."""
-        return int(self.args.per_device_train_batch_size)
+        """HF's `_train_batch_size`: the micro-batch size per device; after `auto_find_batch_size` the size that fit
+        (`state.train_batch_size`), which HF's batch search leaves there."""
+        found = self.state.train_batch_size if self.args.auto_find_batch_size else None
+        return int(found or self.args.per_device_train_batch_size)
 
     # ----- loaders -----
     def get_train_dataloader(self) -> DataLoader:
