@@ -38,6 +38,8 @@ def test_cli_fit_saves_the_gathered_model_under_fsdp2(tmp_path, how):
     overrides.write_text(
         "args: {max_steps: 3, eval_strategy: 'no', save_strategy: steps, save_steps: 3, report_to: 'none'}\n"
         "data: {max_train_samples: 48}\n"
+        # the callback's module is allowed by name, as a user allows their own package (the config allow-list)
+        "allow_code_from: [cli_fsdp2_fit]\n"
         "trainer:\n  enable_progress_bar: false\n  callbacks: [{class_path: cli_fsdp2_fit.RecordSharding}]\n")
     strategy = tmp_path / "strategy.yaml"
     strategy.write_text(strategy_yaml)
