@@ -115,7 +115,7 @@ def time_manifest_alone(folder: str, repeats: int) -> dict[str, float]:
     with blake2b instead (the fastest strong hash of hashlib here)."""
     import hashlib
 
-    from hf_lightning.checkpointing.manifest import MANIFEST_NAME, write_manifest
+    from hf_lightning.checkpoint.manifest import MANIFEST_NAME, write_manifest
 
     def blake2b_all() -> None:
         for root, _, names in os.walk(folder):

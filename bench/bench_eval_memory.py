@@ -93,7 +93,7 @@ def streaming_metrics() -> Any:
     from torchmetrics.classification import MulticlassAccuracy
     from torchmetrics.text import Perplexity
 
-    from hf_lightning.metrics import CombinedMetrics, StreamingMetrics
+    from hf_lightning.module.metrics import CombinedMetrics, StreamingMetrics
 
     return CombinedMetrics(
         StreamingMetrics(MulticlassAccuracy(VOCAB, average="micro", ignore_index=-100), argmax=True, shift_labels=True,

@@ -83,8 +83,8 @@ def _targets(model_class: type) -> list[tuple[Any, str, str]]:
     from lightning.pytorch.strategies.strategy import Strategy
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-    from hf_lightning.callbacks.flow import HFTrainerFlow
-    from hf_lightning.module import TransformerModule
+    from hf_lightning.flow.flow import HFTrainerFlow
+    from hf_lightning.module.module import TransformerModule
 
     return [
         (_BaseDataLoaderIter, "__next__", "data"),

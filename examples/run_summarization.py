@@ -8,7 +8,7 @@ the shape of HF's `examples/pytorch/summarization/run_summarization.py`, on `hf_
         --output_dir out/summarization
 
 Evaluation and prediction generate text (`predict_with_generate`) scored with ROUGE, SacreBLEU and exact match by
-`hf_lightning.text_metrics.build_text_metrics` (torchmetrics, offline; HF's script uses `evaluate.load("rouge")`,
+`hf_lightning.tasks.text_metrics.build_text_metrics` (torchmetrics, offline; HF's script uses `evaluate.load("rouge")`,
 which needs the hub). `EXAMPLES_TRAINER=transformers` runs the same script on `transformers.Seq2SeqTrainer`.
 """
 
@@ -30,7 +30,7 @@ from transformers import (
     set_seed,
 )
 
-from hf_lightning.text_metrics import build_text_metrics
+from hf_lightning.tasks.text_metrics import build_text_metrics
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import ModelArguments, detect_last_checkpoint, resume_point, setup_logging  # noqa: E402

@@ -17,15 +17,15 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "HFEarlyStopping": "hf_lightning.callbacks.early_stopping",
-    "HFTrainerFlow": "hf_lightning.callbacks.flow",
+    "HFTrainerFlow": "hf_lightning.flow.flow",
     "Seq2SeqTrainer": "hf_lightning.seq2seq.trainer",
     "Seq2SeqTrainingArguments": "hf_lightning.seq2seq.args",
     "Seq2SeqTransformerModule": "hf_lightning.seq2seq.module",
-    "Trainer": "hf_lightning.facade",
-    "TrainingPreempted": "hf_lightning.interruption",
+    "Trainer": "hf_lightning.trainer.facade",
+    "TrainingPreempted": "hf_lightning.flow.interruption",
     "TrainingArguments": "hf_lightning.args",
     "TransformerDataModule": "hf_lightning.data.datamodule",
-    "TransformerModule": "hf_lightning.module",
+    "TransformerModule": "hf_lightning.module.module",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -33,14 +33,14 @@ __all__ = [*_EXPORTS, "__version__"]
 if TYPE_CHECKING:
     from hf_lightning.args import TrainingArguments
     from hf_lightning.callbacks.early_stopping import HFEarlyStopping
-    from hf_lightning.callbacks.flow import HFTrainerFlow
     from hf_lightning.data.datamodule import TransformerDataModule
-    from hf_lightning.facade import Trainer
-    from hf_lightning.interruption import TrainingPreempted
-    from hf_lightning.module import TransformerModule
+    from hf_lightning.flow.flow import HFTrainerFlow
+    from hf_lightning.flow.interruption import TrainingPreempted
+    from hf_lightning.module.module import TransformerModule
     from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
     from hf_lightning.seq2seq.module import Seq2SeqTransformerModule
     from hf_lightning.seq2seq.trainer import Seq2SeqTrainer
+    from hf_lightning.trainer.facade import Trainer
 
 
 def __getattr__(name: str) -> Any:

@@ -241,7 +241,7 @@ def set_ddp_options(strategy: Any, ddp_kwargs: dict[str, Any], backend: str | No
 
 SignalConnector = _SignalConnector
 """Lightning's signal connector (private): registers the fit's signal handlers when its loop starts and restores the
-original handlers at teardown; `callbacks/preemption.py` subclasses it (see `replace_signal_connector`)."""
+original handlers at teardown; `flow/preemption.py` subclasses it (see `replace_signal_connector`)."""
 
 
 def cluster_environment(trainer: pl.Trainer) -> Any:

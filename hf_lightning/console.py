@@ -19,12 +19,12 @@ is removed by name, so every other message and warning still reaches the user:
   `extract_model_from_parallel`), and on a CPU run that does not use DeepSpeed the line is about nothing the run
   does (a DeepSpeed strategy needs a GPU, where the line does not appear);
 - transformers' "Writing model shards" progress bars are switched off while a checkpoint is written
-  (`checkpointing/io.py` `quiet_save_progress`): they broke the training bar at every save;
+  (`checkpoint/io.py` `quiet_save_progress`): they broke the training bar at every save;
 - the progress bar (`callbacks/progress_bar.py`) shows updates, the training loss and the latest evaluation's
   metrics (`latest_eval_metrics`), without Lightning's `v_num` (the logger version, meaningless to an HF user).
 
-The filters are installed when hf_lightning builds a `lightning.Trainer` (`lightning_trainer.py`); a hand-built one
-gets them with `install_console_filters()`.
+The filters are installed when hf_lightning builds a `lightning.Trainer`
+(`trainer/lightning_trainer.py`); a hand-built one gets them with `install_console_filters()`.
 """
 
 from __future__ import annotations

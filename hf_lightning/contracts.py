@@ -35,8 +35,8 @@ from typing_extensions import NotRequired, get_protocol_members
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-    from hf_lightning.eval_run import EvalAccumulator
-    from hf_lightning.evaluation import EvalRequest
+    from hf_lightning.module.eval_run import EvalAccumulator
+    from hf_lightning.module.evaluation import EvalRequest
 
 __all__ = [
     "FlowDataModule", "FlowModule", "HFDataHooks", "HFEvaluationListener", "HFFlowView", "HFLoopHooks", "HFStepHooks",
@@ -132,7 +132,7 @@ class HFEvaluationListener(Protocol):
 
 
 class HFStepHooks(Protocol):
-    """The HF hooks `TransformerModule` calls, with the `transformers.Trainer` signatures (`module_hooks.py` gives
+    """The HF hooks `TransformerModule` calls, with the `transformers.Trainer` signatures (`module/hooks.py` gives
     the order; `hf_lightning/trainer/step_hooks.py` is the `Trainer`'s side)."""
 
     optimizer: Any

@@ -22,7 +22,7 @@ How to run (README "Tests"):
 
 A test file missing from `TIERS` is run as `e2e`; add new files to `TIERS`.
 
-Warnings: the suite ignores `hf_lightning.threads.ThreadOversubscriptionWarning` (pyproject.toml `filterwarnings`).
+Warnings: the suite ignores `hf_lightning.run_options.threads.ThreadOversubscriptionWarning` (pyproject.toml `filterwarnings`).
 It tells a user that torch has more threads than the machine has free cores, which on a loaded test machine is true
 of nearly every fit, so it would fill the warnings summary with noise no test is about. Users still see it (nothing
 in the library changes); tests/test_threads.py records it explicitly (`warnings.catch_warnings(record=True)` with

@@ -176,7 +176,8 @@ def test_a_kill_during_a_background_write_leaves_no_checkpoint_and_the_run_resum
     """SIGKILL while checkpoint-3 is being written in the background: no `checkpoint-3` (only its temporary
     folder), and `resume_from_checkpoint=True` continues from checkpoint-2 to the end."""
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    # the checkout first (not whatever hf_lightning is installed), then the scripts' helpers
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), str(Path(__file__).parent)])}
     process = subprocess.Popen([sys.executable, str(SCRIPT), str(out), "hang-at-3"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_for_line(process, "WRITING 3", timeout=300)  # the script prints it when the write of checkpoint-3 has begun

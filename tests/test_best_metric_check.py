@@ -13,7 +13,7 @@ import transformers
 
 import hf_lightning
 from hf_lightning import HFTrainerFlow, TransformerDataModule, TransformerModule
-from hf_lightning.callbacks.best_model import unreachable_best_metric
+from hf_lightning.checkpoint.best import unreachable_best_metric
 from helpers import classification_dataset, tiny_bert
 
 

@@ -15,8 +15,8 @@ import torch
 from helpers import load_script
 from safetensors.torch import load_file
 
-from hf_lightning.callbacks.checkpoint_saver import list_checkpoints
-from hf_lightning.resume.find import last_checkpoint
+from hf_lightning.checkpoint.write import list_checkpoints
+from hf_lightning.checkpoint.find import last_checkpoint
 
 SCRIPT = Path(__file__).parent / "scripts" / "checkpoint_train.py"
 
@@ -110,7 +110,7 @@ def test_two_process_save_and_exact_resume(tmp_path, strategy):
     assert not [p for p in os.listdir(tmp_path / "full") if p.startswith("tmp-")]
     # every checkpoint carries a manifest written by the rank that finalised it, after every rank's files existed
     # (the other rank's RNG file, the optimizer shards, with save_async too), and verifies
-    from hf_lightning.checkpointing.verify import verify_path
+    from hf_lightning.checkpoint.verify import verify_path
 
     verdicts = verify_path(tmp_path / "full")
     assert [v.folder.name for v in verdicts] == ["checkpoint-4", "checkpoint-6"]

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from transformers.trainer_utils import rotate_checkpoints, sort_checkpoints
 
-from hf_lightning.callbacks.checkpoint_saver import list_checkpoints
-from hf_lightning.checkpointing.rotation import final_cleanup, select_for_deletion
+from hf_lightning.checkpoint.write import list_checkpoints
+from hf_lightning.checkpoint.rotate import final_cleanup, select_for_deletion
 
 FOREIGN = ["checkpoint-best", "checkpoint-7x", "checkpoint-abc", "checkpoint-final", "checkpoint-5-backup"]
 

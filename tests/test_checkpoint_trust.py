@@ -30,10 +30,10 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 import hf_lightning
-from hf_lightning.checkpointing.finite import NonFiniteWeightsError, first_nonfinite
-from hf_lightning.checkpointing.integrity import DamagedCheckpointError
-from hf_lightning.checkpointing.manifest import MANIFEST_NAME, file_checksum
-from hf_lightning.checkpointing.verify import verify_path
+from hf_lightning.checkpoint.finite import NonFiniteWeightsError, first_nonfinite
+from hf_lightning.checkpoint.integrity import DamagedCheckpointError
+from hf_lightning.checkpoint.manifest import MANIFEST_NAME, file_checksum
+from hf_lightning.checkpoint.verify import verify_path
 
 SCRIPT = Path(__file__).parent / "scripts" / "fault_train.py"
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),

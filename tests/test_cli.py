@@ -278,7 +278,7 @@ def test_lightning_options_loggers_and_callbacks_pass_through(tmp_path, in_repo,
     from lightning.pytorch.callbacks import ModelSummary
     from lightning.pytorch.loggers import CSVLogger
 
-    from hf_lightning.callbacks.flow import HFTrainerFlow
+    from hf_lightning.flow.flow import HFTrainerFlow
     from hf_lightning.cli import run_cli
 
     logs = tmp_path / "extra_logs"
@@ -448,7 +448,7 @@ def test_fit_into_an_output_dir_with_checkpoints_replaces_them_as_hf(tmp_path, i
     (tmp_path / "checkpoint-2").mkdir()
     (tmp_path / "checkpoint-2" / "stale.txt").write_text("old run")
     (tmp_path / "notes.txt").write_text("mine")
-    with caplog.at_level(logging.WARNING, logger="hf_lightning.resume.load"):
+    with caplog.at_level(logging.WARNING, logger="hf_lightning.checkpoint.restore"):
         _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path),
               "--args.save_total_limit", "3", *FAST])  # 2 steps an epoch: saves at 2 and 3
     notices = [r.getMessage() for r in caplog.records if "replaces checkpoint-2 as it saves" in r.getMessage()]

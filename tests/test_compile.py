@@ -119,7 +119,7 @@ def test_a_model_the_user_compiled_trains_saves_resumes_and_evaluates(runs, tmp_
 
 
 def test_compile_arguments_follow_hfs_rules(tmp_path):
-    from hf_lightning.torch_compile import compile_kwargs
+    from hf_lightning.run_options.torch_compile import compile_kwargs
 
     args = hf_lightning.TrainingArguments(torch_compile_mode="max-autotune")
     assert args.torch_compile and args.torch_compile_backend == "inductor"  # as HF (TA:1620-1629)

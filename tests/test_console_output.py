@@ -71,7 +71,7 @@ import sys
 from datasets import Dataset
 from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerFast
 import hf_lightning
-from hf_lightning.quickstart import make_sentiment_dataset
+from hf_lightning.cli.quickstart import make_sentiment_dataset
 
 tok = PreTrainedTokenizerFast(tokenizer_file="{tokenizer}", pad_token="[PAD]", unk_token="[UNK]")
 data = Dataset.from_dict(make_sentiment_dataset(96, seed=0)).map(
@@ -108,7 +108,7 @@ from datasets import Dataset
 from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerFast
 import hf_lightning
 from hf_lightning import HFTrainerFlow, TransformerDataModule, TransformerModule
-from hf_lightning.quickstart import make_sentiment_dataset
+from hf_lightning.cli.quickstart import make_sentiment_dataset
 
 tok = PreTrainedTokenizerFast(tokenizer_file="{tokenizer}", pad_token="[PAD]", unk_token="[UNK]")
 data = Dataset.from_dict(make_sentiment_dataset(96, seed=0)).map(

@@ -339,7 +339,7 @@ def test_eval_shards_cover_the_dataset_once_and_are_never_empty():
     from torch.utils.data import DataLoader
 
     from hf_lightning.data.datamodule import ContiguousShardSampler
-    from hf_lightning.eval_run import busiest_rank_batches
+    from hf_lightning.module.eval_run import busiest_rank_batches
 
     for n in range(1, 41):
         for world in (1, 2, 3):

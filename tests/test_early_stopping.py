@@ -14,7 +14,7 @@ import transformers
 
 import hf_lightning
 from hf_lightning.callbacks.early_stopping import HFEarlyStopping, is_improvement
-from hf_lightning.callbacks.flow import HFTrainerFlow
+from hf_lightning.flow.flow import HFTrainerFlow
 from hf_lightning.data.datamodule import TransformerDataModule
 from helpers import classification_dataset, tiny_bert
 

@@ -214,9 +214,9 @@ def test_trainer_attributes_subclasses_read_match_hf(tmp_path):
         if base is transformers.Trainer:
             trainer._set_signature_columns_if_needed()
         seen[base.__module__ + ".columns"] = list(trainer._signature_columns)
-    assert seen["hf_lightning.facade"] == seen["transformers.trainer"]
-    assert seen["hf_lightning.facade"] == [(True, 2, True, False), (True, 2, True, True)] * 2
-    ours, hf = seen["hf_lightning.facade.columns"], seen["transformers.trainer.columns"]
+    assert seen["hf_lightning.trainer.facade"] == seen["transformers.trainer"]
+    assert seen["hf_lightning.trainer.facade"] == [(True, 2, True, False), (True, 2, True, True)] * 2
+    ours, hf = seen["hf_lightning.trainer.facade.columns"], seen["transformers.trainer.columns"]
     # HF appends `set(["label", "label_ids", *label_names])`: its order follows string hashing and `labels` (also a
     # forward parameter) appears twice; ours is the same columns, forward's order first, each once
     assert set(ours) == set(hf) and len(ours) == len(set(hf))

@@ -16,10 +16,10 @@ import torch
 from transformers.trainer_pt_utils import nested_concat
 
 import hf_lightning
-from hf_lightning.callbacks.flow import HFTrainerFlow
+from hf_lightning.flow.flow import HFTrainerFlow
 from hf_lightning.data.datamodule import TransformerDataModule
-from hf_lightning.evaluation import check_metrics, concat_padded
-from hf_lightning.prediction_writer import write_predictions
+from hf_lightning.module.evaluation import check_metrics, concat_padded
+from hf_lightning.cli.prediction_writer import write_predictions
 from helpers import classification_dataset, tiny_bert, tiny_gpt2
 from test_eval_parity import accuracy, pad_collator, token_rows
 

@@ -31,9 +31,9 @@ import torch
 from helpers import load_script
 from safetensors.torch import load_file
 
-from hf_lightning.checkpointing.integrity import DamagedCheckpointError, folder_problems
-from hf_lightning.checkpointing.run_lock import LOCK_NAME, OutputDirLocked
-from hf_lightning.resume.find import check_checkpoint
+from hf_lightning.checkpoint.integrity import DamagedCheckpointError, folder_problems
+from hf_lightning.checkpoint.run_lock import LOCK_NAME, OutputDirLocked
+from hf_lightning.checkpoint.find import check_checkpoint
 
 SCRIPT = Path(__file__).parent / "scripts" / "fault_train.py"
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),

@@ -1,6 +1,6 @@
 """The final model save of `hf-lightning fit` under FSDP2 (2 CPU processes, gloo): the full weights are gathered
 from the shards and written by rank 0, as `hf_lightning.Trainer.save_model` does (one helper for both,
-`checkpointing/final_model.py`). Without the gather, rank 0 would save its shard of each parameter only. FSDP2 comes
+`checkpoint/final_model.py`). Without the gather, rank 0 would save its shard of each parameter only. FSDP2 comes
 from HF's `fsdp` argument in the config's `args:` or from a plain `ModelParallelStrategy` in `trainer.strategy`; either
 way the model is sharded per layer by the default policy, with no module class of the user's."""
 

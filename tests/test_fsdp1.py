@@ -75,7 +75,7 @@ def test_the_step_model_under_fsdp1_is_the_model_to_hf_code_and_calls_the_root()
     from helpers import tiny_gpt2
     from transformers.modeling_utils import unwrap_model
 
-    from hf_lightning.loss import is_causal_lm
+    from hf_lightning.module.loss import is_causal_lm
     from hf_lightning.parallel.runtime import FSDPRootCall
 
     model = tiny_gpt2()

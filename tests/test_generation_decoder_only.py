@@ -15,7 +15,7 @@ from transformers import DataCollatorForSeq2Seq
 
 import hf_lightning
 from hf_lightning.seq2seq import Seq2SeqTrainingArguments, split_prompt_completion, tokenize_prompt_completion
-from hf_lightning.text_metrics import build_text_metrics
+from hf_lightning.tasks.text_metrics import build_text_metrics
 
 LIGHTNING = {"accelerator": "cpu", "logger": False, "enable_model_summary": False}
 

@@ -17,10 +17,10 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from hf_lightning import TrainingArguments
-from hf_lightning.checkpointing.distributed import alias_tied_weights, tied_parameter_names
+from hf_lightning.checkpoint.distributed import alias_tied_weights, tied_parameter_names
 from hf_lightning.data.sampling import ContiguousShardSampler
-from hf_lightning.eval_run import EvalAccumulator
-from hf_lightning.evaluation import EvalSettings, EvalStep
+from hf_lightning.module.eval_run import EvalAccumulator
+from hf_lightning.module.evaluation import EvalSettings, EvalStep
 from hf_lightning.parallel.lockstep import forwards_are_collective, needs_lockstep_forwards, strategy_kind
 
 

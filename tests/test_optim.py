@@ -11,7 +11,7 @@ from torch import nn
 import hf_lightning
 from hf_lightning import TrainingArguments
 from hf_lightning.args import SCHEDULER_NAMES
-from hf_lightning.optim import build_optimizer, build_scheduler, decay_parameter_names, parameter_groups
+from hf_lightning.module.optim import build_optimizer, build_scheduler, decay_parameter_names, parameter_groups
 from helpers import VOCAB, classification_dataset, tiny_bert
 
 LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}

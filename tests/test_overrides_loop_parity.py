@@ -27,7 +27,7 @@ from test_overrides_parity import (
 from transformers import DataCollatorForSeq2Seq
 
 import hf_lightning
-from hf_lightning.text_metrics import build_text_metrics
+from hf_lightning.tasks.text_metrics import build_text_metrics
 
 
 def test_log_adding_a_key(tmp_path, one_thread):

@@ -18,7 +18,7 @@ from datasets import Dataset
 from transformers import DataCollatorForSeq2Seq, DataCollatorWithFlattening, LlamaConfig, LlamaForCausalLM
 
 import hf_lightning
-from hf_lightning.loss import count_label_tokens, count_samples
+from hf_lightning.module.loss import count_label_tokens, count_samples
 from helpers import VOCAB, stable_log
 
 ARGS = dict(

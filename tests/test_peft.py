@@ -19,10 +19,10 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
 
 import hf_lightning
-from hf_lightning.checkpointing.folders import tmp_folder
-from hf_lightning.checkpointing.integrity import DamagedCheckpointError, folder_problems
-from hf_lightning.checkpointing.io import finalize_checkpoint
-from hf_lightning.resume.find import check_checkpoint
+from hf_lightning.checkpoint.layout import tmp_folder
+from hf_lightning.checkpoint.integrity import DamagedCheckpointError, folder_problems
+from hf_lightning.checkpoint.io import finalize_checkpoint
+from hf_lightning.checkpoint.find import check_checkpoint
 from helpers import (
     VOCAB, assert_logs_close, classification_dataset, lm_dataset, stable_log, tiny_bert, tiny_gpt2,
 )

@@ -9,7 +9,7 @@ import pytest
 import transformers
 
 import hf_lightning
-from hf_lightning.checkpointing.permissions import current_umask, file_mode
+from hf_lightning.checkpoint.permissions import current_umask, file_mode
 from helpers import classification_dataset, tiny_bert
 
 

@@ -30,8 +30,8 @@ import torch
 from helpers import load_script
 
 import hf_lightning
-from hf_lightning.checkpointing.integrity import folder_problems
-from hf_lightning.resume.find import check_checkpoint
+from hf_lightning.checkpoint.integrity import folder_problems
+from hf_lightning.checkpoint.find import check_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).parent / "scripts"

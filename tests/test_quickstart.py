@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from hf_lightning.cli import main as cli_main
-from hf_lightning.quickstart import main as quickstart, make_sentiment_dataset
+from hf_lightning.cli.quickstart import main as quickstart, make_sentiment_dataset
 
 
 def test_dataset_is_deterministic_and_balanced() -> None:
@@ -56,7 +56,7 @@ def test_quickstart_never_overwrites_an_earlier_run(tmp_path, monkeypatch, capsy
 def test_quickstart_is_reproducible(tmp_path) -> None:
     """Same arguments, same numbers: two fresh processes give the same metrics to the last bit (the model is built
     after the seed is set; before, five runs ranged from 0.807 to 0.915 accuracy)."""
-    code = ("import json, sys; from hf_lightning.quickstart import main; "
+    code = ("import json, sys; from hf_lightning.cli.quickstart import main; "
             "print(json.dumps(main(sys.argv[1:])))")
     results = []
     for run in ("a", "b"):
@@ -74,11 +74,11 @@ def test_quickstart_is_reproducible(tmp_path) -> None:
 def test_quickstart_trains_on_one_thread_unless_omp_num_threads_is_set(tmp_path) -> None:
     """Command 1 runs as written on a shared machine: with OMP_NUM_THREADS unset the quickstart sets one torch thread
     (and says so); a count the user set stands."""
-    from hf_lightning.quickstart import quickstart_threads
+    from hf_lightning.cli.quickstart import quickstart_threads
 
     assert quickstart_threads({}) == 1 and quickstart_threads({"OMP_NUM_THREADS": ""}) == 1
     assert quickstart_threads({"OMP_NUM_THREADS": "3"}) is None
-    code = ("import sys, torch; torch.set_num_threads(2); from hf_lightning.quickstart import main; "
+    code = ("import sys, torch; torch.set_num_threads(2); from hf_lightning.cli.quickstart import main; "
             "main(sys.argv[1:]); print('threads', torch.get_num_threads())")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     for run, extra, threads in (("unset", {}, 1), ("set", {"OMP_NUM_THREADS": "2"}, 2)):

@@ -192,7 +192,7 @@ def _run_python_blocks(tmp_path: Path) -> str:
 def test_python_blocks_run_as_written(tmp_path):
     """...and the examples visibly learn: the first one's dev accuracy beats the majority class of its dev set, the
     Seq2SeqTrainer one's exact match (printed per epoch) rises from 0 well above copying the source (0.047)."""
-    from hf_lightning.quickstart import make_sentiment_dataset
+    from hf_lightning.cli.quickstart import make_sentiment_dataset
 
     stdout = _run_python_blocks(tmp_path)
     dev_labels = make_sentiment_dataset(256, seed=1)["label"]

@@ -212,8 +212,8 @@ def test_a_resumed_run_continues_its_csv_log_without_repeating_steps(tmp_path, r
 
 
 def test_kept_rows_and_the_summary_of_a_resumed_fit():
-    from hf_lightning.resume.csv_logs import kept_rows
-    from hf_lightning.summary import fit_summary
+    from hf_lightning.checkpoint.csv_logs import kept_rows
+    from hf_lightning.cli.summary import fit_summary
 
     rows = [{"step": "2", "loss": "0.5", "eval/loss": ""}, {"step": "4", "loss": "0.25"}, {"step": "", "x": "1"}]
     assert kept_rows(rows, 3) == [{"step": 2, "loss": 0.5}]

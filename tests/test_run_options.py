@@ -22,7 +22,7 @@ from helpers import classification_dataset, lm_dataset, tiny_bert, tiny_gpt2
 from transformers import GPT2LMHeadModel
 
 import hf_lightning
-from hf_lightning.batch_search import reduced_batch_size, should_reduce_batch_size
+from hf_lightning.run_options.batch_search import reduced_batch_size, should_reduce_batch_size
 
 LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
 
@@ -124,7 +124,7 @@ def test_without_the_flag_an_out_of_memory_error_stops_training(tmp_path):
 def test_the_cache_is_emptied_in_the_same_updates_as_hf(tmp_path, monkeypatch):
     import transformers.trainer as hf_module
 
-    import hf_lightning.module_hooks as our_module  # HF's training_step (issue 11b) empties the cache
+    import hf_lightning.module.hooks as our_module  # HF's training_step (issue 11b) empties the cache
 
     calls: dict[str, list[int]] = {"hf": [], "ours": []}
 

@@ -12,7 +12,7 @@ import pytest
 import transformers
 
 import hf_lightning
-from hf_lightning.resume.same_run import argument_differences
+from hf_lightning.checkpoint.same_run import argument_differences
 from helpers import classification_dataset, tiny_bert
 
 LIGHTNING_KWARGS = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False}
@@ -42,7 +42,7 @@ def state(folder):
 def test_rerun_from_scratch_replaces_the_earlier_run_s_checkpoints_as_hf(tmp_path, caplog):
     for make, folder in ((ours, tmp_path / "ours"), (hf, tmp_path / "hf")):
         make(folder).train()
-        with caplog.at_level(logging.WARNING, logger="hf_lightning.resume.load"):
+        with caplog.at_level(logging.WARNING, logger="hf_lightning.checkpoint.restore"):
             make(folder).train()  # the same command again, no resume: HF trains from scratch over its checkpoints
     notices = [r.getMessage() for r in caplog.records if "earlier run with the same arguments" in r.getMessage()]
     assert len(notices) == 1 and "replaces checkpoint-2, checkpoint-4" in notices[0]
@@ -54,7 +54,7 @@ def test_rerun_from_scratch_replaces_the_earlier_run_s_checkpoints_as_hf(tmp_pat
 def test_resume_from_an_older_checkpoint_replaces_the_newer_ones_as_hf(tmp_path, caplog):
     for make, folder in ((ours, tmp_path / "ours"), (hf, tmp_path / "hf")):
         make(folder).train()
-        with caplog.at_level(logging.WARNING, logger="hf_lightning.resume.load"):
+        with caplog.at_level(logging.WARNING, logger="hf_lightning.checkpoint.restore"):
             make(folder).train(resume_from_checkpoint=str(folder / "checkpoint-2"))
     notices = [r.getMessage() for r in caplog.records if "earlier run with the same arguments" in r.getMessage()]
     assert len(notices) == 1 and "resumes from step 2 and replaces checkpoint-4" in notices[0]
@@ -69,7 +69,7 @@ def test_another_run_s_checkpoints_are_replaced_and_rotated_as_hf(tmp_path, capl
     for make, folder in ((ours, tmp_path / "ours"), (hf, tmp_path / "hf")):
         make(folder).train()
         (folder / "notes.txt").write_text("mine")
-        with caplog.at_level(logging.WARNING, logger="hf_lightning.resume.load"):
+        with caplog.at_level(logging.WARNING, logger="hf_lightning.checkpoint.restore"):
             make(folder, **second).train(resume_from_checkpoint=str(folder / "checkpoint-2"))
     notices = [r.getMessage() for r in caplog.records if "replaces" in r.getMessage()]
     assert len(notices) == 1, notices
@@ -88,7 +88,7 @@ def test_another_run_s_checkpoints_are_replaced_and_rotated_as_hf(tmp_path, capl
 
 def test_the_run_lock_still_refuses_a_concurrent_run(tmp_path):
     """Replacing is for runs one after another: a live run's lock still refuses a second run into its output_dir."""
-    from hf_lightning.checkpointing.run_lock import RunLock
+    from hf_lightning.checkpoint.run_lock import RunLock
 
     ours(tmp_path).train()
     lock = RunLock.acquire(tmp_path)  # a live run of this process holds output_dir

@@ -1,4 +1,4 @@
-"""The pure "when" rules (`hf_lightning.cadence`) against `transformers.DefaultFlowCallback`, without any model.
+"""The pure "when" rules (`hf_lightning.plan`) against `transformers.DefaultFlowCallback`, without any model.
 
 Both sides run the same loop skeleton, a copy of `Trainer._inner_training_loop` / `_run_epoch` /
 `_maybe_log_save_evaluate` (T:1652-1674, 1870-1999, 2238-2286) reduced to the control flags:
@@ -26,8 +26,8 @@ from transformers import TrainerControl, TrainerState
 from transformers.trainer_callback import CallbackHandler, DefaultFlowCallback
 
 from hf_lightning.args import TrainingArguments
-from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
-from hf_lightning.cadence import epoch_end_flags, epoch_progress, plan_training, step_end_flags
+from hf_lightning.flow.hf_callbacks import HFCallbackHandler
+from hf_lightning.plan import epoch_end_flags, epoch_progress, plan_training, step_end_flags
 
 BATCH_SIZE = 4
 SCORES = [0.5, 0.9, 0.4, 0.95, 0.95, 0.3, 0.99, 0.2]  # scripted eval metric (greater is better)

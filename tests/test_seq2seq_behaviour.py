@@ -14,7 +14,7 @@ import hf_lightning
 from hf_lightning.seq2seq import Seq2SeqTrainingArguments, Seq2SeqTransformerModule
 from hf_lightning.seq2seq.gen_kwargs import generation_width, resolve_gen_kwargs
 from hf_lightning.seq2seq.prompts import pad_right
-from hf_lightning.text_metrics import build_text_metrics
+from hf_lightning.tasks.text_metrics import build_text_metrics
 
 LIGHTNING = {"accelerator": "cpu", "logger": False, "enable_model_summary": False}
 

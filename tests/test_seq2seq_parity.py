@@ -16,7 +16,7 @@ from gen_helpers import PAD, seq2seq_dataset, tiny_bart, tiny_t5, word_tokenizer
 from transformers import DataCollatorForSeq2Seq
 
 import hf_lightning
-from hf_lightning.text_metrics import build_text_metrics
+from hf_lightning.tasks.text_metrics import build_text_metrics
 
 LIGHTNING = {"accelerator": "cpu", "logger": False, "enable_model_summary": False}
 TIMING = ("runtime", "samples_per_second", "steps_per_second", "model_preparation_time")

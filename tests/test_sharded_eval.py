@@ -2,7 +2,7 @@
 the FSDP2 model file holds the tensors a single-process save holds.
 
 One 2-process launch of tests/scripts/sharded_eval.py (see its docstring for what it runs) against `collect(1)` in
-this process. Before lock-step padding (`eval_run.py`) the first evaluation whose shards differ in batch count
+this process. Before lock-step padding (`module/eval_run.py`) the first evaluation whose shards differ in batch count
 died with gloo's "collective mismatch"; before `alias_tied_weights` the FSDP2 file held `lm_head.weight` too.
 The lock-step rule and the padding mechanics have unit tests without processes in tests/test_lockstep.py.
 """

@@ -24,7 +24,7 @@ from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, SingleDevice
 from hf_lightning import TrainingArguments
 from hf_lightning.args.parallel import FSDPSettings, fsdp_settings
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
-from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer
+from hf_lightning.trainer.lightning_trainer import build_flow, build_lightning_trainer
 from hf_lightning.parallel.strategies import HFDeepSpeedStrategy, HFFSDP2Strategy, build_strategy, strategy_request
 
 FSDP_CASES = [

@@ -20,7 +20,7 @@ import transformers
 from torch.utils.data import DataLoader
 
 import hf_lightning
-from hf_lightning.checkpointing.stream_position import read_stream_position, write_stream_position
+from hf_lightning.checkpoint.stream_position import read_stream_position, write_stream_position
 from hf_lightning.data.stream_loader import stateful_loader
 from hf_lightning.data.stream_shuffle import resumable_stream
 from hf_lightning.data.stream_state import from_plain, to_plain

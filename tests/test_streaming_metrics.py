@@ -12,7 +12,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.text import Perplexity
 
 import hf_lightning
-from hf_lightning.metrics import EvalBatch, StreamingMetrics, as_streaming_metrics, is_streaming_metric
+from hf_lightning.module.metrics import EvalBatch, StreamingMetrics, as_streaming_metrics, is_streaming_metric
 from helpers import classification_dataset, tiny_bert, tiny_gpt2
 from test_eval_parity import accuracy, pad_collator, tiny_token_bert, token_rows
 

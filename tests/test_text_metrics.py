@@ -11,7 +11,7 @@ import pytest
 from gen_helpers import word_tokenizer
 from transformers import EvalPrediction
 
-from hf_lightning.text_metrics import build_text_metrics, decode_ids
+from hf_lightning.tasks.text_metrics import build_text_metrics, decode_ids
 
 PREDS = ["w1 w2 w3 w4 w5", "w6 w7 w8", "w9 w10 w11 w12", "w1 w2"]
 REFS = ["w1 w2 w3 w4 w6", "w6 w7 w8", "w9 w10 w12 w11 w13", "w3 w2"]

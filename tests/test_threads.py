@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import hf_lightning
-from hf_lightning.threads import ThreadOversubscriptionWarning, available_cores, oversubscription
+from hf_lightning.run_options.threads import ThreadOversubscriptionWarning, available_cores, oversubscription
 from helpers import classification_dataset, tiny_bert
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import hf_lightning
-from hf_lightning.callbacks.throughput import Throughput
-from hf_lightning.peak_flops import peak_flops, precision_kind
+from hf_lightning.flow.throughput import Throughput
+from hf_lightning.flow.peak_flops import peak_flops, precision_kind
 from helpers import CPU_QUIET, lm_dataset, lm_run_args, tiny_gpt2
 
 
@@ -54,7 +54,7 @@ def test_no_mfu_without_a_known_peak(tmp_path, one_thread):
 
 def test_the_window_leaves_evaluation_time_out(monkeypatch):
     """The arithmetic of one window, on a controlled clock: 2 s of which 1.5 s evaluating, 100 tokens: 200 tokens/s."""
-    import hf_lightning.callbacks.throughput as throughput
+    import hf_lightning.flow.throughput as throughput
 
     clock = iter([10.0, 12.0])
     monkeypatch.setattr(throughput.time, "perf_counter", lambda: next(clock))
@@ -70,7 +70,7 @@ def test_throughput_says_once_that_it_counts_every_token(caplog):
     (HF's `include_num_input_tokens_seen` repeats its warning at every micro-batch; that one is kept as HF's)."""
     meter = Throughput(peak_flops=None, world_size=1)
     meter.start(torch.device("cpu"), total_flos=0.0)
-    with caplog.at_level("WARNING", logger="hf_lightning.callbacks.throughput"):
+    with caplog.at_level("WARNING", logger="hf_lightning.flow.throughput"):
         for _ in range(3):
             meter.add_window([{"input_ids": torch.ones(2, 5)}, {"input_ids": torch.ones(2, 5)}], None, None)
     assert [r.getMessage() for r in caplog.records if "counts every input token" in r.getMessage()] != []

@@ -11,7 +11,7 @@ import torch
 import transformers
 
 import hf_lightning
-from hf_lightning.callbacks.tokens_seen import count_input_tokens
+from hf_lightning.flow.tokens_seen import count_input_tokens
 from helpers import CPU_QUIET, lm_dataset, lm_run_args, tiny_gpt2
 
 
@@ -100,7 +100,7 @@ def test_count_input_tokens_follows_hfs_rule(caplog):
     assert int(count_input_tokens({"input_ids": ids, "attention_mask": (ids != 0).long()}, "input_ids",
                                   "non_padding", None)) == 3
     assert int(count_input_tokens({"input_ids": ids}, "input_ids", "non_padding", 0)) == 3  # by the pad token
-    with caplog.at_level("WARNING", logger="hf_lightning.callbacks.tokens_seen"):
+    with caplog.at_level("WARNING", logger="hf_lightning.flow.tokens_seen"):
         assert count_input_tokens({"input_ids": ids}, "input_ids", "non_padding", None) == 6  # HF's fallback
     assert "falling back to counting all tokens" in caplog.text
     assert count_input_tokens({"pixel_values": ids}, "input_ids", "all", None) is None

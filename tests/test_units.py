@@ -18,14 +18,14 @@ from safetensors.torch import load_file
 
 import hf_lightning
 from hf_lightning import HFTrainerFlow, TransformerDataModule, TransformerModule
-from hf_lightning.callbacks.train_log import TrainLossTracker
-from hf_lightning.checkpointing.final_model import save_final_model
-from hf_lightning.checkpointing.lightning_state import capture_lightning_state, restore_callback_states
+from hf_lightning.flow.train_log import TrainLossTracker
+from hf_lightning.checkpoint.final_model import save_final_model
+from hf_lightning.checkpoint.lightning_state import capture_lightning_state, restore_callback_states
 from hf_lightning.contracts import check_flow_contracts
-from hf_lightning.eval_run import EvaluationRun
-from hf_lightning.evaluation import EvalRequest, EvalSettings, EvalStep
-from hf_lightning.loss import count_label_tokens
-from hf_lightning.resume.load import CheckpointRestorer
+from hf_lightning.module.eval_run import EvaluationRun
+from hf_lightning.module.evaluation import EvalRequest, EvalSettings, EvalStep
+from hf_lightning.module.loss import count_label_tokens
+from hf_lightning.checkpoint.restore import CheckpointRestorer
 
 
 # ----- TrainLossTracker -----
@@ -200,7 +200,7 @@ def _settings() -> EvalSettings:
 
 
 def _accumulators(settings, prediction):
-    from hf_lightning.eval_run import EvalAccumulator
+    from hf_lightning.module.eval_run import EvalAccumulator
 
     return lambda index: EvalAccumulator(settings, prediction_loss_only=True, is_prediction=prediction)
 

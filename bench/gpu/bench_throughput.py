@@ -12,7 +12,7 @@ loop), fused AdamW (HF's default `adamw_torch_fused`), linear schedule, clipping
 evaluation, the same random-token rows in the same seeded order. Runners are interleaved (the order rotates per
 repeat). Timing: `torch.cuda.synchronize()` then `perf_counter()` at the end of each update (HF's `on_step_end`, the
 loop's own end of update), steady rate over the updates after `warmup`: tokens/s = updates/s x batch x 1024. MFU =
-tokens/s x FLOPs per token / the GPU's dense bf16 peak (`hf_lightning.peak_flops`); FLOPs per token = 6 N + 12 L d S
+tokens/s x FLOPs per token / the GPU's dense bf16 peak (`hf_lightning.flow.peak_flops`); FLOPs per token = 6 N + 12 L d S
 (weights forward and backward, plus attention scores; N the parameters outside the input embeddings, the output
 projection counted even when tied to them), with LoRA 4 N_base + 6 N_lora + 12 L d S (no weight gradients for the
 frozen base). Peak memory: `torch.cuda.max_memory_allocated()` over the run (reset before it).
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if not tiny and not torch.cuda.is_available():
         print("no CUDA device: use --tiny-cpu for the CPU check", file=sys.stderr)
         return 2
-    from hf_lightning.peak_flops import peak_flops
+    from hf_lightning.flow.peak_flops import peak_flops
 
     device_name = "cpu" if tiny else torch.cuda.get_device_name()
     peak = None if tiny else peak_flops(device_name, "bf16")

@@ -2,7 +2,7 @@
 
     python configs/data/make_data.py
 
-- sentiment_{train,validation}.csv: text,label (positive / negative) short reviews (hf_lightning.quickstart's generator)
+- sentiment_{train,validation}.csv: text,label (positive / negative) short reviews (hf_lightning.cli.quickstart's generator)
 - pairs_{train,validation}.csv: sentence1,sentence2,label (same / different sentiment; one clause each, so a tiny
   model learns the pair task in a few hundred updates: with the multi-clause reviews it stays at chance)
 - tags_{train,validation}.jsonl: tokens (word list), tags (POS / NEG / NOT / O per word)
@@ -23,7 +23,7 @@ import os
 import random
 import sys
 
-from hf_lightning.quickstart import _FILLER, _NEGATIVE, _POSITIVE, _SUBJECTS, make_sentiment_dataset
+from hf_lightning.cli.quickstart import _FILLER, _NEGATIVE, _POSITIVE, _SUBJECTS, make_sentiment_dataset
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -1,1 +1,4 @@
-"""Lightning callbacks reproducing the HF Trainer's flow (`hf_lightning.callbacks.flow.HFTrainerFlow`)."""
+"""Lightning callbacks a user adds by hand: `HFEarlyStopping`, HF-style progress bars, the console tidy.
+
+The HF Trainer's own flow is one callback in `hf_lightning/flow/`.
+"""

@@ -27,8 +27,8 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import callbacks_of
-from hf_lightning.callbacks.flow import HFTrainerFlow
 from hf_lightning.contracts import HFFlowView
+from hf_lightning.flow.flow import HFTrainerFlow
 
 __all__ = ["HFEarlyStopping", "is_improvement"]
 

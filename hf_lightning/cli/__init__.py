@@ -19,10 +19,10 @@ A config has these sections::
 - A pre-empted `fit` (SIGTERM, SIGUSR1) ends with status 143 / 138 (`hf_lightning.TrainingPreempted`), Ctrl-C with
   130; both print one line naming the last complete checkpoint and the `--ckpt_path` that resumes it.
 - `lightning_cli`: `HFLightningCLI`, which builds the model, data module, `HFTrainerFlow` and `lightning.Trainer`
-  with the same functions as the `hf_lightning.Trainer` facade (`lightning_trainer.py`, `args/to_lightning.py`), so
-  both behave the same. Lightning options the HF arguments decide (`trainer.max_steps`...) move to the `args.` key
-  of the same meaning or are refused naming what to set (`trainer_spellings`). Errors in the config end the run
-  with one `error:` line, not a traceback.
+  with the same functions as the `hf_lightning.Trainer` facade (`trainer/lightning_trainer.py`,
+  `args/to_lightning.py`), so both behave the same. Lightning options the HF arguments decide
+  (`trainer.max_steps`...) move to the `args.` key of the same meaning or are refused naming what to set
+  (`trainer_spellings`). Errors in the config end the run with one `error:` line, not a traceback.
 - `file_checks`: mistakes the files alone show (columns, folders, missing evaluation data), before torch is imported.
 
 Heavy modules are imported only once a subcommand needs them, so `--help` stays fast.
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         print(_USAGE)
         return
     if args[0] == "quickstart":
-        from hf_lightning.quickstart import main as quickstart
+        from hf_lightning.cli.quickstart import main as quickstart
 
         quickstart(args[1:])
         return

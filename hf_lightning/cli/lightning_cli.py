@@ -21,20 +21,19 @@ from transformers.trainer_utils import PredictionOutput
 from typing_extensions import override
 
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
-from hf_lightning.checkpointing.checks import output_dir_problem
-from hf_lightning.checkpointing.final_model import save_final_model
-from hf_lightning.checkpointing.run_lock import OutputDirLocked
-from hf_lightning.checkpointing.weight_files import is_adapter_file, weights_file
+from hf_lightning.checkpoint.checks import output_dir_problem
+from hf_lightning.checkpoint.final_model import save_final_model
+from hf_lightning.checkpoint.find import resolve_resume
+from hf_lightning.checkpoint.run_lock import OutputDirLocked
+from hf_lightning.checkpoint.sharded import gather_full_weights
+from hf_lightning.checkpoint.weight_files import is_adapter_file, weights_file
+from hf_lightning.cli.prediction_writer import write_predictions
+from hf_lightning.cli.summary import fit_summary, logger_paths
 from hf_lightning.cli.trainer_spellings import LIGHTNING_TO_HF, help_text, move_lightning_spellings, user_set
 from hf_lightning.data.row_checks import BadRowError, RowLimits
-from hf_lightning.lightning_trainer import build_flow, build_lightning_trainer, fit_with_batch_search, split_callbacks
-from hf_lightning.parallel.checkpoint import gather_full_weights
-from hf_lightning.prediction_writer import write_predictions
 from hf_lightning.pretrained_source import check_pretrained_source, looks_like_path, missing_local_folder
-from hf_lightning.resume.find import resolve_resume
-from hf_lightning.seeding import seed_as_hf
+from hf_lightning.run_options.seeding import seed_as_hf
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
-from hf_lightning.summary import fit_summary, logger_paths
 from hf_lightning.tasks import checks
 from hf_lightning.tasks.datamodule import TaskDataModule, splits_for_stage
 from hf_lightning.tasks.generation import write_prediction_texts
@@ -43,6 +42,12 @@ from hf_lightning.tasks.loading import build_model, label_list_for, load_split, 
 from hf_lightning.tasks.peft_config import apply_peft
 from hf_lightning.tasks.registry import args_for_task, get_task, resolve, task_names
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
+from hf_lightning.trainer.lightning_trainer import (
+    build_flow,
+    build_lightning_trainer,
+    fit_with_batch_search,
+    split_callbacks,
+)
 
 __all__ = ["HFLightningCLI"]
 
@@ -274,8 +279,9 @@ class HFLightningCLI(LightningCLI):
         """Train, save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`) and the
         train metrics to `<output_dir>/train_results.json` (HF scripts' `save_metrics("train", ...)`), then print
         the summary (`summary.fit_summary`)."""
-        # the flow restores an HF-layout checkpoint folder itself (resume/load.py), as in the facade; with
-        # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch (batch_search.py)
+        # the flow restores an HF-layout checkpoint folder itself (checkpoint/restore.py), as in the facade; with
+        # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch
+        # (run_options/batch_search.py)
         attempts = iter([self.trainer])
 
         def fit_once() -> Any:
@@ -317,7 +323,7 @@ class HFLightningCLI(LightningCLI):
             print(json.dumps(metrics, default=float))
 
     def predict(self, model: Any, datamodule: Any, **_: Any) -> None:
-        """Predict and write the prediction files to `output_dir` (`prediction_writer.py`); prints their path."""
+        """Predict and write the prediction files to `output_dir` (`cli/prediction_writer.py`); prints their path."""
         try:
             result = self.flow.predict(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning)
         except BadRowError as err:

@@ -1,5 +1,5 @@
 """`hf-lightning verify PATH`: check a checkpoint folder, or every `checkpoint-<n>` of an output directory, without
-loading anything (`checkpointing/verify.py`: whole files, the manifest's checksums, the step of `trainer_state.json`).
+loading anything (`checkpoint/verify.py`: whole files, the manifest's checksums, the step of `trainer_state.json`).
 
 One line per checkpoint, oldest first; the exit status is 0 when every checkpoint is good, 1 when one is not, 2 when
 `PATH` holds no checkpoint. torch and Lightning are not imported, so it answers in well under a second plus the time
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hf_lightning.checkpointing.verify import Verdict, previous_good_checkpoint, verify_path
+from hf_lightning.checkpoint.verify import Verdict, previous_good_checkpoint, verify_path
 
 __all__ = ["USAGE", "verify_line", "verify_main"]
 

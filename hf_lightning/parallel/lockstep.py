@@ -17,7 +17,7 @@ from typing import Literal
 from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy, ModelParallelStrategy, Strategy
 from torch import nn
 
-from hf_lightning.checkpointing.distributed import is_sharded
+from hf_lightning.checkpoint.distributed import is_sharded
 
 __all__ = ["StrategyKind", "forwards_are_collective", "needs_lockstep_forwards", "strategy_kind"]
 

@@ -43,7 +43,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from transformers.optimization import GreedyLR
 
 from hf_lightning.args.parallel import FSDPSettings
-from hf_lightning.checkpointing.distributed import is_sharded
+from hf_lightning.checkpoint.distributed import is_sharded
 from hf_lightning.parallel.fsdp2 import shard_model
 from hf_lightning.parallel.strategies import HFFSDP2Strategy, HFFSDPStrategy
 
@@ -121,7 +121,7 @@ def steps_like_a_scheduler(scheduler: Any) -> bool:
 
 def generation_context(strategy: Strategy | None) -> AbstractContextManager[Any]:
     """The context of one `generate` call: FSDP1's full parameters for its length (HF's; a collective on every
-    rank, paired by the lock-step padding of `eval_run.py`), nothing elsewhere."""
+    rank, paired by the lock-step padding of `module/eval_run.py`), nothing elsewhere."""
     if isinstance(strategy, FSDPStrategy) and strategy.model is not None:
         return FullyShardedDataParallel.summon_full_params(strategy.model, writeback=False)
     return nullcontext()

@@ -48,7 +48,7 @@ from hf_lightning.args.parallel import (
     load_json_config,
 )
 from hf_lightning.contracts import flow_model
-from hf_lightning.optim import build_scheduler
+from hf_lightning.module.optim import build_scheduler
 
 __all__ = ["HFFSDP2Strategy", "HFFSDPStrategy", "HFDeepSpeedStrategy", "strategy_request", "build_strategy",
            "adopt_ddp_options", "scheduler_base_optimizer"]

@@ -25,8 +25,8 @@ from torch import nn
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import attached_trainer
-from hf_lightning.evaluation import EvalSettings
-from hf_lightning.module import TransformerModule
+from hf_lightning.module.evaluation import EvalSettings
+from hf_lightning.module.module import TransformerModule
 from hf_lightning.parallel.lockstep import needs_lockstep_forwards
 from hf_lightning.parallel.runtime import generation_context
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments

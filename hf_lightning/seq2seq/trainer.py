@@ -11,10 +11,10 @@ from torch import nn
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.from_transformers import from_hf_training_arguments
-from hf_lightning.facade import Trainer
 from hf_lightning.seq2seq.args import SEQ2SEQ_FIELDS, Seq2SeqTrainingArguments
 from hf_lightning.seq2seq.gen_kwargs import resolve_gen_kwargs
 from hf_lightning.seq2seq.module import Seq2SeqTransformerModule
+from hf_lightning.trainer.facade import Trainer
 
 __all__ = ["Seq2SeqTrainer"]
 

@@ -79,7 +79,7 @@ def text_metrics_for(tokenizer: Any, args: Any) -> Any:
     """`build_text_metrics(tokenizer)` when the evaluation generates (`predict_with_generate`), else None."""
     if not getattr(args, "predict_with_generate", False):
         return None
-    from hf_lightning.text_metrics import build_text_metrics
+    from hf_lightning.tasks.text_metrics import build_text_metrics
 
     return build_text_metrics(tokenizer)
 
@@ -112,7 +112,7 @@ def write_prediction_texts(result: Any, tokenizer: Any, output_dir: str) -> str 
     dataset order; returns its path, or None when the predictions are not token ids (no `predict_with_generate`)."""
     import numpy as np
 
-    from hf_lightning.text_metrics import decode_ids
+    from hf_lightning.tasks.text_metrics import decode_ids
 
     predictions = result.predictions[0] if isinstance(result.predictions, tuple) else result.predictions
     if predictions is None or np.asarray(predictions).dtype.kind not in "iu":

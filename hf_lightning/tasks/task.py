@@ -42,7 +42,7 @@ class Task:
     label_values: Callable[..., list[Any]] | None = None
     compute_metrics: Callable[..., dict[str, float]] | None = None
     args_class: str = "hf_lightning.args.TrainingArguments"
-    module_class: str = "hf_lightning.module.TransformerModule"
+    module_class: str = "hf_lightning.module.module.TransformerModule"
     build_metrics: Callable[..., Any] | None = None
     model_defaults: Callable[..., dict[str, Any]] | None = None
     generates: bool = False

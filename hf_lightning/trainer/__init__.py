@@ -1,3 +1,4 @@
-"""The parts of `hf_lightning.Trainer` (`hf_lightning.facade`): the `transformers.Trainer` methods a subclass may
-override (`step_hooks`, `data_hooks`, `loop_hooks`), the `accelerator` shim, and which overrides are honoured
-(`overrides`)."""
+"""`hf_lightning.Trainer` (`facade`) and its parts: the `transformers.Trainer` methods a subclass may override
+(`step_hooks`, `data_hooks`, `loop_hooks`), the `accelerator` shim, which overrides are honoured (`overrides`), the
+`lightning.Trainer` it builds (`lightning_trainer`), `hyperparameter_search` (`hp_search`), the model card
+(`model_card`) and the script-level helpers (`script_api`)."""

@@ -23,10 +23,10 @@ from typing import Any
 import lightning.pytorch as pl
 from transformers.trainer_utils import EvalLoopOutput, PredictionOutput, speed_metrics
 
-from hf_lightning.callbacks.flow import HFTrainerFlow
 from hf_lightning.data.datamodule import TransformerDataModule
-from hf_lightning.evaluation import EvalRequest
-from hf_lightning.module import TransformerModule
+from hf_lightning.flow.flow import HFTrainerFlow
+from hf_lightning.module.evaluation import EvalRequest
+from hf_lightning.module.module import TransformerModule
 
 __all__ = ["EvalLoopHooks", "LOOP_OVERRIDES", "SPEED_SUFFIXES"]
 

@@ -14,10 +14,10 @@ from typing import Any
 import lightning.pytorch as pl
 from torch import nn
 
-from hf_lightning.callbacks.flow import HFTrainerFlow
-from hf_lightning.callbacks.hf_bridge import HFCallbackHandler
 from hf_lightning.data.collate import signature_columns
-from hf_lightning.module import TransformerModule
+from hf_lightning.flow.flow import HFTrainerFlow
+from hf_lightning.flow.hf_callbacks import HFCallbackHandler
+from hf_lightning.module.module import TransformerModule
 from hf_lightning.trainer.accelerator import LightningAccelerator
 
 __all__ = ["LoopHooks"]

@@ -83,7 +83,7 @@ _WRAP = ("model wrapping and placement belong to the Lightning strategy; pass `l
          "precision)")
 _SAVE = ("checkpoints are written by HFTrainerFlow's CheckpointSaver; override save_model (called for each "
          "checkpoint's model files) or use TrainerCallback.on_save")
-_LOAD = "resume and best-model loading are resume/load.py and callbacks/best_model.py; there is no hook for them"
+_LOAD = "resume and best-model loading are checkpoint/restore.py and checkpoint/best.py; there is no hook for them"
 _COLUMNS = ("column removal is TransformerDataModule's; set remove_unused_columns=False and drop columns in your "
             "collator or get_train_dataloader")
 _PARALLEL = "tensor, context and sequence parallelism are not supported; hf_lightning's built-ins never call it"
@@ -101,7 +101,7 @@ REFUSED: dict[str, str] = {
     "set_initial_training_values": _LOOP,
     "get_batch_samples": "each update's micro-batches are one Lightning batch (TransformerDataModule); override "
                          "_get_num_items_in_batch for the token count, get_train_dataloader for the micro-batches",
-    "get_total_train_batch_size": "the step budget is computed by hf_lightning.cadence from the arguments",
+    "get_total_train_batch_size": "the step budget is computed by hf_lightning.plan from the arguments",
     "_update_auto_batch_size": "auto_find_batch_size is handled by the arguments' translation, not by this method",
     "_track_num_input_tokens": "include_num_input_tokens_seen is counted by hf_lightning itself",
     "_defer_fsdp_gradient_reduction": _WRAP,
@@ -112,7 +112,7 @@ REFUSED: dict[str, str] = {
     "_has_mixed_mesh_grads": "gradient clipping is TransformerModule.on_before_optimizer_step (max_grad_norm)",
     "_clip_grad_norm": "gradient clipping is TransformerModule.on_before_optimizer_step (max_grad_norm)",
     "_get_grad_norm": "gradient clipping is TransformerModule.on_before_optimizer_step (max_grad_norm)",
-    "_determine_best_metric": "best-model tracking is callbacks/best_model.py; set metric_for_best_model and "
+    "_determine_best_metric": "best-model tracking is checkpoint/best.py; set metric_for_best_model and "
                               "greater_is_better",
     "store_flos": "total_flos is stored by HFTrainerFlow; override floating_point_ops to count differently",
     "_get_output_dir": _SAVE,

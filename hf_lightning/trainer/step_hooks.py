@@ -1,7 +1,7 @@
 """The `transformers.Trainer` step and optimizer hooks of `hf_lightning.Trainer`, and the attributes they read.
 
 `TransformerModule` calls these methods on the trainer (`TransformerModule.hooks`), where and as often as HF's loop
-calls them (`module_hooks.py` lists the order). Each base method here calls the module's built-in, so a subclass's
+calls them (`module/hooks.py` lists the order). Each base method here calls the module's built-in, so a subclass's
 override runs in their place and its `super()` call reaches the built-in behaviour; no behaviour lives here.
 
 The attributes pasted override bodies read (`self.optimizer`, `self.lr_scheduler`, `self.model_accepts_loss_kwargs`,
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from transformers.utils import can_return_loss
 
-from hf_lightning.module import TransformerModule
+from hf_lightning.module.module import TransformerModule
 
 __all__ = ["StepHooks"]
 
@@ -44,7 +44,7 @@ class StepHooks:
 
     loss_is_scaled_for_ga: bool | None = None
     """As HF's class attribute: True / False forces whether a loss is already normalised over the accumulation
-    window (else the loss hooks' rule decides, see `module_hooks.py`)."""
+    window (else the loss hooks' rule decides, see `module/hooks.py`)."""
 
     optimizer = _module_attribute("optimizer", "HF's `Trainer.optimizer`: the user's, else None until `train()` "
                                                "creates it (`create_optimizer`); the trained one afterwards.")
@@ -73,7 +73,7 @@ class StepHooks:
         num_items_in_batch: torch.Tensor | int | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         """HF's `compute_loss`: the model's loss (`compute_loss_func`'s, the label smoother's), normalised by
-        `num_items_in_batch` (see `module_hooks.py`)."""
+        `num_items_in_batch` (see `module/hooks.py`)."""
         return self.module.compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
 

@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from helpers import lm_dataset, tiny_gpt2  # noqa: E402
 
 import hf_lightning  # noqa: E402
-from hf_lightning.resume.find import last_checkpoint  # noqa: E402
+from hf_lightning.checkpoint.find import last_checkpoint  # noqa: E402
 
 
 class HangingTokenizer:

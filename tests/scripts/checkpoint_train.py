@@ -79,8 +79,8 @@ def make_trainer(output_dir: str, lightning_kwargs: dict, module_class=None, **o
 
 
 def kill(out_dir: str, point: str) -> None:
-    from hf_lightning.callbacks import checkpoint_saver as saving
-    from hf_lightning.checkpointing import content, io
+    from hf_lightning.checkpoint import write as saving
+    from hf_lightning.checkpoint import content, io
 
     def die(*_args, **_kwargs):
         os.kill(os.getpid(), signal.SIGKILL)

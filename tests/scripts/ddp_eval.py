@@ -28,7 +28,7 @@ from helpers import classification_dataset, tiny_bert, tiny_gpt2  # noqa: E402
 from test_eval_parity import pad_collator, token_rows  # noqa: E402
 
 import hf_lightning  # noqa: E402
-from hf_lightning.metrics import StreamingMetrics  # noqa: E402
+from hf_lightning.module.metrics import StreamingMetrics  # noqa: E402
 
 RUNTIME = ("_runtime", "_samples_per_second", "_steps_per_second")
 

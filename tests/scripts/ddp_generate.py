@@ -18,7 +18,7 @@ from gen_helpers import prompt_completion_dataset, seq2seq_dataset, tiny_gpt2_lm
 from transformers import DataCollatorForSeq2Seq  # noqa: E402
 
 import hf_lightning  # noqa: E402
-from hf_lightning.text_metrics import build_text_metrics  # noqa: E402
+from hf_lightning.tasks.text_metrics import build_text_metrics  # noqa: E402
 
 STRIP = ("_runtime", "_samples_per_second", "_steps_per_second")
 

@@ -70,7 +70,7 @@ def _oracle_lrs(args) -> list[float]:
 
 def scheduler_check(stage: int, old: bool) -> dict:
     from hf_lightning import TrainingArguments
-    from hf_lightning.optim import build_scheduler
+    from hf_lightning.module.optim import build_scheduler
     from hf_lightning.parallel.strategies import scheduler_base_optimizer
 
     engine, optimizer, _ = _engine(stage)
@@ -95,7 +95,7 @@ def scheduler_check(stage: int, old: bool) -> dict:
 def load_check(stage: int, old: bool) -> dict:
     """Weights W0 loaded into the engine after an update moved it to W1; then an update with LR 0 (the masters are
     copied back into the model): the model must hold W0, not W1."""
-    from hf_lightning.parallel.checkpoint import load_into_engine
+    from hf_lightning.checkpoint.sharded import load_into_engine
 
     engine, optimizer, model = _engine(stage)
     zero3 = stage == 3

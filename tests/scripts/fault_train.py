@@ -100,7 +100,7 @@ class OperationCounter:
 
 
 def run(out_dir: str, kill_at: str, result_json: str, max_steps: int = MAX_STEPS) -> None:
-    from hf_lightning.resume.find import last_checkpoint
+    from hf_lightning.checkpoint.find import last_checkpoint
 
     counter = OperationCounter(out_dir, kill_at)
     counter.install()

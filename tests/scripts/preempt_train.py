@@ -155,8 +155,8 @@ def _weights(trainer) -> dict:
 
 
 def trials(spec: dict) -> None:
-    from hf_lightning.checkpointing.integrity import folder_problems
-    from hf_lightning.resume.find import check_checkpoint
+    from hf_lightning.checkpoint.integrity import folder_problems
+    from hf_lightning.checkpoint.find import check_checkpoint
 
     root, ddp = spec["root"], spec.get("ddp", False)
     references = {}

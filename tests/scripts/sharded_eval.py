@@ -3,7 +3,7 @@
 Run by tests/test_sharded_eval.py: once as a 2-process subprocess (Lightning's launcher re-executes this script for
 rank 1; every later trainer of the script joins the same two processes), and `collect(1)` in-process for the
 single-process reference. Under FSDP2 every forward all-gathers weights, so a rank with fewer eval batches than the
-other must run padding steps (`eval_run.py`); before that fix the first uneven evaluation died with gloo's
+other must run padding steps (`module/eval_run.py`); before that fix the first uneven evaluation died with gloo's
 "collective mismatch". One launch covers:
 
 - the facade with HF's `fsdp="full_shard auto_wrap"`: four eval sets of 1, 3, 9 and 101 rows in one `evaluate()`
@@ -43,7 +43,7 @@ from test_eval_parity import pad_collator, token_rows  # noqa: E402
 from transformers import DataCollatorForSeq2Seq  # noqa: E402
 
 import hf_lightning  # noqa: E402
-from hf_lightning.text_metrics import build_text_metrics  # noqa: E402
+from hf_lightning.tasks.text_metrics import build_text_metrics  # noqa: E402
 
 RUNTIME = ("_runtime", "_samples_per_second", "_steps_per_second")
 SIZES = (1, 3, 9, 101)

@@ -1,0 +1,425 @@
+"""Resuming a run from an HF-layout checkpoint folder (ours or one written by `transformers.Trainer`).
+
+`HFTrainerFlow` drives it through three hooks, in HF's order (T:1559-1710, 1817-1890):
+
+1. `on_fit_start` (optimizers exist, the fit loop has not started): model weights (shapes checked), optimizer,
+   scheduler, grad scaler, Lightning callback states, the loop position and the data sampler's start window.
+2. `on_train_start`: `trainer_state.json` replaces the fresh `TrainerState` (`max_steps` / `num_train_epochs` from
+   this run), HF callback states if `restore_callback_states_from_checkpoint`.
+3. the RNG states: at an epoch boundary in the first `on_train_epoch_start` (before the epoch's loader is iterated,
+   as HF loads before `iter`); mid-epoch in the first `on_train_batch_start`, after the first window was fetched
+   (the new loader iterator's seed draw is behind us, as HF loads after its first `get_batch_samples`). Both match
+   the uninterrupted run.
+
+`start_fit` is the entry point; without a checkpoint it only applies the output-directory rule.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch import nn
+
+from hf_lightning._lightning_compat import datamodule_of, grad_scaler, restart_train_iterator
+from hf_lightning.checkpoint import distributed as dist_state
+from hf_lightning.checkpoint.adapters import load_adapter_checkpoint
+from hf_lightning.checkpoint.changed_settings import read_recorded_arguments, setting_changes
+from hf_lightning.checkpoint.find import (
+    CheckpointFiles,
+    check_checkpoint,
+    replaced_checkpoints_notice,
+    resolve_resume,
+)
+from hf_lightning.checkpoint.io import TRAINER_STATE_NAME
+from hf_lightning.checkpoint.lightning_state import epoch_geometry, geometry_changes, restore_callback_states
+from hf_lightning.checkpoint.position import (
+    ResumePosition,
+    apply_loop_position,
+    nothing_left_to_train,
+    resume_position,
+)
+from hf_lightning.checkpoint.same_run import plain_values
+from hf_lightning.checkpoint.sharded import (
+    full_shapes,
+    is_deepspeed,
+    load_engine_state,
+    load_full_weights,
+    optimizer_shard_owner,
+)
+from hf_lightning.checkpoint.stream_position import read_stream_position
+from hf_lightning.checkpoint.verify import checkpoint_error
+from hf_lightning.checkpoint.weight_files import is_adapter_file
+from hf_lightning.contracts import FlowDataModule, ResumableTrainStream, flow_model
+from hf_lightning.flow.messages import logger as hf_logger
+
+__all__ = ["CheckpointRestorer", "load_weights", "read_file", "read_weights", "start_fit", "weight_mismatches"]
+
+log = logging.getLogger(__name__)
+
+
+def read_file(path: str | Path, loader: Callable[[Path], Any], what: str = "resume_from_checkpoint") -> Any:
+    """`loader(path)` for a file of a checkpoint folder; a failure names the file and the checkpoint to use instead.
+
+    Raises:
+        DamagedCheckpointError: the file cannot be read (truncated, corrupted).
+    """
+    path = Path(path)
+    try:
+        return loader(path)
+    except Exception as err:
+        detail = " ".join(f"{type(err).__name__}: {err}".split())  # one line, whatever the library printed
+        detail = detail if len(detail) <= 300 else detail[:297] + "..."
+        raise checkpoint_error(path.parent, {path.name: detail}, what) from err
+
+
+def read_weights(path: str | Path, what: str = "resume_from_checkpoint") -> dict[str, torch.Tensor]:
+    """The tensors of a weights file: `model.safetensors`, a sharded `*.index.json`, or `pytorch_model.bin`.
+
+    Raises:
+        DamagedCheckpointError: a weights file cannot be read (named, with the checkpoint to use instead).
+    """
+    path = Path(path)
+    if path.name.endswith(".index.json"):
+        index = read_file(path, lambda p: json.loads(p.read_text())["weight_map"], what)
+        merged: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(index.values())):
+            merged.update(read_weights(path.parent / shard, what))
+        return merged
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return read_file(path, lambda p: load_file(str(p)), what)
+    return read_file(path, lambda p: torch.load(p, map_location="cpu", weights_only=True), what)
+
+
+def weight_mismatches(model_shapes: dict[str, tuple[int, ...]], saved_shapes: dict[str, tuple[int, ...]]
+                      ) -> list[str]:
+    """Why saved weights do not fit a model: parameters whose shapes differ, or no common parameter at all.
+
+    Parameters missing from the checkpoint are allowed (tied weights are saved once), as HF's `strict=False`.
+    """
+    problems = [
+        f"{name}: checkpoint {list(saved_shapes[name])} vs model {list(shape)}"
+        for name, shape in model_shapes.items()
+        if name in saved_shapes and tuple(saved_shapes[name]) != tuple(shape)
+    ]
+    if not problems and saved_shapes and not set(saved_shapes) & set(model_shapes):
+        problems.append(
+            f"no parameter name in common (checkpoint has e.g. {sorted(saved_shapes)[:3]}, "
+            f"the model e.g. {sorted(model_shapes)[:3]})"
+        )
+    return problems
+
+
+def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_checkpoint", strategy: Any = None
+                 ) -> None:
+    """Load a checkpoint's weights into `model` (plain, or sharded by `strategy`) after checking they belong to it.
+
+    A PEFT adapter file is loaded into the `PeftModel`'s adapter instead (`checkpoint/adapters.py`).
+
+    Raises:
+        ValueError: the checkpoint belongs to a different model (names the parameters whose shapes differ).
+    """
+    if is_adapter_file(path):
+        load_adapter_checkpoint(model, path, what)
+        return
+    saved = read_weights(path, what)
+    if _own_load_state_dict(model, strategy):
+        # HF loads through the model's `load_state_dict(state_dict, False)`: an override that renames or reshapes
+        # keys decides what fits (torch still refuses a shape it gets wrong)
+        if is_deepspeed(strategy):  # through the override too, then the engine's fp32 master weights refreshed
+            load_full_weights(strategy, model, saved)
+        else:
+            _warn_after_load(model, model.load_state_dict(saved, False))
+        return
+    model_shapes = full_shapes(strategy, model)
+    if model_shapes is None:  # FSDP1: the shards do not know the shapes; torch checks them while loading
+        load_full_weights(strategy, model, saved)
+        return
+    problems = weight_mismatches(model_shapes, {k: tuple(v.shape) for k, v in saved.items()})
+    if problems:
+        listed = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise ValueError(f"{what}: {path} belongs to a different model: {listed}.")
+    missing = sorted(set(model_shapes) - set(saved))
+    if missing:
+        log.info("Weights not in %s (kept as initialised, e.g. tied): %s", path, missing[:10])
+    load_full_weights(strategy, model, saved)
+
+
+def _own_load_state_dict(model: nn.Module, strategy: Any) -> bool:
+    """Whether the model's class overrides `load_state_dict` and the load would go through it (a plain or DDP
+    model, or DeepSpeed below ZeRO-3: FSDP and ZeRO-3 load the shards with torch's / DeepSpeed's own code, where the
+    shapes are checked before)."""
+    overridden = type(model).load_state_dict is not nn.Module.load_state_dict
+    sharded = full_shapes(strategy, model) is None or dist_state.is_sharded(model) or (
+        is_deepspeed(strategy) and bool(getattr(strategy, "zero_stage_3", False)))
+    return overridden and not sharded
+
+
+def _warn_after_load(model: nn.Module, result: Any) -> None:
+    """HF's `_issue_warnings_after_load`: missing keys (unless they are the model's `_keys_to_ignore_on_save`,
+    then the weights are tied again) and unexpected keys, from what the model's `load_state_dict` returned."""
+    missing = list(getattr(result, "missing_keys", None) or [])
+    unexpected = list(getattr(result, "unexpected_keys", None) or [])
+    if missing:
+        ignored = getattr(model, "_keys_to_ignore_on_save", None)
+        if ignored and set(missing) == set(ignored):
+            model.tie_weights()  # type: ignore[operator]  # a PreTrainedModel's, the one kind with that attribute
+        else:
+            hf_logger.warning(f"There were missing keys in the checkpoint model loaded: {missing}.")
+    if unexpected:
+        hf_logger.warning(f"There were unexpected keys in the checkpoint model loaded: {unexpected}.")
+
+
+def _torch_load(path: Path) -> Any:
+    """`torch.load(weights_only=True)` of a checkpoint file (a failure names it, see `read_file`)."""
+    from transformers.trainer_pt_utils import safe_globals
+
+    def load(target: Path) -> Any:
+        with safe_globals():  # numpy's RNG state in HF's rng files needs these allow-listed for weights_only
+            return torch.load(target, map_location="cpu", weights_only=True)
+
+    return read_file(path, load)
+
+
+def _warn_on_changed_intervals(plan: Any, state: Any, batch_size: int) -> None:
+    """HF's `compare_trainer_and_checkpoint_args` warning (TU:1133-1169), against this run's resolved intervals."""
+    changed = [
+        f"{name}: {getattr(plan, name)} (from args) != {getattr(state, name)} (from trainer_state.json)"
+        for name in ("logging_steps", "eval_steps", "save_steps")
+        if plan is not None and getattr(state, name, None) is not None and getattr(plan, name) != getattr(state, name)
+    ]
+    if state.train_batch_size is not None and state.train_batch_size != batch_size:
+        changed.append(f"per_device_train_batch_size: {batch_size} (from args) != {state.train_batch_size} "
+                       "(from trainer_state.json)")
+    if changed:
+        log.warning("The following arguments do not match the ones in the checkpoint's trainer_state.json (the "
+                    "checkpoint's intervals are used, as HF does):\n\t" + "\n\t".join(changed))
+
+
+class CheckpointRestorer:
+    """Restores one checkpoint into a starting Lightning run (see the module docstring for the order).
+
+    Args:
+        path: the checkpoint folder (already resolved).
+        args: this run's training arguments.
+    """
+
+    def __init__(self, path: str, args: Any) -> None:
+        self.path = path
+        self.args = args
+        self.files: CheckpointFiles | None = None
+        self.position: ResumePosition | None = None
+        self.nothing_left = False
+        """The checkpoint is at or past this run's end: the flow runs HF's train begin and end without training."""
+        self._rng_pending = False
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, updates_per_epoch: int | None) -> None:
+        """Weights, optimizer, scheduler, scaler, Lightning callback states, loop position, sampler start."""
+        files = check_checkpoint(self.path, trainer.world_size, trainer.global_rank)
+        self.files = files
+        trainer_state = read_file(files.path / TRAINER_STATE_NAME, lambda p: json.loads(p.read_text()))
+        global_step = int(trainer_state["global_step"])
+        _say_replaced(trainer, self.args, global_step)
+        _check_changed_settings(trainer, files, self.args, global_step)
+        model = flow_model(pl_module)
+        strategy = trainer.strategy
+        hf_logger.info(f"Loading model from {self.path}.")  # HF's message (T:3667)
+        if is_deepspeed(strategy):
+            # the engine's checkpoint holds the fp32 master weights with the optimizer; HF resumes from it only
+            if not load_engine_state(strategy, files.path):
+                raise ValueError(f"Can't find a valid checkpoint at {files.path} (DeepSpeed resumes from a checkpoint "
+                                 "written under DeepSpeed: `global_step<N>/` and `latest`).")
+        else:
+            load_weights(model, files.weights, strategy=strategy)
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        optimizer = getattr(optimizer, "optimizer", optimizer)
+        owner = optimizer_shard_owner(strategy, model)
+        if optimizer is None or is_deepspeed(strategy):
+            pass  # DeepSpeed: loaded with the engine's checkpoint above
+        elif files.sharded_optimizer is not None and owner is not None:
+            read_file(files.sharded_optimizer, lambda p: dist_state.load_sharded_optimizer(owner, optimizer, p))
+        elif files.optimizer is not None:
+            optimizer.load_state_dict(_torch_load(files.optimizer))
+        if files.scheduler is not None and trainer.lr_scheduler_configs:
+            trainer.lr_scheduler_configs[0].scheduler.load_state_dict(_torch_load(files.scheduler))
+        scaler = grad_scaler(trainer)
+        if scaler is not None and files.scaler is not None:
+            scaler.load_state_dict(_torch_load(files.scaler))
+        # weights_only, as Lightning loads its own checkpoints: a checkpoint folder is not trusted code
+        saved = _torch_load(files.lightning_state) if files.lightning_state else None
+        position = resume_position(global_step, updates_per_epoch, saved)
+        changes: list[str] = []
+        if saved is not None:
+            changes = geometry_changes(saved.get("geometry", {"world_size": saved.get("world_size")}),
+                                       epoch_geometry(trainer, self.args))
+            if changes:  # the recorded window position belongs to other epochs: HF's rule places the run
+                position = resume_position(global_step, updates_per_epoch)
+                if trainer.is_global_zero:
+                    log.warning(
+                        "resume_from_checkpoint=%r: the epoch is not the checkpoint's (%s). As transformers.Trainer "
+                        "does, the %d updates done count as %d full epoch(s) of %s updates plus %d update(s) of epoch "
+                        "%d, whose first %d window(s) are skipped.", self.path, "; ".join(changes), global_step,
+                        position.epoch, updates_per_epoch, position.windows, position.epoch, position.windows)
+        if self.args.ignore_data_skip:  # HF replays the resumed epoch from its first batch (T:1706-1709)
+            position = ResumePosition(position.epoch, 0, global_step)
+        self.position = position
+        apply_loop_position(trainer, position)
+        if saved is not None:
+            restore_callback_states(trainer, saved)
+        datamodule: FlowDataModule = datamodule_of(trainer)  # checked by the flow's setup
+        datamodule.resume_position = (position.epoch, position.windows)
+        if saved is not None and not changes and position.windows and isinstance(datamodule, ResumableTrainStream):
+            datamodule.resume_stream_position = read_stream_position(
+                files.path, position.epoch, position.windows, trainer.world_size, trainer.global_rank)
+        self._rng_pending = True
+
+    def restore_trainer_state(self, flow: Any, trainer: pl.Trainer, max_steps: int, num_train_epochs: int) -> None:
+        """Replace `flow.state` by the checkpoint's `TrainerState`, as HF (T:1694-1710, CB:183-186)."""
+        import dataclasses
+
+        from transformers import TrainerState
+
+        assert self.files is not None
+        state = read_file(self.files.path / TRAINER_STATE_NAME, lambda p: TrainerState.load_from_json(str(p)))
+        if state.best_model_checkpoint is not None and not os.path.isdir(state.best_model_checkpoint):
+            log.warning("The best checkpoint %s recorded in the resumed state does not exist anymore. Ignoring it for "
+                        "this run.", state.best_model_checkpoint)
+            state.best_model_checkpoint = None
+        _warn_on_changed_intervals(flow.plan, state, self.args.per_device_train_batch_size)
+        if flow.plan is not None:  # HF keeps the checkpoint's intervals (T:1694-1710): the loaded state drives them
+            flow.plan = dataclasses.replace(flow.plan, logging_steps=state.logging_steps, eval_steps=state.eval_steps,
+                                            save_steps=state.save_steps)
+        state.max_steps, state.num_train_epochs = max_steps, num_train_epochs
+        state.is_local_process_zero = trainer.local_rank == 0
+        state.is_world_process_zero = trainer.is_global_zero
+        flow.state = state
+        if self.args.restore_callback_states_from_checkpoint:
+            self._restore_hf_callbacks(flow, state)
+
+    @staticmethod
+    def _restore_hf_callbacks(flow: Any, state: Any) -> None:
+        """HF `_load_callback_state` (T:4028-4065): rebuild each stored `ExportableState` from its args/attributes."""
+        from transformers import TrainerControl
+
+        originals = [*flow.handler.callbacks, flow.control]
+        rebuilt_callbacks, not_found = [], []
+        for name, data in state.stateful_callbacks.items():
+            matching = [cb for cb in originals if type(cb).__name__ == name]
+            if not matching:
+                not_found.append(name)
+            for callback, entry in zip(matching, data if isinstance(data, list) else [data]):
+                rebuilt = type(callback)(**entry.get("args", {}))
+                for attribute, value in entry.get("attributes", {}).items():
+                    setattr(rebuilt, attribute, value)
+                if isinstance(callback, TrainerControl):
+                    flow.control = rebuilt
+                else:
+                    rebuilt_callbacks.append(rebuilt)
+                    flow.handler.remove_callback(type(rebuilt))  # as HF: the rebuilt ones are added after all
+        if not_found:  # HF's words
+            hf_logger.warning("Checkpoint included callbacks not included in current configuration. Ignoring. "
+                              f"({', '.join(not_found)})")
+        for callback in rebuilt_callbacks:
+            flow.handler.add_callback(callback)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer) -> None:
+        """At an epoch boundary, load this rank's RNG states now (see the module docstring)."""
+        if self.position is None or self.position.windows == 0:
+            self._load_rng()
+            if self.position is not None and trainer.current_epoch == 0:
+                # HF loads the states before it makes the epoch's loader iterator (T:1856-1857, 1865), whose seed
+                # draw then follows them; Lightning made epoch 0's iterator before this hook (`ignore_data_skip`,
+                # or a step-0 checkpoint), and an unsized loader's first window was read then: make it again, after them
+                restart_train_iterator(trainer)
+
+    def on_train_batch_start(self) -> None:
+        """Mid-epoch, load this rank's RNG states after the first window was fetched (see the module docstring)."""
+        self._load_rng()
+
+    def _load_rng(self) -> None:
+        """Load this rank's RNG states, once."""
+        if not self._rng_pending:
+            return
+        self._rng_pending = False
+        self._load_rng_states()
+
+    def _load_rng_states(self) -> None:
+        """This rank's python, numpy, torch (and CUDA) RNG states from the checkpoint's RNG file, if it has one."""
+        assert self.files is not None
+        if self.files.rng is None:
+            log.info("No RNG file in %s for this process: reproducibility is not guaranteed.", self.files.path)
+            return
+        import random
+
+        import numpy as np
+
+        states = _torch_load(self.files.rng)
+        random.setstate(states["python"])
+        np.random.set_state(states["numpy"])
+        torch.random.set_rng_state(states["cpu"])
+        if torch.cuda.is_available() and "cuda" in states:
+            cuda = states["cuda"]
+            if isinstance(cuda, (list, tuple)):
+                torch.cuda.random.set_rng_state_all(cuda)
+            else:
+                torch.cuda.random.set_rng_state(cuda)
+
+
+def _check_changed_settings(trainer: pl.Trainer, files: CheckpointFiles, args: Any, step: int) -> None:
+    """Name each setting changed since the checkpoint, once (global rank zero), with what the run does; refuse another
+    optimizer class on every rank before anything is loaded (`changed_settings.py`).
+
+    Raises:
+        ValueError: `optim` builds another optimizer class than the checkpoint's, whose state it holds.
+    """
+    recorded = read_recorded_arguments(files.path)
+    if recorded is None:
+        return
+    has_optimizer_state = any(f is not None for f in (files.optimizer, files.sharded_optimizer, files.engine_state))
+    changes = setting_changes(recorded, plain_values(args), step, has_optimizer_state, str(files.path))
+    if changes.refusal is not None:
+        raise ValueError(changes.refusal)
+    if changes.lines and trainer.is_global_zero:
+        log.warning("resume_from_checkpoint=%r: %d setting(s) differ from the checkpoint's training_args.bin:\n  %s",
+                    str(files.path), len(changes.lines), "\n  ".join(changes.lines))
+
+
+def _say_replaced(trainer: pl.Trainer, args: Any, resume_step: int | None) -> None:
+    """Name, once (global rank zero), the checkpoints already in `output_dir` that this run will replace."""
+    notice = replaced_checkpoints_notice(args.resolved_output_dir, resume_step, args.save_strategy != "no", args)
+    if notice and trainer.is_global_zero:
+        log.warning(notice)
+
+
+def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> CheckpointRestorer | None:
+    """At `on_fit_start`: restore `flow.resume_from_checkpoint` (a path or True; when None,
+    `args.resume_from_checkpoint`); the checkpoints in `output_dir` this run will replace are named once. Returns
+    the restorer whose later hooks the flow calls, or None."""
+    args = flow.args
+    flow.saver.begin_run(trainer)  # the output-directory lock, then leftovers of killed runs are cleaned up
+    # None: a Lightning-native run (e.g. from a config file) may set it in the arguments
+    resume = resolve_resume(args, flow.resume_from_checkpoint) if flow.resume_from_checkpoint is not False else None
+    if not resume:
+        _say_replaced(trainer, args, None)
+        return None
+    restorer = CheckpointRestorer(resume, args)
+    plan = flow.plan
+    restorer.on_fit_start(trainer, pl_module, plan.updates_per_epoch if plan is not None and plan.sized else None)
+    position = restorer.position
+    if plan is not None and position is not None and nothing_left_to_train(
+            position, plan.max_steps, plan.num_train_epochs if plan.sized else None):
+        restorer.nothing_left = True
+        if trainer.is_global_zero:
+            log.warning("resume_from_checkpoint=%r is at step %d, epoch %d: at or past the end of this run "
+                        "(max_steps=%d, %d epoch(s)); nothing left to train. The state, best model and train "
+                        "metrics are the checkpoint's.", restorer.path, position.global_step, position.epoch,
+                        plan.max_steps, plan.num_train_epochs)
+    return restorer
