@@ -11,6 +11,7 @@ import copy
 import dataclasses
 import json
 
+import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
@@ -326,6 +327,28 @@ def test_without_default_flow_callback_nothing_is_logged_evaluated_or_saved_as_h
     assert ours.state.global_step == hf.state.global_step == 4
     assert [sorted(e) for e in ours.state.log_history] == [sorted(e) for e in hf.state.log_history]
     assert len(hf.state.log_history) == 1 and "train_runtime" in hf.state.log_history[0]
+
+
+def test_removing_or_popping_a_callback_not_held_as_hf(tmp_path):
+    """Issue 22 item 7: a class not held is removed silently and popped as None; an instance not held is popped as
+    None, and `remove_callback` of it raises HF's `list.remove` error (ours for a Lightning callback too)."""
+    outcomes = []
+    for make in (hf_trainer, our_trainer):
+        trainer = make(tmp_path, tiny_bert())
+        before = callback_classes(trainer)
+        trainer.remove_callback(transformers.EarlyStoppingCallback)
+        popped = (trainer.pop_callback(transformers.EarlyStoppingCallback),
+                  trainer.pop_callback(transformers.PrinterCallback()))
+        with pytest.raises(ValueError) as raised:
+            trainer.remove_callback(transformers.PrinterCallback())
+        outcomes.append((callback_classes(trainer) == before, popped, str(raised.value)))
+    assert outcomes[1] == outcomes[0] == (True, (None, None), "list.remove(x): x not in list")
+    with pytest.raises(ValueError, match=r"^list\.remove\(x\): x not in list$"):
+        trainer.remove_callback(_LightningCounter())
+
+
+class _LightningCounter(pl.Callback):
+    """A Lightning callback the trainer does not hold."""
 
 
 def test_a_duplicated_callback_class_warns_as_hf(tmp_path, caplog):

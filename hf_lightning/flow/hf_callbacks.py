@@ -82,16 +82,26 @@ class HFCallbackHandler:
         self.callbacks.append(instance)
 
     def pop_callback(self, callback: Any) -> Any:
-        """Remove and return the first callback of that class (or that instance); None if there is none."""
+        """Remove and return the first callback of that class (or the first one equal to that instance, HF's `==`);
+        None if there is none, as HF."""
         for existing in self.callbacks:
-            if (isinstance(callback, type) and isinstance(existing, callback)) or existing is callback:
+            if isinstance(existing, callback) if isinstance(callback, type) else existing == callback:
                 self.callbacks.remove(existing)
                 return existing
         return None
 
     def remove_callback(self, callback: Any) -> None:
-        """Remove the first callback of that class (or that instance)."""
-        self.pop_callback(callback)
+        """Remove the first callback of that class (nothing if there is none), or that instance, as HF's
+        `CallbackHandler.remove_callback`.
+
+        Raises:
+            ValueError: `callback` is an instance the handler does not hold (HF's `list.remove` error,
+                `list.remove(x): x not in list`).
+        """
+        if isinstance(callback, type):
+            self.pop_callback(callback)
+        else:
+            self.callbacks.remove(callback)
 
     @property
     def callback_list(self) -> str:

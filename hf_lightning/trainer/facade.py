@@ -301,8 +301,18 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         return None
 
     def remove_callback(self, callback: Any) -> None:
-        """Remove the first callback of that class (or that instance), HF or Lightning."""
-        self.pop_callback(callback)
+        """Remove the first callback of that class (nothing if there is none), or that instance, HF or Lightning.
+
+        Raises:
+            ValueError: `callback` is an instance the trainer does not hold (HF's `list.remove` error,
+                `list.remove(x): x not in list`).
+        """
+        if is_hf_callback(callback):
+            self.flow.handler.remove_callback(callback)
+        elif isinstance(callback, type):
+            self.pop_callback(callback)
+        else:
+            self._lightning_callbacks.remove(callback)
 
     # ----- the HF methods -----
     def train(self, resume_from_checkpoint: str | bool | None = None, ignore_keys_for_eval: list[str] | None = None
