@@ -63,9 +63,9 @@ DIFFERENCES: dict[str, str] = {
                  "`lightning_kwargs[\"logger\"]` replaces them; the arguments and model config are not sent as "
                  "hyperparameters (HF's callbacks send them)",
     "run_name": "the logger's run name (TensorBoard / CSV: the version folder under `runs/` / `csv/`)",
-    "train_sampling_strategy": "`random`, `sequential`, `group_by_length` (its order seeded per epoch like `random`, "
-                               "so resumes are exact; evaluation keeps dataset order); `batch_rebalance` raises an "
-                               "error",
+    "train_sampling_strategy": "`random`, `sequential`, `group_by_length` (HF's order in every epoch, and a run "
+                               "resumed inside an epoch keeps its order; under several processes all use rank 0's "
+                               "draw; evaluation keeps dataset order); `batch_rebalance` raises an error",
     "torch_compile": "evaluations during and after `train()` also run the compiled model (HF's run uncompiled); "
                      "`remove_unused_columns` inspects the model inside a compiled one (README, \"Compiling\")",
     "length_column_name": "read before `remove_unused_columns` drops it (HF drops it first and measures the inputs)",

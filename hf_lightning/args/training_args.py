@@ -293,7 +293,7 @@ class TrainingArguments(ProcessLayoutMixin):
     """Input keys holding the labels; defaults to the model's `forward` parameters containing `label`."""
     train_sampling_strategy: SamplingStrategyName = "random"
     """Order of training samples: `random` (seeded by `data_seed` or `seed`, and the epoch), `sequential`, or
-    `group_by_length` (batches of similar lengths, longest first, seeded like `random`)."""
+    `group_by_length` (batches of similar lengths, longest first, drawn from torch's global generator as HF)."""
     length_column_name: str = "length"
     """Column with precomputed sample lengths for `group_by_length` (else the main input's length is measured)."""
 

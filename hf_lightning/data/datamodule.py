@@ -44,6 +44,7 @@ from hf_lightning.data.row_checks import RowCheckingCollator, RowLimits, can_che
 from hf_lightning.data.sampling import (
     ContiguousShardSampler,
     EpochSampler,
+    GroupingDraw,
     OrderBatchSampler,
     WindowBatchSampler,
     dataset_length,
@@ -137,6 +138,8 @@ class TransformerDataModule(pl.LightningDataModule):
         """`(epoch, windows)`: the next train loader starts at that window of that epoch (set on resume, used once)."""
         self.resume_stream_position: Any = None
         """With `resume_position`: the saved position of an unsized train stream after those windows (or None)."""
+        self.resume_grouping_draw: GroupingDraw | None = None
+        """`group_by_length`: the saved draw of the epoch a checkpoint was written in (`load_state_dict`)."""
         self.train_stream: WindowedStream | None = None
         """The windows of the current unsized train loader (None for a sized one)."""
         self.train_lengths: list[int] | None = None
@@ -480,8 +483,28 @@ class TransformerDataModule(pl.LightningDataModule):
             # the resumed epoch starts at its window: O(1) for our samplers, index-only for a map-style loader
             epoch, windows.skip = self.resume_position
             windows.set_epoch(epoch)
-            self.resume_position = None
+            sampler = getattr(loader, "batch_sampler", None)
+            if windows.skip and self.resume_grouping_draw is not None and isinstance(sampler, WindowBatchSampler):
+                # inside an epoch its saved draw is its order; at an epoch start (or `ignore_data_skip`) the order
+                # is drawn after the RNG states are loaded, as HF's
+                sampler.restore_grouping_draw(self.resume_grouping_draw)
+            self.resume_position, self.resume_grouping_draw = None, None
         return windows
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the data (`lightning_state.pt`): with `group_by_length`, the current epoch's
+        draw (the global generator state its order was drawn from), so a run resumed inside the epoch continues
+        that order."""
+        sampler = getattr(self._fit_loader, "batch_sampler", None)
+        draw = sampler.grouping_draw if isinstance(sampler, WindowBatchSampler) else None
+        return {"length_grouping": draw.to_dict()} if draw is not None else {}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A checkpoint's `state_dict()`, restored on resume before the train loader is made."""
+        saved = state_dict.get("length_grouping")
+        self.resume_grouping_draw = GroupingDraw.from_dict(saved) if saved else None
 
     def train_stream_position(self, windows_done: int) -> Any:
         """The position of the unsized train stream after `windows_done` windows of the current pass (saved in

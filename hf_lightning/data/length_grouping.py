@@ -1,4 +1,4 @@
-"""`train_sampling_strategy="group_by_length"`: HF's length-grouped training order, seeded per epoch.
+"""`train_sampling_strategy="group_by_length"`: HF's length-grouped training order, drawn where HF draws it.
 
 HF's `LengthGroupedSampler` (transformers `trainer_pt_utils.py`, built at T:1088-1105 with batch size
 `per_device_train_batch_size * gradient_accumulation_steps`) permutes the samples, cuts the permutation into
@@ -6,14 +6,22 @@ megabatches of `min(n // (4 * batch), 50)` batches, sorts each megabatch by leng
 longest sample of all to the very first position so an out-of-memory error comes at once. accelerate then hands
 out its batches to the processes like any other order.
 
+HF's sampler has no generator of its own: each epoch's permutation is drawn from torch's global CPU generator when
+the epoch's loader iterator first asks for indices, right after that iterator drew its base seed (accelerate's
+`DataLoaderShard` syncs no generator for it). So it depends on every draw of the training before it: the seed
+`Trainer.__init__` set, dropout, random collators, the evaluations' loader iterators. hf_lightning's global generator
+draws the same values in the same order (`windows.py`), so `draw_grouping_state` takes the generator's state at that
+same point and moves it on as HF's `randperm` does, and `length_grouped_order` turns the state into the order: every
+epoch is HF's. The state is what a checkpoint keeps (`TransformerDataModule.state_dict`), so a run resumed inside an
+epoch gets that epoch's order back (HF's own resume draws another one; from a checkpoint without the state, one
+written by `transformers.Trainer`, the order is drawn as HF's resume draws it).
+
 Lengths come from the `length_column_name` column when the dataset has one, else from the length of each sample's
 main input (`processing_class.model_input_names[0]`, default `input_ids`).
 
 Differences from HF (README "Length-grouped batches"), where HF is weak:
-- the permutation is a pure function of `data_seed` (or `seed`) and the epoch, so a resumed run continues the
-  epoch's order exactly: the first epoch's is HF's fresh-run order (`length_grouped_order`), later epochs use
-  `seed + epoch`; HF draws it from torch's global generator at each epoch start, so from the second epoch on (and
-  after any resume) it depends on everything drawn before, and HF ignores `data_seed` here;
+- under several processes every process uses rank 0's draw (HF's processes draw each from their own generator,
+  which can differ once their batches differ, and then their shards overlap);
 - the length column is read before `remove_unused_columns` drops it (HF drops it first and silently measures the
   inputs instead);
 - evaluation keeps dataset order (HF length-groups evaluation and prediction too, so `predict()` returns its rows
@@ -28,7 +36,9 @@ from typing import Any
 import torch
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-__all__ = ["length_grouped_order", "refuse_unsized", "sample_lengths", "train_sample_lengths"]
+__all__ = [
+    "draw_grouping_state", "length_grouped_order", "refuse_unsized", "sample_lengths", "train_sample_lengths",
+]
 
 
 def sample_lengths(dataset: Any, length_column: str, model_input_name: str) -> list[int]:
@@ -56,22 +66,37 @@ def sample_lengths(dataset: Any, length_column: str, model_input_name: str) -> l
     )
 
 
-def length_grouped_order(lengths: Sequence[int], group_batch_size: int, seed: int, epoch: int) -> list[int]:
-    """The sample order of one epoch: HF's length grouping (`get_length_grouped_indices`) over a permutation drawn
-    from a generator that is a pure function of `(seed, epoch)`, so a resumed run redraws it.
+def length_grouped_order(lengths: Sequence[int], group_batch_size: int, rng_state: torch.Tensor) -> list[int]:
+    """The sample order of one epoch: HF's length grouping (`get_length_grouped_indices`) of the permutation a
+    generator in state `rng_state` draws (pure: the same state gives the same order).
 
-    Epoch 0 is HF's fresh-run order: HF's sampler draws from torch's global generator, which `Trainer.__init__`
-    seeded with `seed` (`set_seed`) and from which the first `DataLoader` iterator drew one int64 (its base seed,
-    torch `_BaseDataLoaderIter`) before the sampler runs; the same generator state is rebuilt here. Later epochs use
-    `seed + epoch` (HF's state there depends on every draw of the training before; README "Length-grouped
-    batches")."""
+    Args:
+        lengths: the samples' lengths.
+        group_batch_size: the samples per length group (HF: `train_batch_size * gradient_accumulation_steps`).
+        rng_state: a CPU generator state (`draw_grouping_state`, or the one a checkpoint kept).
+    """
     generator = torch.Generator()
-    if epoch == 0:
-        generator.manual_seed(seed)
-        torch.empty((), dtype=torch.int64).random_(generator=generator)  # the DataLoader iterator's base seed
-    else:
-        generator.manual_seed(seed + epoch)
+    generator.set_state(rng_state)
     return [int(i) for i in get_length_grouped_indices(list(lengths), group_batch_size, generator=generator)]
+
+
+def draw_grouping_state(num_samples: int) -> torch.Tensor:
+    """The state from which HF's `LengthGroupedSampler` would draw an epoch's permutation now: torch's global CPU
+    generator's, which then moves on past that draw as HF's does (`randperm(num_samples)`), so that dropout and the
+    rest draw after it what they draw under HF. Under several processes, rank 0's state (every process must cut the
+    same order into its shard).
+
+    Must run where HF's sampler runs: when the epoch's loader iterator first asks for indices (on every process at
+    once, since the broadcast is a collective).
+    """
+    state = torch.get_rng_state()
+    torch.randperm(num_samples)  # HF's draw from the global generator (`get_length_grouped_indices`)
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        shared = [state]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        state = shared[0]
+    return state
 
 
 def refuse_unsized(dataset: Any) -> None:

@@ -6,7 +6,9 @@ window of any epoch by slicing, without iterating the skipped data (O(1) in the 
 
 - The permutation is `torch.randperm(n, generator=manual_seed(seed + epoch))`: what accelerate's
   `SeedableRandomSampler` draws for the HF Trainer (seed = `data_seed` or `seed`). With sample lengths
-  (`group_by_length`), HF's length grouping of that permutation (`length_grouping.py`).
+  (`group_by_length`), HF's length grouping of a permutation drawn from torch's global generator when the epoch's
+  iteration starts, as HF's `LengthGroupedSampler` draws it (`length_grouping.py`); the generator state it was drawn
+  from is kept (`grouping_draw`) for checkpoints, and a resumed run restores it (`restore_grouping_draw`).
 - Sharding across processes reproduces accelerate's `BatchSamplerShard` with `even_batches=True`: batch `i` goes to
   rank `i % world_size`, and the tail is completed with samples from the start so every rank has as many batches.
 - Windows hold `gradient_accumulation_steps` micro-batches; the last window of an epoch may be shorter (T:1870-1880).
@@ -23,16 +25,17 @@ padding row, whose outputs the accumulator drops.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils.data import Sampler
 
-from hf_lightning.data.length_grouping import length_grouped_order
+from hf_lightning.data.length_grouping import draw_grouping_state, length_grouped_order
 
 __all__ = [
-    "ContiguousShardSampler", "EpochSampler", "OrderBatchSampler", "WindowBatchSampler", "dataset_length",
-    "epoch_order", "shard_batches", "split_by_node",
+    "ContiguousShardSampler", "EpochSampler", "GroupingDraw", "OrderBatchSampler", "WindowBatchSampler",
+    "dataset_length", "epoch_order", "shard_batches", "split_by_node",
 ]
 
 
@@ -51,6 +54,30 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> list[
     generator = torch.Generator()
     generator.manual_seed(seed + epoch)
     return torch.randperm(num_samples, generator=generator).tolist()
+
+
+@dataclass(frozen=True)
+class GroupingDraw:
+    """One epoch's `group_by_length` draw: the global generator state its permutation was drawn from, and what it
+    was drawn for (a saved draw is only reused for the same samples and group size)."""
+
+    epoch: int
+    rng_state: torch.Tensor
+    num_samples: int
+    group_size: int
+
+    def fits(self, epoch: int, num_samples: int, group_size: int) -> bool:
+        """Whether this draw is that epoch's, for that many samples in groups of that size."""
+        return (self.epoch, self.num_samples, self.group_size) == (epoch, num_samples, group_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values and one tensor (a checkpoint loads it with `weights_only=True`)."""
+        return {"epoch": self.epoch, "rng_state": self.rng_state, "num_samples": self.num_samples,
+                "group_size": self.group_size}
+
+    @classmethod
+    def from_dict(cls, saved: dict[str, Any]) -> GroupingDraw:
+        return cls(int(saved["epoch"]), saved["rng_state"], int(saved["num_samples"]), int(saved["group_size"]))
 
 
 def shard_batches(
@@ -108,7 +135,7 @@ class WindowBatchSampler(Sampler[list[int]]):
         num_samples: dataset length.
         batch_size: micro-batch size per process.
         accumulation: micro-batches per window (`gradient_accumulation_steps`).
-        seed: the shuffle seed (`data_seed` or `seed`).
+        seed: the shuffle seed (`data_seed` or `seed`; `group_by_length` draws from the global generator instead).
         shuffle: random (HF "random") or sequential order.
         drop_last: drop the last incomplete micro-batch of each epoch.
         world_size: number of processes.
@@ -143,10 +170,19 @@ class WindowBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.epoch = 0
         self.skip_windows = 0
+        self.grouping_draw: GroupingDraw | None = None
+        """`group_by_length`: the epoch whose order was drawn last, and the global generator state it was drawn
+        from (what a checkpoint keeps)."""
+        self._restored_draw: GroupingDraw | None = None
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose permutation the next iteration draws (Lightning calls this every epoch)."""
         self.epoch = epoch
+
+    def restore_grouping_draw(self, draw: GroupingDraw) -> None:
+        """`group_by_length` on resume: the next iteration, if it is of `draw.epoch`, uses that epoch's saved draw
+        instead of drawing (the run resumed inside that epoch continues its order); used once."""
+        self._restored_draw = draw
 
     @property
     def sampler(self) -> WindowBatchSampler:
@@ -156,9 +192,18 @@ class WindowBatchSampler(Sampler[list[int]]):
         return self
 
     def microbatches(self, epoch: int | None = None) -> list[list[int]]:
-        """This rank's micro-batches of `epoch` (default: the current one)."""
+        """This rank's micro-batches of `epoch` (default: the current one).
+
+        `group_by_length`: the order of the epoch's draw (`grouping_draw`), drawn now from the global generator if
+        that epoch has none yet (at the epoch's first iteration, as HF's sampler draws)."""
         epoch = self.epoch if epoch is None else epoch
-        order = _order(self.num_samples, self.seed, epoch, self.shuffle, self.lengths, self.group_size)
+        if self.lengths is None:
+            order = epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
+        else:
+            if self.grouping_draw is None or self.grouping_draw.epoch != epoch:
+                self.grouping_draw = GroupingDraw(epoch, draw_grouping_state(self.num_samples), self.num_samples,
+                                                  self.group_size)
+            order = length_grouped_order(self.lengths, self.group_size, self.grouping_draw.rng_state)
         return shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last)
 
     def num_microbatches(self) -> int:
@@ -170,23 +215,20 @@ class WindowBatchSampler(Sampler[list[int]]):
         return -(-micro // self.accumulation)
 
     def __iter__(self) -> Iterator[list[int]]:
+        if self.lengths is not None:  # a fresh draw every iteration (HF's sampler draws at each `iter`) ...
+            restored, self._restored_draw = self._restored_draw, None
+            self.grouping_draw = restored if restored is not None and restored.fits(
+                self.epoch, self.num_samples, self.group_size) else None  # ... but the resumed epoch's saved one
         micro = self.microbatches()
         start, self.skip_windows = self.skip_windows, 0
         for w in range(start * self.accumulation, len(micro), self.accumulation):
             yield [i for batch in micro[w : w + self.accumulation] for i in batch]
 
 
-def _order(num_samples: int, seed: int, epoch: int, shuffle: bool, lengths: Sequence[int] | None,
-           group_size: int) -> list[int]:
-    """One epoch's order: length-grouped when `lengths` are given (`group_by_length`), else `epoch_order`."""
-    if lengths is not None:
-        return length_grouped_order(lengths, group_size, seed, epoch)
-    return epoch_order(num_samples, seed, epoch, shuffle)
-
-
 class EpochSampler(Sampler[int]):
     """HF's default training order as a sampler: the `seed + epoch` permutation, `range(n)` when not shuffling, or
-    the `group_by_length` order of that permutation (HF's `LengthGroupedSampler`) when `lengths` are given.
+    the `group_by_length` order (HF's `LengthGroupedSampler`, drawn from the global generator at each `iter`) when
+    `lengths` are given.
 
     Args:
         num_samples: dataset length.
@@ -212,7 +254,9 @@ class EpochSampler(Sampler[int]):
         return self.num_samples
 
     def __iter__(self) -> Iterator[int]:
-        return iter(_order(self.num_samples, self.seed, self.epoch, self.shuffle, self.lengths, self.group_size))
+        if self.lengths is not None:
+            return iter(length_grouped_order(self.lengths, self.group_size, draw_grouping_state(self.num_samples)))
+        return iter(epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle))
 
 
 class OrderBatchSampler(Sampler[list[int]]):
