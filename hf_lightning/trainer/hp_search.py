@@ -201,7 +201,7 @@ class HyperparameterSearchMixin:
             self.flow.hf_event("on_train_end")  # HF's `_report_to_hp_search` ends the run with it before raising
             raise
         finally:
-            trainer.remove_callback(reporter)
+            trainer.pop_callback(reporter)  # never raises in this `finally`
             run_dir = self.args.output_dir
             self.args.output_dir = base_output_dir
             self._trial = None
