@@ -298,6 +298,29 @@ def test_resume_loads_through_the_models_own_load_state_dict_as_hf(tmp_path):
         torch.testing.assert_close(ours.model.state_dict()[name], tensor, rtol=0, atol=1e-7, msg=name)
 
 
+def test_resuming_with_other_intervals_warns_in_hfs_words(tmp_path):
+    """Found running HF's test_trainer.py against hf_lightning: the warning about intervals that differ from the
+    checkpoint's is HF's text on transformers' logger (a caller capturing transformers' log sees it)."""
+    import logging
+
+    from transformers.testing_utils import CaptureLogger
+    from transformers.utils import logging as hf_logging
+
+    first = hf_trainer(tmp_path, tiny_bert(), name="first", train_dataset=classification_dataset(n=16),
+                       args=dict(per_device_train_batch_size=4, max_steps=2, save_steps=2, logging_steps=1))
+    first.train()
+    resumed = dict(per_device_train_batch_size=2, max_steps=3, save_steps=3, logging_steps=1)
+    texts = []
+    for make in (hf_trainer, our_trainer):
+        trainer = make(tmp_path, tiny_bert(), train_dataset=classification_dataset(n=16), args=resumed)
+        logging.Logger.warning_once.cache_clear()  # HF logs it once per process: each run gets its own first time
+        with CaptureLogger(hf_logging.get_logger()) as captured:
+            trainer.train(resume_from_checkpoint=str(tmp_path / "first" / "checkpoint-2"))
+        texts.append([line for line in captured.out.splitlines() if "from args" in line or "do not match" in line])
+    assert texts[1] == texts[0] and len(texts[0]) == 3
+    assert "\tper_device_train_batch_size: 2 (from args) != 4 (from trainer_state.json)" in texts[0]
+
+
 # ----- 7. the callback handler: DefaultFlowCallback, duplicates, stateful callbacks left out, on_push_begin -----
 def callback_classes(trainer) -> list[type]:
     return [type(cb) for cb in trainer.callback_handler.callbacks]

@@ -26,6 +26,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from torch import nn
+from transformers.utils import logging as hf_logging
 
 from hf_lightning._lightning_compat import datamodule_of, grad_scaler, restart_train_iterator
 from hf_lightning.checkpoint import distributed as dist_state
@@ -199,9 +200,10 @@ def _warn_on_changed_intervals(plan: Any, state: Any, batch_size: int) -> None:
     if state.train_batch_size is not None and state.train_batch_size != batch_size:
         changed.append(f"per_device_train_batch_size: {batch_size} (from args) != {state.train_batch_size} "
                        "(from trainer_state.json)")
-    if changed:
-        log.warning("The following arguments do not match the ones in the checkpoint's trainer_state.json (the "
-                    "checkpoint's intervals are used, as HF does):\n\t" + "\n\t".join(changed))
+    if changed:  # HF's words, on transformers' logger (a caller capturing transformers' log sees them, as HF's)
+        hf_logging.get_logger("transformers.trainer_utils").warning_once(
+            "Warning: The following arguments do not match the ones in the `trainer_state.json` within the "
+            "checkpoint directory: " + "".join(f"\n\t{line}" for line in changed))
 
 
 class CheckpointRestorer:
