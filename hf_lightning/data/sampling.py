@@ -77,6 +77,7 @@ class GroupingDraw:
 
     @classmethod
     def from_dict(cls, saved: dict[str, Any]) -> GroupingDraw:
+        """The draw `to_dict` wrote (read back from a checkpoint's `lightning_state.pt`)."""
         return cls(int(saved["epoch"]), saved["rng_state"], int(saved["num_samples"]), int(saved["group_size"]))
 
 
