@@ -227,7 +227,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         if _asks_for_lightning_bar(self.lightning_kwargs, lightning_callbacks):
             console = []
         else:
-            console = [console_callback(self.args.disable_tqdm)]
+            console = [console_callback(bool(self.args.disable_tqdm))]  # resolved by the arguments (never None)
             self._trainer_kwargs["enable_progress_bar"] = False
         hf_callbacks = [*_integration_callbacks(self.args), *hf_callbacks]  # before the user's, as HF
         self.flow = build_flow(self.args, [*hf_callbacks, *console], processing_class)

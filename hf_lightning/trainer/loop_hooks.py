@@ -9,11 +9,13 @@ method here calls the flow's built-in, so a subclass's override runs in its plac
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 import lightning.pytorch as pl
 from torch import nn
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.data.collate import signature_columns
 from hf_lightning.flow.flow import HFTrainerFlow
 from hf_lightning.flow.hf_callbacks import HFCallbackHandler
@@ -30,7 +32,7 @@ class LoopHooks:
     module: TransformerModule
     model: nn.Module
     lightning_trainer: pl.Trainer | None = None  # until the first run builds one (set again in `__init__`)
-    args: Any  # the facade's `TrainingArguments`
+    args: TrainingArguments
     evaluate: Callable[..., dict[str, float]]  # the facade's `evaluate`
     is_in_train: bool = False
     """HF's `is_in_train`: True while `train()` runs (also inside the evaluations it makes)."""
@@ -68,9 +70,10 @@ class LoopHooks:
         see README "Subclassing the Trainer".)"""
         return self.module.model_wrapped
 
-    @property
+    @cached_property
     def accelerator(self) -> LightningAccelerator:
-        """The accelerate `Accelerator` members HF code calls (`backward`, `unwrap_model`, `gather`, ...)."""
+        """The accelerate `Accelerator` members HF code calls (`backward`, `unwrap_model`, `gather`, ...), built once
+        (it reads the running Lightning trainer and module at each call)."""
         return LightningAccelerator(self)
 
     @property
