@@ -14,6 +14,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from torch import nn
+from transformers import TrainerControl, TrainerState
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.data.collate import signature_columns
@@ -38,22 +39,22 @@ class LoopHooks:
     """HF's `is_in_train`: True while `train()` runs (also inside the evaluations it makes)."""
 
     @property
-    def state(self) -> Any:
+    def state(self) -> TrainerState:
         """HF's `TrainerState`: `global_step`, `epoch`, `log_history`, `best_metric`, `best_model_checkpoint`..."""
         return self.flow.state
 
     @state.setter
-    def state(self, state: Any) -> None:
+    def state(self, state: TrainerState) -> None:
         if "flow" in vars(self):  # before `Trainer.__init__`: its own value replaces it, as in HF
             self.flow.state = state
 
     @property
-    def control(self) -> Any:
+    def control(self) -> TrainerControl:
         """HF's `TrainerControl`: the flags the callbacks set, read where HF reads them."""
         return self.flow.control
 
     @control.setter
-    def control(self, control: Any) -> None:
+    def control(self, control: TrainerControl) -> None:
         if "flow" in vars(self):
             self.flow.control = control
 
