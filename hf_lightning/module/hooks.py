@@ -13,8 +13,10 @@
     create_optimizer_and_scheduler -> create_optimizer (-> get_decay_parameter_names,
         get_optimizer_cls_and_kwargs) -> create_scheduler                                  once per fit
 
-The owner is the module itself (`ModuleHooks`) or an `hf_lightning.Trainer`, whose subclass may override any of them;
-the Trainer's own methods call these built-ins, so `super().compute_loss(...)` in a subclass reaches this code.
+The owner (`TransformerModule.hooks`, typed by `hf_lightning.contracts.HFStepHooks`, chosen once) is the module's
+`ModuleStepHooks` (these built-ins under HF's names, or a `TransformerModule` subclass's overrides) or an attached
+`hf_lightning.Trainer`, whose subclass may override any of them; the Trainer's own methods call these built-ins, so
+`super().compute_loss(...)` in a subclass reaches this code.
 
 Loss normalisation (README "Gradient accumulation"): with the built-in `compute_loss` and `training_step`, every
 micro-batch loss is its share of the window's token-weighted mean, for every model (`mean * tokens / window_tokens`;
