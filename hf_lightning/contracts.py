@@ -36,6 +36,7 @@ from typing_extensions import NotRequired, get_protocol_members
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+    from transformers import TrainerControl, TrainerState
 
     from hf_lightning.args import TrainingArguments
     from hf_lightning.module.eval_run import EvalAccumulator
@@ -119,9 +120,9 @@ class TrainingStepListener(Protocol):
 class HFFlowView(Protocol):
     """What an `HFEvaluationListener` may read and set on the flow: HF's `args`, `state` and `control`."""
 
-    args: Any
-    state: Any
-    control: Any
+    args: TrainingArguments
+    state: TrainerState
+    control: TrainerControl
 
 
 @runtime_checkable

@@ -168,7 +168,7 @@ class _EpochSetter:
     """Lightning's `_set_sampler_epoch` calls `set_epoch` on `<loader>.sampler` and `<loader>.batch_sampler`: this is
     what a window iterable exposes there, forwarding the epoch to `owner`."""
 
-    def __init__(self, owner: Any) -> None:
+    def __init__(self, owner: _Windows) -> None:
         self.owner = owner
 
     def set_epoch(self, epoch: int) -> None:

@@ -95,9 +95,9 @@ class HFHooksModule(pl.LightningModule):
     shift_labels: bool
     model_accepts_loss_kwargs: bool
     loss_is_scaled_for_ga: bool | None
-    optimizer: Any
+    optimizer: torch.optim.Optimizer | None
     """HF's `Trainer.optimizer`: None until `create_optimizer` (or the user's `optimizers` pair)."""
-    lr_scheduler: Any
+    lr_scheduler: Any  # any scheduler-like object a user pair or `create_scheduler` override gives (HF's `Any` too)
     """HF's `Trainer.lr_scheduler`: None until `create_scheduler` (or the user's `optimizers` pair)."""
     optimizer_cls_and_kwargs: tuple[Any, dict[str, Any]] | None
 
@@ -265,7 +265,13 @@ class HFHooksModule(pl.LightningModule):
         return self.model_accepts_loss_kwargs and num_items is not None
 
     def current_learning_rate(self) -> float:
-        """HF's `_get_learning_rate`: the scheduler's last LR (a plateau scheduler: the optimizer's)."""
+        """HF's `_get_learning_rate`: the scheduler's last LR (a plateau scheduler: the optimizer's).
+
+        Raises:
+            ValueError: there is no optimizer yet (HF's words).
+        """
+        if self.optimizer is None:
+            raise ValueError("Trainer optimizer is None, please make sure you have setup the optimizer before.")
         return current_lr(self.optimizer, self.lr_scheduler)
 
     # ----- inputs and contexts -----
@@ -359,10 +365,17 @@ class HFHooksModule(pl.LightningModule):
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
-        """HF's `create_scheduler` (T:1347-1376): `lr_scheduler_type` over `num_training_steps` updates."""
+        """HF's `create_scheduler` (T:1347-1376): `lr_scheduler_type` over `num_training_steps` updates.
+
+        Raises:
+            ValueError: no `optimizer` given and none created (a `create_optimizer` override that set none).
+        """
         if self.lr_scheduler is None:
-            self.lr_scheduler = build_scheduler(optimizer if optimizer is not None else self.optimizer, self.args,
-                                                num_training_steps)
+            optimizer = optimizer if optimizer is not None else self.optimizer
+            if optimizer is None:
+                raise ValueError("`create_optimizer` left `optimizer` None: set `self.optimizer` (and return it), as "
+                                 "transformers.Trainer.create_optimizer does.")
+            self.lr_scheduler = build_scheduler(optimizer, self.args, num_training_steps)
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
