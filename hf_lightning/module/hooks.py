@@ -82,9 +82,11 @@ def current_lr(optimizer: torch.optim.Optimizer | LightningOptimizer, scheduler:
 
 
 class HFHooksModule(pl.LightningModule):
-    """The built-in HF hooks of `TransformerModule` (its base class): HF's signatures and semantics.
+    """The built-in HF hooks of `TransformerModule` (its base class): HF's signatures and semantics, and their owner.
 
-    `hf_training_step` is HF's `training_step` (Lightning owns the name `training_step` for the whole update).
+    `hf_training_step` is HF's `training_step` (Lightning owns the name `training_step` for the whole update). The
+    methods stay on the module because a `TransformerModule` subclass overrides them as a `transformers.Trainer`
+    subclass would (README, the Lightning-native path); `hooks` is the one object the steps call them through.
     """
 
     model: nn.Module
