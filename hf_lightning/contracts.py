@@ -13,8 +13,8 @@ missing). `TransformerModule` and `TransformerDataModule` implement them; a user
   `on_pre_optimizer_step`, `on_optimizer_step`); the module calls every callback of the trainer that is one.
 - `HFEvaluationListener`: a Lightning callback told about each finished HF evaluation (e.g. `HFEarlyStopping`).
 - `HFStepHooks`: the owner of the HF hooks with `transformers.Trainer`'s signatures (`training_step`, `compute_loss`,
-  `prediction_step`, `create_optimizer`, ...), which the module calls through `TransformerModule.hooks` (the module
-  itself, or an `hf_lightning.Trainer` whose subclass may override them).
+  `prediction_step`, `create_optimizer`, ...), which the module calls through `TransformerModule.hooks` (the
+  module's built-ins, `module.hooks.ModuleStepHooks`, or an `hf_lightning.Trainer` whose subclass may override them).
 - `HFDataHooks`: the owner of HF's dataloader methods (`get_train_dataloader`, `get_eval_dataloader`,
   `get_test_dataloader`), which `TransformerDataModule` asks for its loaders (`loader_owner`: an `hf_lightning.Trainer`;
   without one, the data module itself; `hf_lightning/trainer/data_hooks.py` is the `Trainer`'s side).
@@ -26,6 +26,8 @@ missing). `TransformerModule` and `TransformerDataModule` implement them; a user
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict, runtime_checkable
 
 import torch
@@ -34,7 +36,9 @@ from typing_extensions import NotRequired, get_protocol_members
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
+    from transformers import TrainerControl, TrainerState
 
+    from hf_lightning.args import TrainingArguments
     from hf_lightning.module.eval_run import EvalAccumulator
     from hf_lightning.module.evaluation import EvalRequest
 
@@ -116,9 +120,9 @@ class TrainingStepListener(Protocol):
 class HFFlowView(Protocol):
     """What an `HFEvaluationListener` may read and set on the flow: HF's `args`, `state` and `control`."""
 
-    args: Any
-    state: Any
-    control: Any
+    args: TrainingArguments
+    state: TrainerState
+    control: TrainerControl
 
 
 @runtime_checkable
@@ -132,11 +136,23 @@ class HFEvaluationListener(Protocol):
 
 
 class HFStepHooks(Protocol):
-    """The HF hooks `TransformerModule` calls, with the `transformers.Trainer` signatures (`module/hooks.py` gives
-    the order; `hf_lightning/trainer/step_hooks.py` is the `Trainer`'s side)."""
+    """The HF step hooks `TransformerModule` calls through `TransformerModule.hooks`, with the `transformers.Trainer`
+    signatures (`module/hooks.py` gives the order).
 
-    optimizer: Any
-    lr_scheduler: Any
+    Two implementations: `module.hooks.ModuleStepHooks`, the module's own built-ins (or a `TransformerModule`
+    subclass's overrides; HF's `training_step` is the module's `hf_training_step`), and `hf_lightning.Trainer`, whose
+    subclass may override any of them (`trainer/step_hooks.py`). The module holds one of them, chosen once
+    (`TransformerModule.attach_hooks`).
+
+    Besides the methods, the owner answers the trainer attributes HF's step reads from `self` (a read-only
+    property here, so a class attribute, an instance attribute or a property satisfies it): the module reads them
+    through its `hooks`, so a value set on a `Trainer` subclass is the one in force.
+    """
+
+    @property
+    def loss_is_scaled_for_ga(self) -> bool | None:
+        """HF's class attribute: True / False forces whether a micro-batch loss is already normalised over the
+        accumulation window; None lets the loss hooks' rule decide."""
 
     def training_step(self, model: nn.Module, inputs: dict[str, Any],
                       num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
@@ -145,7 +161,7 @@ class HFStepHooks(Protocol):
     def compute_loss(
         self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
         num_items_in_batch: torch.Tensor | int | None = None,
-    ) -> Any:
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         """The loss of one micro-batch (and the model outputs with `return_outputs`)."""
 
     def prediction_step(
@@ -154,10 +170,10 @@ class HFStepHooks(Protocol):
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """`(loss, logits, labels)` of one eval / predict batch."""
 
-    def compute_loss_context_manager(self) -> Any:
+    def compute_loss_context_manager(self) -> AbstractContextManager[Any]:
         """The context around `compute_loss`."""
 
-    def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> Any:
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> AbstractContextManager[Any]:
         """The autocast context `compute_loss_context_manager` enters (a no-op: Lightning autocasts)."""
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -166,23 +182,30 @@ class HFStepHooks(Protocol):
     def _prepare_input(self, data: Any) -> Any:
         """One (nested) value moved to the device."""
 
-    def _prepare_context_parallel_inputs(self, model: nn.Module, inputs: dict[str, Any]) -> tuple[Any, Any]:
-        """`(context, inputs)` for context parallelism."""
+    def _prepare_context_parallel_inputs(
+        self, model: nn.Module, inputs: dict[str, Any]
+    ) -> tuple[Callable[[], AbstractContextManager[Any]], dict[str, Any]]:
+        """`(context factory, inputs)` for context parallelism (a no-op context under Lightning)."""
 
-    def _get_num_items_in_batch(self, batch_samples: list[Any], device: Any) -> torch.Tensor | None:
+    def _get_num_items_in_batch(self, batch_samples: list[Any], device: torch.device | None
+                                ) -> torch.Tensor | None:
         """The label tokens of a window of micro-batches."""
+
+    def _get_learning_rate(self) -> float:
+        """The learning rate of the update just run (called only when overridden)."""
 
     def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
         """The parameters that get weight decay."""
 
-    def get_optimizer_cls_and_kwargs(self, args: Any, model: nn.Module | None = None) -> tuple[Any, dict[str, Any]]:
+    def get_optimizer_cls_and_kwargs(self, args: TrainingArguments, model: nn.Module | None = None
+                                     ) -> tuple[Any, dict[str, Any]]:
         """The optimizer class and keyword arguments."""
 
-    def create_optimizer(self, model: nn.Module | None = None) -> Any:
-        """Set (if None) and return `optimizer`."""
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """Set (if None) and return the owner's `optimizer`."""
 
-    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
-        """Set (if None) and return `lr_scheduler`."""
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
+        """Set (if None) and return the owner's `lr_scheduler`."""
 
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
         """Both of the above."""

@@ -248,3 +248,25 @@ def test_plain_module_returning_a_loss_trains_like_hf(tmp_path):
     assert_same_losses(hf, ours)
     losses = [e["loss"] for e in train_logs(ours)]
     assert sum(losses[-5:]) < sum(losses[:5])  # it learns
+
+
+# ----- the hook owner (contracts.HFStepHooks): chosen once, never rebuilt -----
+def test_hook_owner_is_built_once_and_a_copy_owns_its_own(tmp_path):
+    """A bare module's hooks are its `ModuleStepHooks` (the same object at every read, answering HF's names from
+    the module); a `Trainer` is its module's owner, and its `accelerator` is built once; a deep copy of the module
+    (e.g. an EMA callback's) is its own owner again."""
+    from hf_lightning.module.hooks import ModuleStepHooks
+
+    module = TransformerModule(tiny_bert(), TrainingArguments(output_dir=str(tmp_path / "bare")))
+    hooks = module.hooks
+    assert isinstance(hooks, ModuleStepHooks) and module.hooks is hooks
+    assert hooks.loss_is_scaled_for_ga is None
+    module.loss_is_scaled_for_ga = True
+    assert hooks.loss_is_scaled_for_ga is True  # read from the module at each call
+
+    trainer = hf_lightning.Trainer(model=tiny_bert(), args=TrainingArguments(output_dir=str(tmp_path / "out")))
+    assert trainer.module.hooks is trainer
+    assert trainer.accelerator is trainer.accelerator
+    copied = copy.deepcopy(trainer.module)
+    assert isinstance(copied.hooks, ModuleStepHooks) and copied.hooks is not trainer.module.hooks
+    assert copied.hooks._module is copied

@@ -20,6 +20,8 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
+from hf_lightning.args import TrainingArguments
+
 __all__ = ["DeepSpeedFill", "fill_process_stage", "fill_finalize_stage", "for_lightning", "zero_stage",
            "mismatch_error"]
 
@@ -44,7 +46,7 @@ class DeepSpeedFill:
     auto_find_batch_size: bool = False
 
     @classmethod
-    def from_args(cls, args: Any, world_size: int) -> DeepSpeedFill:
+    def from_args(cls, args: TrainingArguments, world_size: int) -> DeepSpeedFill:
         return cls(
             per_device_train_batch_size=args.per_device_train_batch_size,
             gradient_accumulation_steps=args.gradient_accumulation_steps, world_size=world_size,

@@ -22,6 +22,7 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.tasks.checks import check_columns
 from hf_lightning.tasks.loading import check_files, split_source, splits_for_stage
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
@@ -69,7 +70,7 @@ def file_columns(path: str) -> list[str] | None:
     return None
 
 
-def stage_data_problem(subcommand: str, args: Any, spec: DataSpec) -> str | None:
+def stage_data_problem(subcommand: str, args: TrainingArguments, spec: DataSpec) -> str | None:
     """What data the stage lacks (files only: a `dataset_name`'s splits are known once it is loaded), or None."""
     if spec.dataset_name is not None:
         return None
@@ -110,7 +111,9 @@ def _folder_problem(key: str, value: str | None, needs: str | None = None) -> st
     return None  # a hub name: the full run asks the hub (pretrained_source.check_pretrained_source)
 
 
-def check_config_files(subcommand: str, task: Task, args: Any, model: ModelSpec | None, data: DataSpec) -> str | None:
+def check_config_files(
+    subcommand: str, task: Task, args: TrainingArguments, model: ModelSpec | None, data: DataSpec
+) -> str | None:
     """The first mistake of the config that the files alone show (see the module docstring), or None.
 
     Args:

@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any
 
 import lightning.pytorch as pl
+from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, Sampler, SequentialSampler
 from transformers.trainer_utils import seed_worker
 from typing_extensions import override
@@ -130,7 +131,7 @@ class TransformerDataModule(pl.LightningDataModule):
         self.eval_loader_args: dict[str, Any] | None = None
         self.loop_loader: Any = None
         """The loader of a running `evaluation_loop` call: the validation loader while set."""
-        self.signature_model: Any = None
+        self.signature_model: nn.Module | None = None
         self._allowed_columns: list[str] | None = None
         self._label_names: list[str] = []
         self._fit_loader: Any = None
@@ -179,7 +180,7 @@ class TransformerDataModule(pl.LightningDataModule):
         self._resolve_columns()
         self._check_rows(stage)
 
-    def _row_model(self) -> Any:
+    def _row_model(self) -> nn.Module | None:
         module = self.trainer.lightning_module if self.trainer is not None else None
         return getattr(module, "model", None) or self.signature_model
 

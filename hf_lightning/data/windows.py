@@ -30,6 +30,8 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from transformers.trainer_pt_utils import IterableDatasetShard
 
+from hf_lightning.args import TrainingArguments
+
 __all__ = [
     "EpochLoader", "LazyWindow", "MicroBatchStream", "SkipBatchSampler", "WindowStream", "is_sized",
     "loader_options", "num_examples", "set_loader_epoch", "start_after", "window_sizes",
@@ -38,7 +40,7 @@ __all__ = [
 _END = object()
 
 
-def loader_options(args: Any) -> dict[str, Any]:
+def loader_options(args: TrainingArguments) -> dict[str, Any]:
     """The `DataLoader` options of HF's `_get_dataloader` (T:1007-1069) from the training arguments: workers, pinned
     memory (only with CUDA in use), persistent workers and prefetching (only with workers)."""
     options: dict[str, Any] = {
@@ -166,7 +168,7 @@ class _EpochSetter:
     """Lightning's `_set_sampler_epoch` calls `set_epoch` on `<loader>.sampler` and `<loader>.batch_sampler`: this is
     what a window iterable exposes there, forwarding the epoch to `owner`."""
 
-    def __init__(self, owner: Any) -> None:
+    def __init__(self, owner: _Windows) -> None:
         self.owner = owner
 
     def set_epoch(self, epoch: int) -> None:

@@ -25,6 +25,8 @@ from transformers.trainer_pt_utils import nested_detach
 from transformers.trainer_utils import denumpify_detensorize
 from transformers.utils import can_return_loss
 
+from hf_lightning.args import TrainingArguments
+
 __all__ = [
     "EVAL_LOSS_WEIGHTINGS", "EvalRequest", "EvalResult", "EvalSettings", "EvalStep", "EvaluationOutput",
     "PredictionHooks", "check_metrics", "concat_padded", "hf_prediction_step", "note_missing_main_input",
@@ -120,7 +122,7 @@ class EvalSettings:
             `per_device_eval_batch_size` times, see `Seq2SeqTransformerModule.eval_settings`).
     """
 
-    args: Any
+    args: TrainingArguments
     compute_metrics: Callable[..., Any] | None = None
     preprocess_logits_for_metrics: Callable[..., Any] | None = None
     label_names: list[str] = field(default_factory=lambda: ["labels"])

@@ -7,15 +7,15 @@ On a CPU, HF casts to float16 all the same (torch runs float16 on CPUs, slowly):
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
+
+from hf_lightning.args import TrainingArguments
 
 __all__ = ["full_eval_dtype", "cast_for_full_eval"]
 
 
-def full_eval_dtype(args: Any) -> torch.dtype | None:
+def full_eval_dtype(args: TrainingArguments) -> torch.dtype | None:
     """The dtype `evaluate()` / `predict()` cast the model to, or None."""
     if args.fp16_full_eval:
         return torch.float16
@@ -24,7 +24,7 @@ def full_eval_dtype(args: Any) -> torch.dtype | None:
     return None
 
 
-def cast_for_full_eval(model: nn.Module, args: Any) -> None:
+def cast_for_full_eval(model: nn.Module, args: TrainingArguments) -> None:
     """Cast `model` in place for an evaluation or prediction outside training (nothing without a full-eval flag)."""
     dtype = full_eval_dtype(args)
     if dtype is not None:

@@ -13,8 +13,10 @@
     create_optimizer_and_scheduler -> create_optimizer (-> get_decay_parameter_names,
         get_optimizer_cls_and_kwargs) -> create_scheduler                                  once per fit
 
-The owner is the module itself (`ModuleHooks`) or an `hf_lightning.Trainer`, whose subclass may override any of them;
-the Trainer's own methods call these built-ins, so `super().compute_loss(...)` in a subclass reaches this code.
+The owner (`TransformerModule.hooks`, typed by `hf_lightning.contracts.HFStepHooks`, chosen once) is the module's
+`ModuleStepHooks` (these built-ins under HF's names, or a `TransformerModule` subclass's overrides) or an attached
+`hf_lightning.Trainer`, whose subclass may override any of them; the Trainer's own methods call these built-ins, so
+`super().compute_loss(...)` in a subclass reaches this code.
 
 Loss normalisation (README "Gradient accumulation"): with the built-in `compute_loss` and `training_step`, every
 micro-batch loss is its share of the window's token-weighted mean, for every model (`mean * tokens / window_tokens`;
@@ -30,21 +32,24 @@ import contextlib
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.core.optimizer import LightningOptimizer
 from torch import nn
 
 from hf_lightning._lightning_compat import attached_trainer
 from hf_lightning.args import TrainingArguments
+from hf_lightning.contracts import HFStepHooks
 from hf_lightning.module.evaluation import hf_prediction_step
 from hf_lightning.module.loss import count_label_tokens, is_causal_lm, loss_from_outputs
 from hf_lightning.module.optim import build_scheduler, optimizer_cls_and_kwargs, parameter_groups
 from hf_lightning.module.optim import decay_parameter_names as default_decay_parameter_names
+from hf_lightning.parallel.runtime import steps_like_a_scheduler
 from hf_lightning.run_options.device_cache import empty_device_cache
 
-__all__ = ["HFHooksModule", "ModuleHooks", "WindowContext"]
+__all__ = ["HFHooksModule", "ModuleStepHooks", "WindowContext"]
 
 LOSS_HOOKS = frozenset({"compute_loss", "training_step"})
 """Overriding either puts HF's normalisation rule in force (see the module docstring)."""
@@ -68,10 +73,20 @@ class WindowContext:
     empty_cache: bool = False
 
 
-class HFHooksModule(pl.LightningModule):
-    """The built-in HF hooks of `TransformerModule` (its base class): HF's signatures and semantics.
+def current_lr(optimizer: torch.optim.Optimizer | LightningOptimizer, scheduler: Any) -> float:
+    """The LR the update just used (HF reads it after `optimizer.step()`, before `scheduler.step()`): the scheduler's
+    last LR, or the optimizer's first group's for a plateau scheduler (it has none)."""
+    if steps_like_a_scheduler(scheduler):
+        return float(scheduler.get_last_lr()[0])
+    return float(optimizer.param_groups[0]["lr"])
 
-    `hf_training_step` is HF's `training_step` (Lightning owns the name `training_step` for the whole update).
+
+class HFHooksModule(pl.LightningModule):
+    """The built-in HF hooks of `TransformerModule` (its base class): HF's signatures and semantics, and their owner.
+
+    `hf_training_step` is HF's `training_step` (Lightning owns the name `training_step` for the whole update). The
+    methods stay on the module because a `TransformerModule` subclass overrides them as a `transformers.Trainer`
+    subclass would (README, the Lightning-native path); `hooks` is the one object the steps call them through.
     """
 
     model: nn.Module
@@ -82,39 +97,39 @@ class HFHooksModule(pl.LightningModule):
     shift_labels: bool
     model_accepts_loss_kwargs: bool
     loss_is_scaled_for_ga: bool | None
-    optimizer: Any
+    optimizer: torch.optim.Optimizer | None
     """HF's `Trainer.optimizer`: None until `create_optimizer` (or the user's `optimizers` pair)."""
-    lr_scheduler: Any
+    lr_scheduler: Any  # any scheduler-like object a user pair or `create_scheduler` override gives (HF's `Any` too)
     """HF's `Trainer.lr_scheduler`: None until `create_scheduler` (or the user's `optimizers` pair)."""
     optimizer_cls_and_kwargs: tuple[Any, dict[str, Any]] | None
-    _window: WindowContext
-    _hook_owner: Any
-    _owner_overrides: frozenset[str]
-    _overrides: frozenset[str] | None
-    _created_lr_scheduler: bool
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._builtin_hooks = ModuleStepHooks(self)
+        self.hooks: HFStepHooks = self._builtin_hooks
+        """The owner of the HF hooks the steps call: this module's built-ins (`ModuleStepHooks`), or the
+        `hf_lightning.Trainer` attached by `attach_hooks`."""
+        self._owner_overrides: frozenset[str] = frozenset()
+        self._overrides: frozenset[str] | None = None
+        self._created_lr_scheduler = False
+        self._window = WindowContext()
 
     # ----- the owner -----
-    @property
-    def hooks(self) -> Any:
-        """The owner of the HF hooks the steps call: the attached `hf_lightning.Trainer`, else this module."""
-        owner = self._hook_owner
-        return owner if owner is not None else ModuleHooks(self)
-
-    def attach_hooks(self, owner: Any, overridden: frozenset[str] = frozenset()) -> None:
+    def attach_hooks(self, owner: HFStepHooks, overridden: frozenset[str] = frozenset()) -> None:
         """Route every hook through `owner` (an object with the `transformers.Trainer` hook methods).
 
         Args:
             owner: the `hf_lightning.Trainer` whose (possibly overridden) methods the steps call.
             overridden: the hook names the owner's class overrides (they decide the loss normalisation rule).
         """
-        self._hook_owner = owner
+        self.hooks = owner
         self._owner_overrides = frozenset(overridden)
         self._overrides = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A pickled or deep-copied module (e.g. by an EMA callback) is its own hook owner: the trainer stays out."""
         state = super().__getstate__()
-        state["_hook_owner"] = None
+        state["hooks"] = state["_builtin_hooks"]
         return state
 
     def overrides(self) -> frozenset[str]:
@@ -187,7 +202,7 @@ class HFHooksModule(pl.LightningModule):
         # 0 (HF's sum/N gives 0). `where` keeps the NaN out of the value and the gradients.
         return torch.where(tokens > 0, loss * share, torch.zeros_like(loss))
 
-    def _get_num_items_in_batch(self, batch_samples: list[Any], device: Any) -> torch.Tensor | None:
+    def _get_num_items_in_batch(self, batch_samples: list[Any], device: torch.device | None) -> torch.Tensor | None:
         """HF's `num_items_in_batch` of a window (T:2306-2367): its label tokens (over `labels[..., 1:]` for
         causal-LM losses, or `shift_labels`), summed over processes with `average_tokens_across_devices` in training.
 
@@ -225,7 +240,8 @@ class HFHooksModule(pl.LightningModule):
         with cp_context():
             inputs = hooks._prepare_inputs(inputs)
             with hooks.compute_loss_context_manager():
-                loss = hooks.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+                # without `return_outputs`, HF's contract is the loss tensor alone
+                loss = cast(torch.Tensor, hooks.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch))
             # HF: after the forward pass, before the backward pass (run_options/device_cache.py)
             if self._window.empty_cache:
                 empty_device_cache()
@@ -240,7 +256,7 @@ class HFHooksModule(pl.LightningModule):
         The built-in loss always is when it gets a token count; under HF's rule (T:2110-2119) when the model takes
         loss kwargs and got a count, or with `compute_loss_func`. The owner's `loss_is_scaled_for_ga` decides first.
         """
-        forced = getattr(self.hooks, "loss_is_scaled_for_ga", None)
+        forced = self.hooks.loss_is_scaled_for_ga  # the Trainer's class attribute, or this module's
         forced = forced if forced is not None else self.loss_is_scaled_for_ga
         if forced is not None:
             return bool(forced)
@@ -249,6 +265,16 @@ class HFHooksModule(pl.LightningModule):
         if not self.hf_loss_rule:
             return num_items is not None
         return self.model_accepts_loss_kwargs and num_items is not None
+
+    def current_learning_rate(self) -> float:
+        """HF's `_get_learning_rate`: the scheduler's last LR (a plateau scheduler: the optimizer's).
+
+        Raises:
+            ValueError: there is no optimizer yet (HF's words).
+        """
+        if self.optimizer is None:
+            raise ValueError("Trainer optimizer is None, please make sure you have setup the optimizer before.")
+        return current_lr(self.optimizer, self.lr_scheduler)
 
     # ----- inputs and contexts -----
     def compute_loss_context_manager(self) -> contextlib.ExitStack:
@@ -341,10 +367,17 @@ class HFHooksModule(pl.LightningModule):
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
-        """HF's `create_scheduler` (T:1347-1376): `lr_scheduler_type` over `num_training_steps` updates."""
+        """HF's `create_scheduler` (T:1347-1376): `lr_scheduler_type` over `num_training_steps` updates.
+
+        Raises:
+            ValueError: no `optimizer` given and none created (a `create_optimizer` override that set none).
+        """
         if self.lr_scheduler is None:
-            self.lr_scheduler = build_scheduler(optimizer if optimizer is not None else self.optimizer, self.args,
-                                                num_training_steps)
+            optimizer = optimizer if optimizer is not None else self.optimizer
+            if optimizer is None:
+                raise ValueError("`create_optimizer` left `optimizer` None: set `self.optimizer` (and return it), as "
+                                 "transformers.Trainer.create_optimizer does.")
+            self.lr_scheduler = build_scheduler(optimizer, self.args, num_training_steps)
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
@@ -354,8 +387,12 @@ class HFHooksModule(pl.LightningModule):
         self.hooks.create_scheduler(num_training_steps=num_training_steps)
 
 
-class ModuleHooks:
-    """A `TransformerModule` as the owner of its own hooks: the HF names, `training_step` being `hf_training_step`.
+class ModuleStepHooks:
+    """The default HF step hooks (`hf_lightning.contracts.HFStepHooks`): a `TransformerModule`'s own built-ins, or a
+    `TransformerModule` subclass's overrides, under HF's names (HF's `training_step` is the module's
+    `hf_training_step`, Lightning owning the name `training_step` for the whole update).
+
+    Built once per module; `hf_lightning.Trainer` is the other implementation of the protocol.
 
     Args:
         module: the module whose built-in (or subclass-overridden) hooks these are.
@@ -364,10 +401,64 @@ class ModuleHooks:
     def __init__(self, module: HFHooksModule) -> None:
         self._module = module
 
+    @property
+    def loss_is_scaled_for_ga(self) -> bool | None:
+        return self._module.loss_is_scaled_for_ga
+
     def training_step(self, model: nn.Module, inputs: dict[str, Any],
                       num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
         return self._module.hf_training_step(model, inputs, num_items_in_batch)
 
-    def __getattr__(self, name: str) -> Any:
-        """Every other hook (and `optimizer`, `lr_scheduler`, `loss_is_scaled_for_ga`) is the module's own."""
-        return getattr(self._module, name)
+    def compute_loss(
+        self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
+        return self._module.compute_loss(model, inputs, return_outputs=return_outputs,
+                                         num_items_in_batch=num_items_in_batch)
+
+    def prediction_step(
+        self, model: nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor | None, Any, Any]:
+        return self._module.prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+
+    def compute_loss_context_manager(self) -> contextlib.AbstractContextManager[Any]:
+        return self._module.compute_loss_context_manager()
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True
+                                       ) -> contextlib.AbstractContextManager[Any]:
+        return self._module.autocast_smart_context_manager(cache_enabled)
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        return self._module._prepare_inputs(inputs)
+
+    def _prepare_input(self, data: Any) -> Any:
+        return self._module._prepare_input(data)
+
+    def _prepare_context_parallel_inputs(
+        self, model: nn.Module, inputs: dict[str, Any]
+    ) -> tuple[Callable[[], contextlib.AbstractContextManager[Any]], dict[str, Any]]:
+        return self._module._prepare_context_parallel_inputs(model, inputs)
+
+    def _get_num_items_in_batch(self, batch_samples: list[Any], device: torch.device | None
+                                ) -> torch.Tensor | None:
+        return self._module._get_num_items_in_batch(batch_samples, device)
+
+    def _get_learning_rate(self) -> float:
+        return self._module.current_learning_rate()
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        return self._module.get_decay_parameter_names(model)
+
+    def get_optimizer_cls_and_kwargs(self, args: TrainingArguments, model: nn.Module | None = None
+                                     ) -> tuple[Any, dict[str, Any]]:
+        return self._module.get_optimizer_cls_and_kwargs(args, model)
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        return self._module.create_optimizer(model)
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
+        return self._module.create_scheduler(num_training_steps, optimizer)
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        self._module.create_optimizer_and_scheduler(num_training_steps)

@@ -6,9 +6,10 @@ sync only on the last one), then clipping, `optimizer.step()`, `scheduler.step()
 (T:1895-1957). Lightning keeps precision (autocast, grad scaler), strategies and device placement.
 
 The HF hooks the update, the evaluation steps and `configure_optimizers` call (`training_step`, `compute_loss`,
-`prediction_step`, `create_optimizer`, ...) are called through `hooks`, their one owner: this module's built-ins
-(`module/hooks.py`, which also explains the token-correct loss normalisation) or an attached `hf_lightning.Trainer`
-whose subclass overrides them.
+`prediction_step`, `create_optimizer`, ...) are called through `hooks`, their one owner, typed by the
+`hf_lightning.contracts.HFStepHooks` protocol and chosen once: this module's built-ins (`ModuleStepHooks` over the
+methods of `module/hooks.py`, which also explains the token-correct loss normalisation) or an attached
+`hf_lightning.Trainer` whose subclass overrides them.
 
 The module implements `hf_lightning.contracts.FlowModule`: `HFTrainerFlow` ends epochs through
 `request_epoch_stop`, and evaluation steps return an `EvalStep` that the flow's evaluator accumulates.
@@ -30,7 +31,7 @@ from hf_lightning.data.collate import find_label_names
 from hf_lightning.model_wrappers import without_compile
 from hf_lightning.module.eval_run import EvalAccumulator
 from hf_lightning.module.evaluation import EvalRequest, EvalSettings, EvalStep
-from hf_lightning.module.hooks import HFHooksModule, WindowContext
+from hf_lightning.module.hooks import HFHooksModule, WindowContext, current_lr
 from hf_lightning.module.loss import label_smoother, loss_shifts_labels, model_accepts_loss_kwargs
 from hf_lightning.parallel.lockstep import needs_lockstep_forwards
 from hf_lightning.parallel.runtime import (
@@ -60,7 +61,7 @@ StepEvent = Literal["on_substep_end", "on_pre_optimizer_step", "on_optimizer_ste
 class TransformerModule(HFHooksModule):
     """Wraps a `transformers.PreTrainedModel` (or an `nn.Module` returning a loss) for Lightning, HF-style.
 
-    Override `compute_loss`, `prediction_step` (and the other HF hooks of `module_hooks.HFHooksModule`; HF's
+    Override `compute_loss`, `prediction_step` (and the other HF hooks of `module.hooks.HFHooksModule`; HF's
     `training_step` is `hf_training_step` here) exactly as in a `transformers.Trainer` subclass; `self.model`,
     `self.args`, `self.label_smoother`, `self.label_names`, `self.compute_loss_func`, `self.optimizer`,
     `self.lr_scheduler` and `self.model_accepts_loss_kwargs` exist as they do there.
@@ -108,11 +109,6 @@ class TransformerModule(HFHooksModule):
         self.processing_class = processing_class
         self.optimizer, self.lr_scheduler = optimizers
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
-        self._created_lr_scheduler = False
-        self._hook_owner = None
-        self._owner_overrides = frozenset()
-        self._overrides = None
-        self._window = WindowContext()
         self._micro_index = 0
         self._step_skipped = False
         self.model_accepts_loss_kwargs = model_accepts_loss_kwargs(model)
@@ -211,7 +207,7 @@ class TransformerModule(HFHooksModule):
         if "_get_learning_rate" in self.overrides():
             learning_rate = float(hooks._get_learning_rate())  # HF reads it here, before the scheduler steps
         else:
-            learning_rate = self._current_lr(optimizer, scheduler)
+            learning_rate = current_lr(optimizer, scheduler)
         skipped = scaler is not None and scaler.get_scale() < scale_before
         engine_report = deepspeed_step_report(strategy)  # DeepSpeed clips and skips inside its step
         if engine_report is not None:
@@ -224,16 +220,6 @@ class TransformerModule(HFHooksModule):
         stacked = torch.stack(micro_losses)
         return {"loss": stacked.sum(), "micro_losses": stacked, "grad_norm": self._grad_norm,
                 "learning_rate": learning_rate, "label_tokens": num_items}
-
-    def current_learning_rate(self) -> float:
-        """HF's `_get_learning_rate`: the scheduler's last LR (a plateau scheduler: the optimizer's)."""
-        return self._current_lr(self.optimizer, self.lr_scheduler)
-
-    def _current_lr(self, optimizer: Any, scheduler: Any) -> float:
-        """The LR the update just used (HF reads it after `optimizer.step()`, before `scheduler.step()`)."""
-        if steps_like_a_scheduler(scheduler):
-            return float(scheduler.get_last_lr()[0])
-        return float(optimizer.param_groups[0]["lr"])
 
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

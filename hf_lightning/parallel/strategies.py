@@ -31,6 +31,7 @@ from torch.optim import Optimizer
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import set_ddp_options
+from hf_lightning.args import TrainingArguments
 from hf_lightning.args.deepspeed_config import (
     DeepSpeedFill,
     fill_finalize_stage,
@@ -154,7 +155,7 @@ class HFDeepSpeedStrategy(DeepSpeedStrategy):
         timeout: `ddp_timeout`.
     """
 
-    def __init__(self, hf_config: dict[str, Any], args: Any, timeout: timedelta | None = None) -> None:
+    def __init__(self, hf_config: dict[str, Any], args: TrainingArguments, timeout: timedelta | None = None) -> None:
         self._hf_config = hf_config
         self._hf_args = args
         self._hf_filled = False
@@ -237,7 +238,7 @@ def _is_pretrained(model: nn.Module) -> bool:
     return isinstance(model, PreTrainedModel)
 
 
-def strategy_request(args: Any, model: nn.Module | None) -> StrategyRequest:
+def strategy_request(args: TrainingArguments, model: nn.Module | None) -> StrategyRequest:
     """What `args`' strategy fields ask for, resolved against `model` (checked: `TrainingArguments` did).
 
     Raises:

@@ -10,14 +10,16 @@ embeddings) also trains with `use_reentrant=True` (transformers `modeling_utils.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
+
+from hf_lightning.args import TrainingArguments
 
 __all__ = ["enable_activation_checkpointing"]
 
 
-def enable_activation_checkpointing(model: nn.Module, args: Any) -> None:
+def enable_activation_checkpointing(model: nn.Module, args: TrainingArguments) -> None:
     """Enable activation checkpointing on `model` when `args.activation_checkpointing` asks for it.
 
     Raises:
@@ -25,7 +27,8 @@ def enable_activation_checkpointing(model: nn.Module, args: Any) -> None:
     """
     if not args.activation_checkpointing:
         return
-    kwargs = dict(args.activation_checkpointing_kwargs or {})
+    # a JSON string was parsed into a dict when the arguments were built (args/hf_fields.py)
+    kwargs = dict(cast("dict[str, Any] | None", args.activation_checkpointing_kwargs) or {})
     layer_options = {"every_n_layers": kwargs.pop("every_n_layers", 1), "offload": kwargs.pop("offload", False)}
     enable = getattr(model, "activation_checkpointing_enable", None)  # a PreTrainedModel's (a PeftModel forwards)
     if callable(enable):

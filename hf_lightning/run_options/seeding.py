@@ -8,14 +8,14 @@ is built (before `model_init` builds the model) and again when `train()` re-crea
 
 from __future__ import annotations
 
-from typing import Any
-
 from transformers import enable_full_determinism, set_seed
+
+from hf_lightning.args import TrainingArguments
 
 __all__ = ["seed_as_hf"]
 
 
-def seed_as_hf(args: Any) -> None:
+def seed_as_hf(args: TrainingArguments) -> None:
     """`enable_full_determinism(args.seed)` if `args.full_determinism`, else `set_seed(args.seed)`."""
     if args.full_determinism:
         enable_full_determinism(args.seed)

@@ -18,12 +18,13 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.model_wrappers import is_compiled, without_compile
 
 __all__ = ["compile_kwargs", "model_to_call"]
 
 
-def compile_kwargs(args: Any) -> dict[str, Any]:
+def compile_kwargs(args: TrainingArguments) -> dict[str, Any]:
     """`torch.compile` keyword arguments for the arguments, as accelerate's `TorchDynamoPlugin.to_kwargs` gives them
     (`dynamic=False` for HF's `neuron` backend only, T:799-800)."""
     kwargs: dict[str, Any] = {"backend": args.torch_compile_backend or "inductor"}
@@ -34,7 +35,7 @@ def compile_kwargs(args: Any) -> dict[str, Any]:
     return kwargs
 
 
-def model_to_call(model: nn.Module, args: Any) -> nn.Module | None:
+def model_to_call(model: nn.Module, args: TrainingArguments) -> nn.Module | None:
     """The compiled wrapper the steps call for `model`, or None to call the model itself.
 
     A model the user compiled is called as given; otherwise `args.torch_compile` compiles the plain model (a

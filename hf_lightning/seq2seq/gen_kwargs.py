@@ -17,7 +17,9 @@ from typing import Any
 
 from transformers import GenerationConfig
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.pretrained_source import check_pretrained_source
+from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 
 __all__ = ["resolve_gen_kwargs", "check_gen_kwargs", "generation_width", "load_generation_config",
            "settle_generation_config", "DEFAULT_MAX_LENGTH"]
@@ -26,17 +28,19 @@ DEFAULT_MAX_LENGTH = 20
 """`generate`'s library default `max_length` when neither the call nor the generation config sets one."""
 
 
-def resolve_gen_kwargs(args: Any, gen_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A copy of `gen_kwargs` with `max_length` / `num_beams` filled from `args` when the caller gave none.
+def resolve_gen_kwargs(args: TrainingArguments, gen_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A copy of `gen_kwargs` with `max_length` / `num_beams` filled from `args` when the caller gave none (plain
+    `TrainingArguments` have no generation fields: nothing is filled).
 
     Raises:
         ValueError: `num_beams` < 1 or a non-positive `max_length` / `max_new_tokens`.
     """
     out = dict(gen_kwargs or {})
-    max_length = getattr(args, "generation_max_length", None)
+    generation = args if isinstance(args, Seq2SeqTrainingArguments) else None
+    max_length = generation.generation_max_length if generation is not None else None
     if out.get("max_length") is None and out.get("max_new_tokens") is None and max_length is not None:
         out["max_length"] = max_length
-    num_beams = getattr(args, "generation_num_beams", None)
+    num_beams = generation.generation_num_beams if generation is not None else None
     if out.get("num_beams") is None and num_beams is not None:
         out["num_beams"] = num_beams
     check_gen_kwargs(out)

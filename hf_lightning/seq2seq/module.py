@@ -80,16 +80,28 @@ class Seq2SeqTransformerModule(TransformerModule):
             preprocess_logits_for_metrics=preprocess_logits_for_metrics, processing_class=processing_class,
             optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
         )
-        if getattr(self.args, "predict_with_generate", False) and not can_generate(model):
+        if self.predict_with_generate and not can_generate(model):
             raise ValueError(
                 f"`predict_with_generate`=True needs a model that can generate, but {type(model).__name__} has no "
                 "usable `generate` (use a *ForConditionalGeneration / *ForCausalLM / *LMHeadModel class, or set "
                 "`predict_with_generate`=False)."
             )
-        generation_config = getattr(self.args, "generation_config", None)  # plain TrainingArguments have none
-        if generation_config is not None:
-            model.generation_config = load_generation_config(generation_config)
+        generation = self.generation_args
+        if generation is not None and generation.generation_config is not None:
+            model.generation_config = load_generation_config(generation.generation_config)
         self.gen_kwargs: dict[str, Any] = resolve_gen_kwargs(self.args)
+
+    @property
+    def generation_args(self) -> Seq2SeqTrainingArguments | None:
+        """`args` when they carry the generation fields; None for plain `TrainingArguments` (a lightning-native run
+        may pass them), which evaluate as `TransformerModule` does."""
+        return self.args if isinstance(self.args, Seq2SeqTrainingArguments) else None
+
+    @property
+    def predict_with_generate(self) -> bool:
+        """Whether evaluation and prediction generate (`args.predict_with_generate`)."""
+        generation = self.generation_args
+        return generation is not None and generation.predict_with_generate
 
     # ----- evaluation steps that report their generate calls -----
     @override
@@ -119,7 +131,7 @@ class Seq2SeqTransformerModule(TransformerModule):
     # ----- generation -----
     def generation_is_synced(self) -> bool:
         """Whether `generate` runs with `synced_gpus` (the same on every process)."""
-        if not getattr(self.args, "predict_with_generate", False):
+        if not self.predict_with_generate:
             return False
         return bool(self.gen_kwargs.get("synced_gpus", self._default_synced_gpus()))
 
@@ -179,7 +191,7 @@ class Seq2SeqTransformerModule(TransformerModule):
         **gen_kwargs: Any,
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """HF's `Seq2SeqTrainer.prediction_step`: `(teacher-forced loss, generated ids, labels)`."""
-        if not getattr(self.args, "predict_with_generate", False) or prediction_loss_only:
+        if not self.predict_with_generate or prediction_loss_only:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
         has_labels = inputs.get("labels") is not None  # HF: `"labels" in inputs`; a None value has no loss either
         inputs = self.hooks._prepare_inputs(inputs)

@@ -15,11 +15,12 @@ from hf_lightning.seq2seq.args import SEQ2SEQ_FIELDS, Seq2SeqTrainingArguments
 from hf_lightning.seq2seq.gen_kwargs import resolve_gen_kwargs
 from hf_lightning.seq2seq.module import Seq2SeqTransformerModule
 from hf_lightning.trainer.facade import Trainer
+from hf_lightning.trainer.script_api import PassedArguments
 
 __all__ = ["Seq2SeqTrainer"]
 
 
-def to_seq2seq_args(args: Any) -> Seq2SeqTrainingArguments:
+def to_seq2seq_args(args: PassedArguments | None) -> Seq2SeqTrainingArguments:
     """Our `Seq2SeqTrainingArguments` from None, ours (plain or seq2seq) or a `transformers` (Seq2Seq)TrainingArguments.
 
     Raises:
@@ -57,7 +58,7 @@ class Seq2SeqTrainer(Trainer):
     def __init__(
         self,
         model: nn.Module | None = None,
-        args: Any = None,
+        args: PassedArguments | None = None,
         data_collator: Callable | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
@@ -84,7 +85,7 @@ class Seq2SeqTrainer(Trainer):
         )
 
     @staticmethod
-    def _resolve_args(args: Any) -> TrainingArguments:
+    def _resolve_args(args: PassedArguments | None) -> TrainingArguments:
         return to_seq2seq_args(args)
 
     @property

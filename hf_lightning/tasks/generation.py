@@ -18,6 +18,8 @@ import json
 import os
 from typing import Any
 
+from hf_lightning.args import TrainingArguments
+from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 from hf_lightning.tasks.task import Task, register_task
 from hf_lightning.tasks.text import _map, _require_columns
 
@@ -75,9 +77,9 @@ def _seq2seq_collator(tokenizer: Any, spec: Any) -> Any:
     return DataCollatorForSeq2Seq(tokenizer)
 
 
-def text_metrics_for(tokenizer: Any, args: Any) -> Any:
+def text_metrics_for(tokenizer: Any, args: TrainingArguments) -> Any:
     """`build_text_metrics(tokenizer)` when the evaluation generates (`predict_with_generate`), else None."""
-    if not getattr(args, "predict_with_generate", False):
+    if not (isinstance(args, Seq2SeqTrainingArguments) and args.predict_with_generate):  # plain args never generate
         return None
     from hf_lightning.tasks.text_metrics import build_text_metrics
 

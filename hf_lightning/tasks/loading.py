@@ -10,6 +10,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.tasks.code_paths import import_checked, is_auto_class, is_config_class
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 from hf_lightning.tasks.task import Task
@@ -33,7 +34,7 @@ def split_source(spec: DataSpec, split: str) -> tuple[str, str | None]:
     return f"data.{split}_split", names[split]
 
 
-def splits_for_stage(stage: str, args: Any) -> list[str]:
+def splits_for_stage(stage: str, args: TrainingArguments) -> list[str]:
     """Raw splits a run needs: fit -> train (+ validation when evaluating), validate -> validation, predict -> test."""
     if stage == "fit":
         return ["train", "validation"] if args.eval_strategy != "no" or args.eval_on_start else ["train"]

@@ -13,11 +13,14 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 
+import lightning.pytorch as pl
 import torch
 from torch import nn
 
 from hf_lightning._lightning_compat import grad_scaler
+from hf_lightning.args import TrainingArguments
 from hf_lightning.model_wrappers import without_compile
+from hf_lightning.module.module import TransformerModule
 
 __all__ = ["AcceleratorState", "LightningAccelerator", "SUPPORTED", "StrategyPlugin"]
 
@@ -43,11 +46,11 @@ def _all_tensors(data: Any) -> bool:
 class AcceleratorOwner(Protocol):
     """What `LightningAccelerator` reads from its `hf_lightning.Trainer`."""
 
-    module: Any
+    module: TransformerModule
     """The `TransformerModule` being trained."""
-    lightning_trainer: Any
+    lightning_trainer: pl.Trainer | None
     """The running `lightning.Trainer`, or None before the first run."""
-    args: Any
+    args: TrainingArguments
     """The training arguments."""
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from torch.utils.data import DataLoader, Sampler
+from transformers import TrainerState
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.data.windows import num_examples
 
@@ -27,8 +29,8 @@ class DataHooks:
     """HF's dataloader methods and dataset attributes (base implementations calling `self.datamodule`)."""
 
     datamodule: TransformerDataModule
-    args: Any
-    state: Any  # `LoopHooks.state` (HF's TrainerState)
+    args: TrainingArguments
+    state: TrainerState  # `LoopHooks.state`
     _eval_dataset: Any = None
 
     # ----- attributes -----

@@ -18,13 +18,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
+from transformers import TrainerControl, TrainerState
 from transformers.trainer_utils import EvalLoopOutput, PredictionOutput, speed_metrics
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.flow.flow import HFTrainerFlow
+from hf_lightning.flow.hf_callbacks import HFCallbackHandler
 from hf_lightning.module.evaluation import EvalRequest
 from hf_lightning.module.module import TransformerModule
 
@@ -43,7 +46,7 @@ class EvalLoopHooks:
     flow: HFTrainerFlow
     module: TransformerModule
     datamodule: TransformerDataModule
-    args: Any
+    args: TrainingArguments
     compute_metrics: Callable[..., dict] | None
     _overridden: frozenset[str]
     lightning_trainer: pl.Trainer | None = None  # until the first run builds one (set again in `__init__`)
@@ -51,9 +54,12 @@ class EvalLoopHooks:
     get_eval_dataloader: Callable[..., Any]
     get_test_dataloader: Callable[..., Any]
     log: Callable[..., None]
-    callback_handler: Any
-    state: Any
-    control: Any
+    state: TrainerState
+    control: TrainerControl
+
+    if TYPE_CHECKING:  # `LoopHooks.callback_handler`, a read-only property there
+        @property
+        def callback_handler(self) -> HFCallbackHandler: ...
 
     def evaluation_loop(
         self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,

@@ -53,7 +53,7 @@ from hf_lightning.trainer.lightning_trainer import (
 )
 from hf_lightning.trainer.loop_hooks import LoopHooks
 from hf_lightning.trainer.overrides import METRIC_SOURCES, check_overrides, deepspeed_refusals, overridden_methods
-from hf_lightning.trainer.script_api import ScriptApiMixin
+from hf_lightning.trainer.script_api import PassedArguments, ScriptApiMixin
 from hf_lightning.trainer.step_hooks import StepHooks
 
 __all__ = ["Trainer"]
@@ -90,8 +90,10 @@ def _asks_for_lightning_bar(lightning_kwargs: Mapping[str, Any], lightning_callb
 
 
 def _check_arguments(
-    args: TrainingArguments, train_dataset: Any, eval_dataset: Any, compute_metrics: Any, eval_loss_weighting: str,
-    optimizers: tuple[Any, Any] = (None, None), optimizer_cls_and_kwargs: Any = None, model_init: Any = None,
+    args: TrainingArguments, train_dataset: Any, eval_dataset: Any, compute_metrics: Callable[..., Any] | None,
+    eval_loss_weighting: str, optimizers: tuple[Any, Any] = (None, None),
+    optimizer_cls_and_kwargs: tuple[Any, dict[str, Any]] | None = None,
+    model_init: Callable[..., nn.Module] | None = None,
 ) -> None:
     """The constructor's checks of the arguments against each other, with HF's words where HF makes them.
 
@@ -169,7 +171,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
     def __init__(
         self,
         model: nn.Module | None = None,
-        args: Any = None,
+        args: PassedArguments | None = None,
         data_collator: Callable | None = None,
         train_dataset: Any = None,
         eval_dataset: Any = None,
@@ -227,7 +229,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         if _asks_for_lightning_bar(self.lightning_kwargs, lightning_callbacks):
             console = []
         else:
-            console = [console_callback(self.args.disable_tqdm)]
+            console = [console_callback(bool(self.args.disable_tqdm))]  # resolved by the arguments (never None)
             self._trainer_kwargs["enable_progress_bar"] = False
         hf_callbacks = [*_integration_callbacks(self.args), *hf_callbacks]  # before the user's, as HF
         self.flow = build_flow(self.args, [*hf_callbacks, *console], processing_class)
@@ -246,7 +248,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         self.flow.hf_init_end(model)
 
     @staticmethod
-    def _resolve_args(args: Any) -> TrainingArguments:
+    def _resolve_args(args: PassedArguments | None) -> TrainingArguments:
         if args is None:
             return TrainingArguments(output_dir="tmp_trainer")
         if isinstance(args, TrainingArguments):

@@ -31,12 +31,15 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_utils import BestRun, default_compute_objective, default_hp_space_optuna
 
+from hf_lightning.args import TrainingArguments
+from hf_lightning.trainer.script_api import PassedArguments
+
 __all__ = ["HyperparameterSearchMixin", "apply_trial_params", "trial_run_name"]
 
 logger = logging.getLogger(__name__)
 
 
-def apply_trial_params(args: Any, params: dict[str, Any]) -> dict[str, Any]:
+def apply_trial_params(args: PassedArguments, params: dict[str, Any]) -> dict[str, Any]:
     """Set `params` on `args` as HF's `_hp_search_setup` does; returns what was set (unknown names are skipped)."""
     applied = {}
     for key, value in params.items():
@@ -93,11 +96,11 @@ class _TrialReporter(TrainerCallback):
 class HyperparameterSearchMixin:
     """`hyperparameter_search` and `call_model_init` for `hf_lightning.Trainer` (see the module docstring)."""
 
-    args: Any
+    args: TrainingArguments
     model_init: Callable[..., Any] | None
-    passed_args: Any
-    datamodule: Any
-    flow: Any
+    passed_args: PassedArguments | None
+    datamodule: Any  # the facade's `TransformerDataModule` and `HFTrainerFlow`: Lightning objects, a layer above
+    flow: Any  # this torch-level module (tests/test_layering.py)
     hp_search_backend: str | None = None
     hp_space: Callable[[Any], dict[str, Any]] | None = None
     hp_name: Callable[[Any], str] | None = None
@@ -187,7 +190,8 @@ class HyperparameterSearchMixin:
         trainer: Any = self  # the facade: `train`, `evaluate`, `add_callback`... are its methods
         assert self.hp_space is not None
         params = self.hp_space(trial)
-        for args in {id(a): a for a in (self.args, self.passed_args)}.values():  # training_args.bin stays true
+        passed = self.passed_args if self.passed_args is not None else self.args  # set by the constructor
+        for args in {id(a): a for a in (self.args, passed)}.values():  # training_args.bin stays true
             apply_trial_params(args, params)
         logger.info(f"Trial: {trial.params}")
         base_output_dir = self.args.output_dir

@@ -9,11 +9,14 @@ method here calls the flow's built-in, so a subclass's override runs in its plac
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any
 
 import lightning.pytorch as pl
 from torch import nn
+from transformers import TrainerControl, TrainerState
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.data.collate import signature_columns
 from hf_lightning.flow.flow import HFTrainerFlow
 from hf_lightning.flow.hf_callbacks import HFCallbackHandler
@@ -30,28 +33,28 @@ class LoopHooks:
     module: TransformerModule
     model: nn.Module
     lightning_trainer: pl.Trainer | None = None  # until the first run builds one (set again in `__init__`)
-    args: Any  # the facade's `TrainingArguments`
+    args: TrainingArguments
     evaluate: Callable[..., dict[str, float]]  # the facade's `evaluate`
     is_in_train: bool = False
     """HF's `is_in_train`: True while `train()` runs (also inside the evaluations it makes)."""
 
     @property
-    def state(self) -> Any:
+    def state(self) -> TrainerState:
         """HF's `TrainerState`: `global_step`, `epoch`, `log_history`, `best_metric`, `best_model_checkpoint`..."""
         return self.flow.state
 
     @state.setter
-    def state(self, state: Any) -> None:
+    def state(self, state: TrainerState) -> None:
         if "flow" in vars(self):  # before `Trainer.__init__`: its own value replaces it, as in HF
             self.flow.state = state
 
     @property
-    def control(self) -> Any:
+    def control(self) -> TrainerControl:
         """HF's `TrainerControl`: the flags the callbacks set, read where HF reads them."""
         return self.flow.control
 
     @control.setter
-    def control(self, control: Any) -> None:
+    def control(self, control: TrainerControl) -> None:
         if "flow" in vars(self):
             self.flow.control = control
 
@@ -68,9 +71,10 @@ class LoopHooks:
         see README "Subclassing the Trainer".)"""
         return self.module.model_wrapped
 
-    @property
+    @cached_property
     def accelerator(self) -> LightningAccelerator:
-        """The accelerate `Accelerator` members HF code calls (`backward`, `unwrap_model`, `gather`, ...)."""
+        """The accelerate `Accelerator` members HF code calls (`backward`, `unwrap_model`, `gather`, ...), built once
+        (it reads the running Lightning trainer and module at each call)."""
         return LightningAccelerator(self)
 
     @property

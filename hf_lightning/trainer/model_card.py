@@ -23,7 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import ModelCard
+from torch import nn
 from transformers.modelcard import TASK_MAPPING, TrainingSummary, is_hf_dataset, parse_log_history
+
+from hf_lightning.args import TrainingArguments
 
 __all__ = ["hyperparameters_of", "model_card_summary", "render_model_card", "write_model_card"]
 
@@ -38,7 +41,7 @@ class _OfflineSummary(TrainingSummary):
         return None
 
 
-def hyperparameters_of(args: Any, model_world_size: int) -> dict[str, Any]:
+def hyperparameters_of(args: TrainingArguments, model_world_size: int) -> dict[str, Any]:
     """The "Training hyperparameters" list, with HF's keys and rules (transformers `modelcard.py`:
     `extract_hyperparameters_from_trainer`).
 
@@ -96,7 +99,7 @@ def _task_of(model: Any) -> str | None:
 
 
 def model_card_summary(
-    model: Any, args: Any, log_history: list[dict[str, Any]], dataset: Any, world_size: int = 1, *,
+    model: nn.Module, args: TrainingArguments, log_history: list[dict[str, Any]], dataset: Any, world_size: int = 1, *,
     language: str | list[str] | None = None, license: str | None = None, tags: str | list[str] | None = None,
     model_name: str | None = None, finetuned_from: str | None = None, tasks: str | list[str] | None = None,
     dataset_tags: str | list[str] | None = None, dataset_name: str | list[str] | None = None,
@@ -159,8 +162,8 @@ def render_model_card(summary: TrainingSummary) -> str:
     return card + f"- Lightning {version('lightning')}\n- hf_lightning {version('hf-lightning')}\n"
 
 
-def write_model_card(output_dir: str, model: Any, args: Any, log_history: list[dict[str, Any]], dataset: Any,
-                     world_size: int = 1, **card_fields: Any) -> Path:
+def write_model_card(output_dir: str, model: nn.Module, args: TrainingArguments, log_history: list[dict[str, Any]],
+                     dataset: Any, world_size: int = 1, **card_fields: Any) -> Path:
     """Write `<output_dir>/README.md` as HF's `Trainer.create_model_card` does, offline; returns its path.
 
     Tags of an existing README.md are kept (HF's rule), and a PEFT adapter's card is then updated by PEFT.
@@ -186,6 +189,7 @@ def write_model_card(output_dir: str, model: Any, args: Any, log_history: list[d
     summary = model_card_summary(model, args, log_history, dataset, world_size, **card_fields)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_model_card(summary), encoding="utf-8")
-    if is_peft and hasattr(model, "create_or_update_model_card"):
-        model.create_or_update_model_card(output_dir)
+    update_card = getattr(model, "create_or_update_model_card", None)  # a PEFT model's method
+    if is_peft and callable(update_card):
+        update_card(output_dir)
     return path

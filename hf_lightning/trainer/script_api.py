@@ -25,11 +25,20 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from torch import nn
+from transformers import TrainingArguments as HFTrainingArguments
 from transformers.trainer_pt_utils import metrics_format as hf_metrics_format
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.trainer.model_card import write_model_card
 
-__all__ = ["ScriptApiMixin", "format_metrics_block"]
+__all__ = ["PassedArguments", "ScriptApiMixin", "format_metrics_block"]
+
+PassedArguments = TrainingArguments | HFTrainingArguments
+"""The arguments object a user hands to a `Trainer`: ours, or a `transformers.TrainingArguments` (a subclass too),
+which is converted to ours for the run and kept as given for `training_args.bin`. A union rather than a Protocol:
+the conversion reads HF's dataclass fields by name (`args/from_transformers.py`), and these two classes are what the
+constructor documents."""
 
 
 def format_metrics_block(split: str, metrics: Mapping[str, Any]) -> str:
@@ -51,15 +60,15 @@ class ScriptApiMixin:
     `lightning_trainer` (the facade does).
     """
 
-    args: Any
-    model: Any
-    flow: Any
-    datamodule: Any
+    args: TrainingArguments
+    model: nn.Module
+    flow: Any  # the facade's `HFTrainerFlow` and `TransformerDataModule`, and its `lightning.Trainer` (or None):
+    datamodule: Any  # Lightning objects, a layer above this torch-level module (tests/test_layering.py)
     lightning_trainer: Any
-    passed_args: Any = None
+    passed_args: PassedArguments | None = None
     """The arguments object given to the constructor (`training_args.bin` holds it); `args` when none was given."""
 
-    def init_script_api(self, passed_args: Any) -> None:
+    def init_script_api(self, passed_args: PassedArguments | None) -> None:
         """End of the constructor: remember the user's arguments object, create `output_dir` (T:605-606)."""
         self.passed_args = passed_args if passed_args is not None else self.args
         self.flow.saver.saved_args = self.passed_args

@@ -12,12 +12,14 @@ The attributes pasted override bodies read (`self.optimizer`, `self.lr_scheduler
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 from transformers.utils import can_return_loss
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.module.module import TransformerModule
 
 __all__ = ["StepHooks"]
@@ -26,10 +28,10 @@ __all__ = ["StepHooks"]
 def _module_attribute(name: str, doc: str) -> property:
     """A trainer attribute that is the module's (read and written through)."""
 
-    def get(self: Any) -> Any:
+    def get(self: StepHooks) -> Any:
         return getattr(self.module, name)
 
-    def set_(self: Any, value: Any) -> None:
+    def set_(self: StepHooks, value: Any) -> None:
         if "module" in vars(self):  # set before `Trainer.__init__` ran: its own value replaces it, as in HF
             setattr(self.module, name, value)
 
@@ -37,10 +39,11 @@ def _module_attribute(name: str, doc: str) -> property:
 
 
 class StepHooks:
-    """HF's step and optimizer hooks (base implementations calling `self.module`'s built-ins)."""
+    """HF's step and optimizer hooks (base implementations calling `self.module`'s built-ins): with them the
+    `Trainer` is an `hf_lightning.contracts.HFStepHooks`, the owner of the module's hooks."""
 
     module: TransformerModule
-    args: Any
+    args: TrainingArguments
 
     loss_is_scaled_for_ga: bool | None = None
     """As HF's class attribute: True / False forces whether a loss is already normalised over the accumulation
@@ -91,11 +94,12 @@ class StepHooks:
         `Seq2SeqTrainer`)."""
         return self.module.prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
 
-    def compute_loss_context_manager(self) -> contextlib.ExitStack:
+    def compute_loss_context_manager(self) -> contextlib.AbstractContextManager[Any]:
         """HF's context around `compute_loss` (it enters `autocast_smart_context_manager` unless that is a no-op)."""
         return self.module.compute_loss_context_manager()
 
-    def autocast_smart_context_manager(self, cache_enabled: bool | None = True) -> contextlib.AbstractContextManager:
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True
+                                       ) -> contextlib.AbstractContextManager[Any]:
         """A no-op, as HF's: Lightning's precision plugin does the autocast."""
         return self.module.autocast_smart_context_manager(cache_enabled)
 
@@ -107,11 +111,13 @@ class StepHooks:
         """HF's `_prepare_input`: tensors moved to the model's device."""
         return self.module._prepare_input(data)
 
-    def _prepare_context_parallel_inputs(self, model: nn.Module, inputs: dict[str, Any]) -> tuple[Any, Any]:
+    def _prepare_context_parallel_inputs(
+        self, model: nn.Module, inputs: dict[str, Any]
+    ) -> tuple[Callable[[], contextlib.AbstractContextManager[Any]], dict[str, Any]]:
         """`(a no-op context, inputs)`: no context parallelism under Lightning."""
         return self.module._prepare_context_parallel_inputs(model, inputs)
 
-    def _get_num_items_in_batch(self, batch_samples: list[Any], device: Any) -> torch.Tensor | None:
+    def _get_num_items_in_batch(self, batch_samples: list[Any], device: torch.device | None) -> torch.Tensor | None:
         """HF's `num_items_in_batch` of a window of micro-batches (or of `[inputs]` in evaluation)."""
         return self.module._get_num_items_in_batch(batch_samples, device)
 
@@ -167,7 +173,8 @@ class StepHooks:
         return self.module.get_decay_parameter_names(model)
 
     @staticmethod
-    def get_optimizer_cls_and_kwargs(args: Any, model: nn.Module | None = None) -> tuple[Any, dict[str, Any]]:
+    def get_optimizer_cls_and_kwargs(args: TrainingArguments, model: nn.Module | None = None
+                                     ) -> tuple[Any, dict[str, Any]]:
         """HF's `get_optimizer_cls_and_kwargs`: the class and keyword arguments `args.optim` names."""
         return TransformerModule.get_optimizer_cls_and_kwargs(args, model)
 
