@@ -80,7 +80,7 @@ class HFEvaluator:
             self._requested = None
 
     def evaluate(
-        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, request: EvalRequest,
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: pl.LightningDataModule, request: EvalRequest,
         ckpt_path: str | None = None,
     ) -> EvaluationOutput:
         """HF's `evaluate()`: `trainer.validate` over every eval dataset; one log entry and `on_evaluate` each."""
@@ -89,7 +89,7 @@ class HFEvaluator:
         return run.output
 
     def predict(
-        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, request: EvalRequest,
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: pl.LightningDataModule, request: EvalRequest,
         ckpt_path: str | None = None,
     ) -> EvalResult:
         """HF's `predict()`: `trainer.predict` over the prediction dataset; `on_predict`, no log entry.

@@ -36,7 +36,8 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from transformers import DefaultFlowCallback, TrainerControl, TrainerState
+from torch import nn
+from transformers import DefaultFlowCallback, TrainerCallback, TrainerControl, TrainerState
 from transformers.trainer_utils import TrainOutput
 from typing_extensions import override
 
@@ -110,9 +111,9 @@ class HFTrainerFlow(Callback):
     """
 
     def __init__(
-        self, args: TrainingArguments, callbacks: list[Any] | None = None, processing_class: Any = None,
-        lightning_console: bool = False, owner: HFLoopHooks | None = None, overridden: frozenset[str] = frozenset(),
-        resume_hint: str = FLOW_RESUME_HINT,
+        self, args: TrainingArguments, callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
+        processing_class: Any = None, lightning_console: bool = False, owner: HFLoopHooks | None = None,
+        overridden: frozenset[str] = frozenset(), resume_hint: str = FLOW_RESUME_HINT,
     ) -> None:
         self.args = args
         self.lightning_console = lightning_console
@@ -134,7 +135,6 @@ class HFTrainerFlow(Callback):
         self.steps = HFLoopSteps(args, self.hf, self.evaluator, self.saver, self.best, self.loss, self.flos,
                                  self.tokens, self, owner, overridden)
         self.preemption = PreemptionStop(args, self.hf, self.steps, self.saver, resume_hint)
-        self._checks_best_metric = owner is None  # an owner checked `metric_for_best_model` at its construction
         self.resume_from_checkpoint: str | bool | None = None
         self._eval_listeners: list[HFEvaluationListener] = []
         self._epoch_index = 0
@@ -180,13 +180,13 @@ class HFTrainerFlow(Callback):
         self.hf.event(name, **extra)
 
     # ----- runs that return their results -----
-    def hf_init_end(self, model: Any) -> None:
+    def hf_init_end(self, model: nn.Module) -> None:
         """HF's `on_init_end` (end of `Trainer.__init__`), with the model HF callbacks receive."""
         self.handler.model = model
         self.hf_event("on_init_end")
 
     def fit(
-        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any,
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: pl.LightningDataModule,
         resume_from_checkpoint: str | bool | None = None, ignore_keys_for_eval: list[str] | None = None,
     ) -> TrainOutput:
         """`trainer.fit`, resuming from `resume_from_checkpoint` (see the attribute); returns HF's `TrainOutput`.
@@ -224,8 +224,9 @@ class HFTrainerFlow(Callback):
         return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
 
     def evaluate(
-        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, ignore_keys: list[str] | None = None,
-        metric_key_prefix: str = "eval", ckpt_path: str | None = None, request: EvalRequest | None = None,
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: pl.LightningDataModule,
+        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval", ckpt_path: str | None = None,
+        request: EvalRequest | None = None,
     ) -> EvaluationOutput:
         """HF's `evaluate()` with `trainer.validate`: every eval dataset's result (`.metrics`: HF's return value);
         `request` (an `evaluation_loop` call's) replaces `ignore_keys` and `metric_key_prefix`."""
@@ -240,8 +241,8 @@ class HFTrainerFlow(Callback):
         return self.steps.evaluate_now(request) if self.steps.is_running else None
 
     def predict(
-        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, ignore_keys: list[str] | None = None,
-        metric_key_prefix: str = "test", ckpt_path: str | None = None,
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: pl.LightningDataModule,
+        ignore_keys: list[str] | None = None, metric_key_prefix: str = "test", ckpt_path: str | None = None,
     ) -> EvalResult:
         """HF's `predict()` with `trainer.predict`: the predictions, labels and metrics (`PredictionOutput`'s)."""
         cast_for_full_eval(flow_model(module), self.args)
@@ -267,7 +268,7 @@ class HFTrainerFlow(Callback):
         # an owner (`hf_lightning.Trainer`) checked the metric at construction, knowing which of its methods are
         # overridden to produce metrics of their own (trainer/overrides.py `METRIC_SOURCES`)
         problem = unreachable_best_checkpoint(self.args, plan.eval_steps, plan.save_steps, plan.max_steps) \
-            or (self._checks_best_metric and unreachable_best_metric(
+            or (self.steps.owner is None and unreachable_best_metric(
                 self.args, list(datamodule.eval_datasets or {}), loss_only))
         if problem:
             raise ValueError(problem)
@@ -468,7 +469,7 @@ class HFTrainerFlow(Callback):
         if trainer is None:  # no run yet: no listener was collected
             return
         for listener in self._eval_listeners:
-            listener.on_hf_evaluate(trainer, pl_module, self.hf, metrics)
+            listener.on_hf_evaluate(trainer, pl_module, self, metrics)
 
     def _pad_token_id(self) -> int | None:
         return getattr(self.handler.processing_class, "pad_token_id", None)

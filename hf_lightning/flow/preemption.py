@@ -35,7 +35,12 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from hf_lightning._lightning_compat import SignalConnector, cluster_environment, replace_signal_connector
+from hf_lightning._lightning_compat import (
+    SignalConnector,
+    cluster_environment,
+    replace_signal_connector,
+    signal_connector,
+)
 from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpoint.find import last_checkpoint
 from hf_lightning.checkpoint.write import CheckpointSaver
@@ -111,9 +116,11 @@ class PreemptionGuard:
     def install(self, trainer: pl.Trainer) -> None:
         """Replace `trainer`'s signal connector by a `PreemptionConnector` (in `setup`, before Lightning registers
         its handlers)."""
-        if not isinstance(getattr(trainer, "_signal_connector", None), PreemptionConnector):
-            replace_signal_connector(trainer, PreemptionConnector(trainer))
-        self.connector = trainer._signal_connector  # type: ignore[assignment]  # set just above
+        connector = signal_connector(trainer)
+        if not isinstance(connector, PreemptionConnector):
+            connector = PreemptionConnector(trainer)
+            replace_signal_connector(trainer, connector)
+        self.connector = connector
 
     @property
     def local_signal(self) -> int | None:

@@ -14,7 +14,7 @@ with the owner's loaders. Without an owner (the CLI, a hand-built `lightning.Tra
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -49,8 +49,7 @@ class HFRun:
     """HF's arguments, `TrainerState` and `TrainerControl` of a run, and the callbacks that read and set them.
 
     The flow's parts (its steps, its pre-emption stop) hold this one object, so a state or control replaced here (a
-    resumed run's `TrainerState`, a control returned by a callback) is the one every part reads next. It is also
-    what an `HFEvaluationListener` receives (`contracts.HFFlowView`).
+    resumed run's `TrainerState`, a control returned by a callback) is the one every part reads next.
 
     Args:
         args: the training arguments the callbacks receive.
@@ -165,7 +164,7 @@ class HFLoopSteps:
             return int(owner.num_examples(loader))
         return num_examples(loader, self.args.per_device_train_batch_size)
 
-    def count_flos(self, model: nn.Module, window: Any) -> None:
+    def count_flos(self, model: nn.Module, window: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """HF's `floating_point_ops` of every micro-batch of the update (the owner's override when there is one)."""
         if (owner := self._override("floating_point_ops")) is None:
             self.flos.add_window(model, window)
@@ -253,7 +252,8 @@ class HFLoopSteps:
             self.train_start, learning_rate=update.learning_rate,
         )
 
-    def log_save_evaluate_now(self, grad_norm: Any, learning_rate: float | None, tr_loss: Any = None) -> None:
+    def log_save_evaluate_now(self, grad_norm: float | None, learning_rate: float | None,
+                              tr_loss: torch.Tensor | None = None) -> None:
         """The built-in `_maybe_log_save_evaluate` (T:2238-2286): log, then evaluate, then save.
 
         Args:
@@ -281,7 +281,7 @@ class HFLoopSteps:
                         epoch_ending=self.hf.control.should_epoch_stop, skip_callbacks=(self._flow,))
         self.hf.event("on_save")
 
-    def _log_training(self, trainer: pl.Trainer, grad_norm: Any, learning_rate: float | None) -> None:
+    def _log_training(self, trainer: pl.Trainer, grad_norm: float | None, learning_rate: float | None) -> None:
         """The training-loss entry (T:2250-2274): `loss`, `grad_norm` of the last update, LR of the update just done."""
         state = self.hf.state
         logs: dict[str, Any] = {"loss": self.loss.pop_log_value(trainer.strategy, state.global_step)}
