@@ -63,8 +63,13 @@ from hf_lightning.checkpoint.sharded import (
 )
 from hf_lightning.contracts import ResumableTrainStream, flow_model
 from hf_lightning.flow.messages import logger as log
+from hf_lightning.plan import SavePolicy
 
-__all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
+__all__ = ["CheckpointSaver", "ModelFilesWriter", "export_callback_states", "list_checkpoints"]
+
+ModelFilesWriter = Callable[[str], None]
+"""Writes a checkpoint's model files into the folder it is given, on every process: the seam where a facade's own
+model saving (an overridden `Trainer.save_model`, HF's private `_save`) replaces the built-in one."""
 
 
 def export_callback_states(state: Any, exportable: Sequence[Any]) -> None:
@@ -99,12 +104,14 @@ class CheckpointSaver:
     """Checkpoint writing and rotation for `HFTrainerFlow`.
 
     Args:
-        args: the training arguments.
+        args: the training arguments (the output directory, and what `training_args.bin` holds).
+        policy: whether and how the run writes checkpoints (`plan.save_policy`).
         processing_class: tokenizer / processor saved in every checkpoint.
     """
 
-    def __init__(self, args: TrainingArguments, processing_class: Any = None) -> None:
+    def __init__(self, args: TrainingArguments, policy: SavePolicy, processing_class: Any = None) -> None:
         self.args = args
+        self.policy = policy
         self.processing_class = processing_class
         self.saved_args: Any = None
         """What `training_args.bin` holds: the arguments object the user passed (a `transformers.TrainingArguments`
@@ -118,9 +125,10 @@ class CheckpointSaver:
         """Write each checkpoint's manifest of checksums (False only to measure the cost)."""
         self.background = BackgroundWriter()
         """The save in flight with `save_async=True`."""
-        self.save_model: Callable[[str], None] | None = None
+        self.save_model: ModelFilesWriter | None = None
         """Writes a checkpoint's model files into the folder it is given, on every process (an overridden
-        `Trainer.save_model`, called with `_internal_call=True`, as HF's `_save_checkpoint` does); None: built in."""
+        `Trainer.save_model`, called with `_internal_call=True`, as HF's `_save_checkpoint` does); None: built in.
+        The one seam for a facade's own model saving (`_write_files` calls it, `_capture` then skips the model)."""
         self.last_saved_step: int | None = None
         """The step of this run's latest `save` (None: none yet): a pre-emption does not write that step again."""
 
@@ -155,7 +163,7 @@ class CheckpointSaver:
         self.run = run
         self.last_saved_step = None
         strategy = trainer.strategy
-        if self.args.save_async and (optimizer_shard_owner(strategy, flow_model(trainer.lightning_module))
+        if self.policy.asynchronous and (optimizer_shard_owner(strategy, flow_model(trainer.lightning_module))
                                      is not None or is_deepspeed(strategy)):
             raise ValueError("save_async=True is not supported for a sharded model (FSDP2, FSDP or DeepSpeed): its "
                              "weights are gathered and its optimizer written by collectives, which cannot run beside "
@@ -181,18 +189,18 @@ class CheckpointSaver:
         `skip_callbacks`: Lightning callbacks whose state is not stored in `lightning_state.pt` (the flow's own state
         is `trainer_state.json`).
         """
-        if self.args.save_async:
+        if self.policy.asynchronous:
             self.background.wait()  # the previous save of this process is complete (at most one in flight)
         step = state.global_step
-        if not self.args.save_nonfinite_checkpoints:
+        if not self.policy.nonfinite_allowed:
             self._refuse_nonfinite(trainer, pl_module, step)
         self.last_saved_step = step
-        if self.args.save_strategy in ("steps", "epoch", "best") and state.best_global_step:
+        if self.policy.tracks_best_step and state.best_global_step:
             best = os.path.join(self.output_dir, f"{CHECKPOINT_PREFIX}-{state.best_global_step}")
             if os.path.exists(best) or state.best_global_step == step:
                 state.best_model_checkpoint = best
         export_callback_states(state, exportable)
-        if self.args.save_async:
+        if self.policy.asynchronous:
             self._save_in_background(trainer, pl_module, state, epoch_ending, skip_callbacks)
             return
         self._write(trainer, pl_module, state, step, epoch_ending, skip_callbacks)
@@ -230,13 +238,13 @@ class CheckpointSaver:
 
     def wait(self, trainer: pl.Trainer) -> None:
         """Block until the background save (if any) is complete on every process; re-raise its error."""
-        if self.args.save_async:
+        if self.policy.asynchronous:
             self.background.wait()
             trainer.strategy.barrier("hf_lightning_save_async_done")
 
     def _rotate(self, best: str | None) -> None:
         """HF's `save_total_limit` rotation (rank 0), deleting by renaming first."""
-        for path in select_for_deletion(list_checkpoints(self.output_dir), self.args.save_total_limit, best):
+        for path in select_for_deletion(list_checkpoints(self.output_dir), self.policy.total_limit, best):
             remove_checkpoint(path, self._run_id())
 
     def _run_id(self) -> str:
@@ -275,13 +283,13 @@ class CheckpointSaver:
         if self.save_model is not None:
             self.save_model(str(tmp))  # every rank, as HF's `_save_checkpoint` calls `save_model`
         content = self._capture(trainer, pl_module, state, epoch_ending, skip_callbacks, copy_state=False)
-        if not self.args.save_only_model:
+        if not self.policy.only_model:
             model, optimizer, strategy = flow_model(pl_module), self._optimizer(trainer), trainer.strategy
             owner = optimizer_shard_owner(strategy, model)
             if owner is not None and optimizer is not None:
                 dist_state.save_sharded_optimizer(owner, optimizer, tmp / SHARDED_OPTIMIZER_DIR)  # a collective
             save_engine_state(strategy, tmp, step)  # DeepSpeed: optimizer and master weights (every rank)
-        write_content(content, tmp, self.args.save_only_model, self.durable)
+        write_content(content, tmp, self.policy.only_model, self.durable)
         strategy.barrier("hf_lightning_save_written")
 
     def _say_saving(self, trainer: pl.Trainer, step: int) -> None:
@@ -310,7 +318,7 @@ class CheckpointSaver:
                 content.model_state = full_state if full_state is not None or not copy_state else cpu_copy(
                     model.state_dict())
             content.trainer_state = copy.deepcopy(state) if copy_state else state
-        if self.args.save_only_model:
+        if self.policy.only_model:
             return content
         optimizer = self._optimizer(trainer)
         if trainer.is_global_zero:
@@ -344,7 +352,7 @@ class CheckpointSaver:
         """The background job: this process's files; then on rank 0, once every rank's are there, the checks,
         flush and rename of `finalize_checkpoint`, then the rotation (only after the new checkpoint is in place)."""
         try:
-            write_content(content, tmp, self.args.save_only_model, self.durable)
+            write_content(content, tmp, self.policy.only_model, self.durable)
         except BaseException as error:
             if content.is_zero:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -366,8 +374,8 @@ class CheckpointSaver:
     def finish(self, trainer: pl.Trainer, state: Any) -> None:
         """At the end of training: HF's `save_total_limit == 1` cleanup (T:2012-2019), on rank 0."""
         best = state.best_model_checkpoint
-        if trainer.is_global_zero and self.args.save_strategy != "no":
-            for path in final_cleanup(list_checkpoints(self.output_dir), best, self.args.save_total_limit):
+        if trainer.is_global_zero and self.policy.saves:
+            for path in final_cleanup(list_checkpoints(self.output_dir), best, self.policy.total_limit):
                 log.info(f"Deleting older checkpoint [{path}] due to args.save_total_limit")  # HF's message
                 remove_checkpoint(path, self._run_id())
         trainer.strategy.barrier("hf_lightning_finish")

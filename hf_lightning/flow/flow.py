@@ -43,11 +43,9 @@ from hf_lightning._lightning_compat import (
 )
 from hf_lightning.args import TrainingArguments
 from hf_lightning.callbacks.lightning_console import tidy_lightning_console
-from hf_lightning.checkpoint.best import BestModelTracker, unreachable_best_metric
-from hf_lightning.checkpoint.checks import unreachable_best_checkpoint
 from hf_lightning.checkpoint.csv_logs import continue_resumed_logs
-from hf_lightning.checkpoint.restore import CheckpointRestorer, start_fit
-from hf_lightning.checkpoint.write import CheckpointSaver
+from hf_lightning.checkpoint.lifecycle import Checkpoints
+from hf_lightning.checkpoint.restore import CheckpointRestorer
 from hf_lightning.console import install_console_filters
 from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, flow_model, flow_module
 from hf_lightning.flow.evaluation import HFEvaluator
@@ -66,7 +64,14 @@ from hf_lightning.flow.train_log import (
 )
 from hf_lightning.module.evaluation import EvalRequest, EvalResult, EvaluationOutput
 from hf_lightning.module.full_eval import cast_for_full_eval
-from hf_lightning.plan import TrainingPlan, epoch_progress, plan_training
+from hf_lightning.plan import (
+    TrainingPlan,
+    epoch_progress,
+    evaluates_on_start,
+    plan_training,
+    unreachable_best_checkpoint,
+    unreachable_best_metric,
+)
 from hf_lightning.run_options.neftune import NEFTune
 from hf_lightning.run_options.threads import warn_if_oversubscribed
 
@@ -108,8 +113,7 @@ class HFTrainerFlow(HFLoopSteps):
         self.handler.processing_class = processing_class
         self.state = TrainerState()
         self.control = TrainerControl()
-        self.saver = CheckpointSaver(args, processing_class)
-        self.best = BestModelTracker(args)
+        self.checkpoints = Checkpoints(args, processing_class)
         self.evaluator = HFEvaluator(self)
         self.plan: TrainingPlan | None = None
         self.loss = TrainLossTracker(args.logging_nan_inf_filter)
@@ -211,7 +215,7 @@ class HFTrainerFlow(HFLoopSteps):
         loss_only = flow_module(pl_module).prediction_loss_only(is_prediction=False)
         # an owner (`hf_lightning.Trainer`) checked the metric at construction, knowing which of its methods are
         # overridden to produce metrics of their own (trainer/overrides.py `METRIC_SOURCES`)
-        problem = unreachable_best_checkpoint(self.args, plan.eval_steps, plan.save_steps, plan.max_steps) \
+        problem = unreachable_best_checkpoint(self.args, plan) \
             or (self.owner is None and unreachable_best_metric(self.args, list(datamodule.eval_datasets or {}),
                                                                loss_only))
         if problem:
@@ -235,7 +239,7 @@ class HFTrainerFlow(HFLoopSteps):
         """Resume from `resume_from_checkpoint`; name the checkpoints this run will replace (checkpoint/restore.py)."""
         self._summary = None
         warn_if_oversubscribed(trainer)  # more torch threads than free cores: a warning with the number to set
-        self._restorer = start_fit(self, trainer, pl_module)
+        self._restorer = self.checkpoints.begin_run(trainer, pl_module, self.resume_from_checkpoint, self.plan)
         position = self._restorer.position if self._restorer is not None else None
         self._resumes_mid_epoch = position is not None and position.windows > 0
         if self._restorer is not None and self._restorer.nothing_left:
@@ -246,9 +250,9 @@ class HFTrainerFlow(HFLoopSteps):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """The output-directory lock taken in `on_fit_start` is given back when `fit` ends (checkpoint_saver.py)."""
+        """The output-directory lock taken in `on_fit_start` is given back when `fit` ends (checkpoint/lifecycle.py)."""
         if stage == "fit":
-            self.saver.end_run(trainer)
+            self.checkpoints.end_run(trainer)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -269,8 +273,9 @@ class HFTrainerFlow(HFLoopSteps):
             stateful_callbacks=exportable,  # type: ignore[arg-type]  # see above
         )
         self.state.global_step = trainer.global_step
-        if self._restorer is not None:
-            self._restorer.restore_trainer_state(self, trainer, self.plan.max_steps, self.plan.num_train_epochs)
+        restored = self.checkpoints.restore(trainer, self.plan, self.handler, self.control)
+        if restored is not None:
+            self.state, self.plan, self.control = restored.state, restored.plan, restored.control
         self.loss.start(pl_module.device, trainer.global_step)
         self.flos.current = 0.0
         self.tokens.start(self.state, pl_module.device, str(trainer.precision), trainer.world_size)
@@ -281,7 +286,7 @@ class HFTrainerFlow(HFLoopSteps):
         self.handler.train_dataloader = datamodule_of(trainer).train_loader()
         self.neftune.start(flow_model(pl_module))  # the embeddings' noise hook, while training only (T:1537-1538)
         self.hf_event("on_train_begin")
-        if self.args.eval_on_start:
+        if evaluates_on_start(self.args):
             # No plateau-scheduler step and no best-metric update for this one (T:1655-1656, 3302-3339).
             self.evaluate_step(trainer, during_training=False)
 
@@ -387,7 +392,7 @@ class HFTrainerFlow(HFLoopSteps):
         """The train summary entry (T:2001-2022), best-model loading, rotation cleanup, then HF `on_train_end`."""
         assert self.plan is not None
         self._end_quiet_resume()
-        self.saver.wait(trainer)  # `save_async`: the last checkpoint is in place before the summary and best model
+        self.checkpoints.wait(trainer)  # `save_async`: the last checkpoint is in place before summary and best model
         logger.info(TRAINING_COMPLETED)
         steps = self.state.global_step - self.loss.initial_step
         train_loss = self.loss.train_loss(trainer.strategy, self.state.global_step)
@@ -404,8 +409,7 @@ class HFTrainerFlow(HFLoopSteps):
         self.tokens.summary(metrics, trainer.strategy, self.state.total_flos)
         self.hf_log(trainer, metrics)  # adds "epoch", as HF's `TrainOutput.metrics` has it
         self._summary = metrics
-        self.best.load_best(flow_model(pl_module), self.state, trainer.strategy)
-        self.saver.finish(trainer, self.state)
+        self.checkpoints.finish(trainer, flow_model(pl_module), self.state)
         self.hf_event("on_train_end")
         self._end_steps()
         self.neftune.stop()
@@ -416,7 +420,7 @@ class HFTrainerFlow(HFLoopSteps):
         if isinstance(exception, KeyboardInterrupt):
             self._keyboard_interrupt = exception  # `fit` raises it instead of Lightning's `SystemExit(1)`
         self._end_quiet_resume()
-        self.saver.end_run(trainer)  # Lightning skips `teardown` after an exception
+        self.checkpoints.end_run(trainer)  # Lightning skips `teardown` after an exception
         self._end_steps()
         self.neftune.stop()
 

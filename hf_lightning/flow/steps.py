@@ -22,9 +22,8 @@ import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from hf_lightning._lightning_compat import datamodule_of, reload_validation_data
-from hf_lightning.checkpoint.best import BestModelTracker
 from hf_lightning.checkpoint.find import last_checkpoint
-from hf_lightning.checkpoint.write import CheckpointSaver
+from hf_lightning.checkpoint.lifecycle import Checkpoints
 from hf_lightning.contracts import HFLoopHooks, flow_model
 from hf_lightning.data.windows import is_sized, num_examples
 from hf_lightning.flow.evaluation import EvaluationHooks
@@ -35,6 +34,7 @@ from hf_lightning.flow.preemption import PreemptionGuard
 from hf_lightning.flow.throughput import TokenLogs
 from hf_lightning.flow.train_log import FlopsCounter, TrainLossTracker, UpdateReport, tensorboard_tag
 from hf_lightning.module.evaluation import EvalRequest, EvaluationOutput
+from hf_lightning.plan import save_after_evaluation
 
 __all__ = ["HFLoopSteps"]
 
@@ -54,8 +54,7 @@ class HFLoopSteps(EvaluationHooks):
     state: Any
     control: Any
     handler: HFCallbackHandler
-    saver: CheckpointSaver
-    best: BestModelTracker
+    checkpoints: Checkpoints
     loss: TrainLossTracker
     flos: FlopsCounter
     tokens: TokenLogs
@@ -155,11 +154,12 @@ class HFLoopSteps(EvaluationHooks):
             self._log_training(trainer, grad_norm, learning_rate)
         if self.control.should_evaluate:
             new_best = self.evaluate_step(trainer, during_training=True)
-            if self.args.save_strategy == "best":
-                self.control.should_save = new_best  # T:2281-2282: "best" saves exactly on a new best
+            # T:2281-2282: "best" saves exactly on a new best
+            policy = self.checkpoints.policy
+            self.control.should_save = save_after_evaluation(policy, self.control.should_save, new_best)
         if self.control.should_save:
             self.flos.store(self.state, trainer)
-            self.saver.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
+            self.checkpoints.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
                             epoch_ending=self.control.should_epoch_stop, skip_callbacks=(self,))
             self.hf_event("on_save")
 
@@ -176,12 +176,12 @@ class HFLoopSteps(EvaluationHooks):
         if not signum:
             return
         jit = bool(self.args.enable_jit_checkpoint)
-        if jit and self.saver.last_saved_step != self.state.global_step:
+        if jit and self.checkpoints.last_saved_step != self.state.global_step:
             self.flos.store(self.state, trainer)
-            self.saver.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
+            self.checkpoints.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
                             epoch_ending=self.control.should_epoch_stop, skip_callbacks=(self,))
             self.hf_event("on_save")
-        self.saver.wait(trainer)  # `save_async`: the checkpoint in flight is in place before the process ends
+        self.checkpoints.wait(trainer)  # `save_async`: the checkpoint in flight is in place before the process ends
         self.preemption.requeue(trainer, signum)  # Lightning's SLURM auto-requeue, once the checkpoint is complete
         raise self.preempted(trainer, signum, saved=jit)
 
@@ -283,7 +283,7 @@ class HFLoopSteps(EvaluationHooks):
             self.control.should_evaluate = False
         if not during_training:
             return False
-        return self.best.update(self.state, metrics)
+        return self.checkpoints.update_best(self.state, metrics)
 
     def evaluate_now(self, request: EvalRequest) -> dict[str, Any]:
         """Run Lightning's validation loop now, inside `fit` (HF's `evaluate()` during `train()`): the metrics.
@@ -301,7 +301,7 @@ class HFLoopSteps(EvaluationHooks):
     def step_plateau_scheduler(self, metrics: dict[str, Any]) -> None:
         """A `ReduceLROnPlateau` steps on the best-model metric after a training-time evaluation (T:3322-3339)."""
         trainer, _ = self._run()
-        self.best.step_plateau_scheduler(trainer, metrics)
+        self.checkpoints.step_plateau_scheduler(trainer, metrics)
 
     def _start_steps(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fit starts: the steps run against this trainer and module until `_end_steps`."""
