@@ -42,6 +42,7 @@ __all__ = [
     "best_rule",
     "epoch_end_flags",
     "epoch_progress",
+    "evaluates_during_fit",
     "evaluates_on_start",
     "is_better",
     "metric_key",
@@ -205,6 +206,11 @@ def epoch_end_flags(epoch: float, args: TrainingArguments) -> Flags:
         should_evaluate=args.eval_strategy == "epoch" and args.eval_delay <= epoch,
         should_save=args.save_strategy == "epoch",
     )
+
+
+def evaluates_during_fit(args: TrainingArguments) -> bool:
+    """Whether a fit evaluates at all (an evaluation strategy, or `eval_on_start`): it then needs evaluation data."""
+    return args.eval_strategy != "no" or bool(args.eval_on_start)
 
 
 def evaluates_on_start(args: TrainingArguments) -> bool:
