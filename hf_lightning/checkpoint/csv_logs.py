@@ -25,6 +25,7 @@ from typing import Any
 
 from lightning.pytorch.loggers import CSVLogger
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpoint.find import resolve_resume
 
 __all__ = ["continue_csv_logs", "continue_resumed_logs", "kept_rows", "latest_version"]
@@ -89,7 +90,8 @@ def continue_csv_logs(loggers: list[Any], resume_step: int) -> None:
         writer.metrics.extend(kept_rows(rows, resume_step))
 
 
-def continue_resumed_logs(loggers: list[Any], args: Any, resume_from_checkpoint: str | bool | None) -> None:
+def continue_resumed_logs(loggers: list[Any], args: TrainingArguments, resume_from_checkpoint: str | bool | None
+                          ) -> None:
     """`continue_csv_logs` at the step of the checkpoint a fit resumes from (`resolve_resume`'s rule), if any. A resume
     that cannot be resolved is left to the flow's `on_fit_start`, which says why."""
     try:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpoint.integrity import folder_problems
 from hf_lightning.checkpoint.io import (
     LIGHTNING_STATE_NAME,
@@ -148,14 +148,14 @@ def _touched(output_dir: str | Path, resume_step: int | None, saving: bool) -> l
     return steps if resume_step is None else [s for s in steps if s > resume_step]
 
 
-def _differences(output_dir: str | Path, steps: list[int], args: Any) -> list[str] | None:
+def _differences(output_dir: str | Path, steps: list[int], args: TrainingArguments) -> list[str] | None:
     """What differs between the run that wrote the newest of `steps` and `args` ([]: the same run; None: unknown)."""
     if args is None or not steps:
         return None
     return argument_differences(Path(output_dir) / f"checkpoint-{steps[-1]}", args)
 
 
-def replaced_checkpoints_notice(output_dir: str | Path, resume_step: int | None, saving: bool, args: Any
+def replaced_checkpoints_notice(output_dir: str | Path, resume_step: int | None, saving: bool, args: TrainingArguments
                                 ) -> str | None:
     """The one line to print when this run will replace checkpoints already in `output_dir` (as HF does), else None.
 
@@ -185,7 +185,7 @@ def _names(steps: list[int]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def resolve_resume(args: Any, resume_from_checkpoint: str | bool | None) -> str | None:
+def resolve_resume(args: TrainingArguments, resume_from_checkpoint: str | bool | None) -> str | None:
     """The checkpoint to resume from: the explicit value, else `args.resume_from_checkpoint`, else None.
 
     Raises:

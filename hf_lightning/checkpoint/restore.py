@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy, Strategy
 from torch import nn
 from transformers import TrainerControl, TrainerState
 
@@ -114,8 +115,8 @@ def weight_mismatches(model_shapes: dict[str, tuple[int, ...]], saved_shapes: di
     return problems
 
 
-def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_checkpoint", strategy: Any = None
-                 ) -> None:
+def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_checkpoint",
+                 strategy: Strategy | None = None) -> None:
     """Load a checkpoint's weights into `model` (plain, or sharded by `strategy`) after checking they belong to it.
 
     A PEFT adapter file is loaded into the `PeftModel`'s adapter instead (`checkpoint/adapters.py`).
@@ -149,13 +150,13 @@ def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_ch
     load_full_weights(strategy, model, saved)
 
 
-def _own_load_state_dict(model: nn.Module, strategy: Any) -> bool:
+def _own_load_state_dict(model: nn.Module, strategy: Strategy | None) -> bool:
     """Whether the model's class overrides `load_state_dict` and the load would go through it (a plain or DDP
     model, or DeepSpeed below ZeRO-3: FSDP and ZeRO-3 load the shards with torch's / DeepSpeed's own code, where the
     shapes are checked before)."""
     overridden = type(model).load_state_dict is not nn.Module.load_state_dict
     sharded = full_shapes(strategy, model) is None or dist_state.is_sharded(model) or (
-        is_deepspeed(strategy) and bool(getattr(strategy, "zero_stage_3", False)))
+        isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3)
     return overridden and not sharded
 
 

@@ -25,10 +25,11 @@ import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
+from transformers import TrainerState
 
 from hf_lightning._lightning_compat import datamodule_of, grad_scaler, position_in_epoch
 from hf_lightning.args import TrainingArguments
@@ -36,6 +37,9 @@ from hf_lightning.checkpoint import distributed as dist_state
 from hf_lightning.checkpoint.background import BackgroundWriter, mark_failed, mark_written, wait_for_ranks
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.content import CheckpointContent, StreamPosition, cpu_copy, write_content
+
+if TYPE_CHECKING:
+    from hf_lightning.checkpoint.content import SavedArguments
 from hf_lightning.checkpoint.finite import NonFiniteWeightsError, first_nonfinite
 from hf_lightning.checkpoint.io import (
     CHECKPOINT_PREFIX,
@@ -72,18 +76,20 @@ ModelFilesWriter = Callable[[str], None]
 model saving (an overridden `Trainer.save_model`, HF's private `_save`) replaces the built-in one."""
 
 
-def export_callback_states(state: Any, exportable: Sequence[Any]) -> None:
+def export_callback_states(state: TrainerState, exportable: Sequence[Any]) -> None:
     """Store each `ExportableState`'s `state()` in `state.stateful_callbacks` (T:3407-3415), before writing JSON."""
     from transformers.trainer_callback import ExportableState
 
+    # HF annotates `stateful_callbacks` as the callbacks given to a fresh state; it holds their exported states
+    stored: dict[str, Any] = state.stateful_callbacks  # type: ignore[assignment]  # see above
     for callback in exportable:
         if not isinstance(callback, ExportableState):
             continue
         name = type(callback).__name__
-        if isinstance(state.stateful_callbacks.get(name), list):
-            state.stateful_callbacks[name].append(callback.state())
+        if isinstance(stored.get(name), list):
+            stored[name].append(callback.state())
         else:
-            state.stateful_callbacks[name] = callback.state()
+            stored[name] = callback.state()
 
 
 def _stream_position(trainer: pl.Trainer) -> StreamPosition | None:
@@ -113,7 +119,7 @@ class CheckpointSaver:
         self.args = args
         self.policy = policy
         self.processing_class = processing_class
-        self.saved_args: Any = None
+        self.saved_args: SavedArguments | None = None
         """What `training_args.bin` holds: the arguments object the user passed (a `transformers.TrainingArguments`
         stays one); None: `args`."""
         self.lock: RunLock | None = None
@@ -179,7 +185,7 @@ class CheckpointSaver:
         self.run = None
 
     def save(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, exportable: Sequence[Any] = (),
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState, exportable: Sequence[Any] = (),
         epoch_ending: bool = False, skip_callbacks: Sequence[Any] = (),
     ) -> None:
         """`_save_checkpoint`: write `checkpoint-<global_step>` on rank 0, move the best pointer, rotate.
@@ -253,7 +259,7 @@ class CheckpointSaver:
                                "does it when fit starts).")
         return self.run
 
-    def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int,
+    def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState, step: int,
                epoch_ending: bool = False, skip_callbacks: Sequence[Any] = ()) -> None:
         """Write `tmp-checkpoint-<step>-<run>` from every rank, then rename it on rank 0 once all ranks are done.
 
@@ -273,8 +279,8 @@ class CheckpointSaver:
             finalize_checkpoint(self.output_dir, step, run, self.lock.check_held if self.lock else None,
                                 durable=self.durable, manifest=self.manifest)
 
-    def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int, tmp: Path,
-                     epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
+    def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState, step: int,
+                     tmp: Path, epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
         strategy = trainer.strategy
         if trainer.is_global_zero:
             prepare_tmp_folder(self.output_dir, state.global_step, self._run_id())
@@ -301,7 +307,7 @@ class CheckpointSaver:
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         return getattr(optimizer, "optimizer", optimizer)
 
-    def _capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, epoch_ending: bool,
+    def _capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState, epoch_ending: bool,
                  skip_callbacks: Sequence[Any], copy_state: bool) -> CheckpointContent:
         """This process's share of the checkpoint: references (`copy_state=False`, written at once) or copies in CPU
         memory that training can no longer change (`copy_state=True`, written in the background)."""
@@ -335,7 +341,7 @@ class CheckpointSaver:
         content.stream = _stream_position(trainer)
         return content
 
-    def _save_in_background(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any,
+    def _save_in_background(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState,
                             epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
         """Capture this process's share in CPU memory now; write, rename and rotate in the background."""
         step, run = state.global_step, self._run_id()
@@ -371,7 +377,7 @@ class CheckpointSaver:
                             durable=self.durable, manifest=self.manifest)
         self._rotate(best)
 
-    def finish(self, trainer: pl.Trainer, state: Any) -> None:
+    def finish(self, trainer: pl.Trainer, state: TrainerState) -> None:
         """At the end of training: HF's `save_total_limit == 1` cleanup (T:2012-2019), on rank 0."""
         best = state.best_model_checkpoint
         if trainer.is_global_zero and self.policy.saves:
