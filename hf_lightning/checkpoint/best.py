@@ -5,7 +5,7 @@
 - `step_plateau_scheduler` steps a `ReduceLROnPlateau` on the best-model metric after a training-time evaluation.
 - `load_best` loads the best checkpoint's weights at the end of training.
 
-Where the best checkpoint's folder is recorded (`state.best_model_checkpoint`) at a save: `checkpoint_saver.py`.
+Where the best checkpoint's folder is recorded (`state.best_model_checkpoint`) at a save: `write.py`.
 Rotation never deletes it: `checkpoint/rotate.py`.
 """
 

@@ -1,12 +1,13 @@
-"""`CheckpointSaver`: the run's hold on `output_dir`, what happens at an HF save and at training end (best-metric
-tracking: `best_model.py`).
+"""`CheckpointSaver`: the run's hold on `output_dir`, what happens at an HF save and at training end (driven by
+`lifecycle.Checkpoints`; best-metric tracking: `best.py`; whether and what to save: `plan.SavePolicy`).
 
 - `begin_run` / `end_run` bracket a `fit`: rank 0 takes the output-directory lock (`checkpoint/run_lock.py`),
   removes what killed runs left behind (`checkpoint/layout.py`), and every rank learns the run id that names
   this run's temporary folders.
 - `save` is `Trainer._save_checkpoint` (T:3363-3430), after one difference: weights holding a NaN or inf stop the run
   with `NonFiniteWeightsError` and no checkpoint (`checkpoint/finite.py`; `save_nonfinite_checkpoints=True`
-  saves them, as HF does). Then: point `best_model_checkpoint` at
+  saves them, as HF does). The model files are written by `save_model` (a `ModelFilesWriter`) when a facade supplies
+  one, else built in (`content.py`). Then: point `best_model_checkpoint` at
   `checkpoint-<best_global_step>` if that folder exists, write `tmp-checkpoint-<step>-<run>` (rank 0 the shared
   files, every rank its RNG file, all ranks the FSDP and DeepSpeed collectives), check, flush and rename it on
   rank 0 once all ranks are done, then rotate with HF's rule on rank 0 after a barrier. Rotation deletes by
