@@ -9,7 +9,8 @@ arguments while a run goes; everything else asks it. One place for each rule of 
   resumed run keeps the checkpoint's intervals (T:1694-1710), with HF's warning when they differ.
 - `epoch_progress`: the float `state.epoch` (T:1956), a fraction of micro-batches, not of updates.
 - `step_end_flags` / `epoch_end_flags`: `DefaultFlowCallback.on_step_end` / `on_epoch_end` (CB:568-621);
-  `evaluates_on_start`: `eval_on_start`; `save_after_evaluation`: `save_strategy="best"` saves exactly on a new best.
+  `evaluates_on_start`: `eval_on_start`; `saves_now`: the save decision of each pass (`save_strategy="best"`: exactly
+  on a new best).
 - `SavePolicy` (`save_policy`): whether the run writes checkpoints at all, which of them the best pointer follows,
   how many are kept, what goes into them: what `checkpoint/` reads instead of the arguments.
 - `BestRule` (`best_rule`): which metric is the best-model metric, which direction is better, whether the best model
@@ -49,8 +50,8 @@ __all__ = [
     "plan_training",
     "resolve_interval",
     "resume_intervals",
-    "save_after_evaluation",
     "save_policy",
+    "saves_now",
     "step_end_flags",
     "unreachable_best_checkpoint",
     "unreachable_best_metric",
@@ -263,10 +264,22 @@ def save_policy(args: TrainingArguments) -> SavePolicy:
     )
 
 
-def save_after_evaluation(policy: SavePolicy, should_save: bool, new_best: bool) -> bool:
-    """Whether the update saves, once its evaluation ran: with `save_strategy="best"` exactly when it found a new
-    best (T:2281-2282), otherwise as the flags say."""
-    return new_best if policy.saves_on_new_best else should_save
+def saves_now(policy: SavePolicy, global_step: int, should_save: bool, new_best: bool | None) -> bool:
+    """Whether this pass of `_maybe_log_save_evaluate` (T:2275-2286) writes `checkpoint-<global_step>`.
+
+    The one place that decides a save during training: the flags decide (`DefaultFlowCallback`'s, see
+    `step_end_flags`, and the user's callbacks'), except that with `save_strategy="best"` an evaluation decides:
+    exactly a new best saves (T:2281-2282). A rule on when to save that HF's flags do not know goes here.
+
+    Args:
+        policy: the run's save policy.
+        global_step: the update this pass follows.
+        should_save: `control.should_save` after the pass's evaluation.
+        new_best: whether the pass's evaluation found a new best; None when it did not evaluate.
+    """
+    if new_best is not None and policy.saves_on_new_best:
+        return new_best
+    return should_save
 
 
 # ----- the best model -----

@@ -25,8 +25,8 @@ from hf_lightning.plan import (
     is_better,
     plan_training,
     resume_intervals,
-    save_after_evaluation,
     save_policy,
+    saves_now,
     unreachable_best_checkpoint,
 )
 
@@ -50,11 +50,12 @@ def test_save_policy_follows_save_strategy(tmp_path, strategy):
 
 @pytest.mark.parametrize("flags_say", [False, True])
 @pytest.mark.parametrize("new_best", [False, True])
-def test_save_after_evaluation_is_hfs_best_rule(flags_say, new_best):
+def test_saves_now_is_hfs_best_rule(flags_say, new_best):
     """`save_strategy="best"` saves exactly on a new best, whatever the flags say; otherwise the flags decide
-    (T:2281-2282)."""
-    assert save_after_evaluation(SavePolicy(saves_on_new_best=True), flags_say, new_best) is new_best
-    assert save_after_evaluation(SavePolicy(), flags_say, new_best) is flags_say
+    (T:2281-2282); a pass without an evaluation saves as the flags say."""
+    assert saves_now(SavePolicy(saves_on_new_best=True), 7, flags_say, new_best) is new_best
+    assert saves_now(SavePolicy(), 7, flags_say, new_best) is flags_say
+    assert saves_now(SavePolicy(saves_on_new_best=True), 7, flags_say, None) is flags_say
 
 
 def _hf_best(args: transformers.TrainingArguments, metrics: dict[str, float], state: TrainerState) -> bool:

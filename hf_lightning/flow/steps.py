@@ -34,7 +34,7 @@ from hf_lightning.flow.preemption import PreemptionGuard
 from hf_lightning.flow.throughput import TokenLogs
 from hf_lightning.flow.train_log import FlopsCounter, TrainLossTracker, UpdateReport, tensorboard_tag
 from hf_lightning.module.evaluation import EvalRequest, EvaluationOutput
-from hf_lightning.plan import save_after_evaluation
+from hf_lightning.plan import saves_now
 
 __all__ = ["HFLoopSteps"]
 
@@ -152,11 +152,11 @@ class HFLoopSteps(EvaluationHooks):
             self.loss.window = tr_loss
         if self.control.should_log and self.state.global_step > self.loss.last_logged_step:
             self._log_training(trainer, grad_norm, learning_rate)
+        new_best: bool | None = None  # None: this pass does not evaluate
         if self.control.should_evaluate:
             new_best = self.evaluate_step(trainer, during_training=True)
-            # T:2281-2282: "best" saves exactly on a new best
-            policy = self.checkpoints.policy
-            self.control.should_save = save_after_evaluation(policy, self.control.should_save, new_best)
+        policy, step = self.checkpoints.policy, self.state.global_step
+        self.control.should_save = saves_now(policy, step, self.control.should_save, new_best)  # the plan decides
         if self.control.should_save:
             self.flos.store(self.state, trainer)
             self.checkpoints.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
