@@ -121,7 +121,8 @@ class Checkpoints:
         return self.restorer.restore_trainer_state(trainer, plan, callbacks, control)
 
     def save(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState,
-             exportable: Sequence[Any] = (), epoch_ending: bool = False, skip_callbacks: Sequence[Any] = ()) -> None:
+             exportable: Sequence[object] = (), epoch_ending: bool = False,
+             skip_callbacks: Sequence[pl.Callback] = ()) -> None:
         """Write `checkpoint-<global_step>` (`CheckpointSaver.save`: arguments there)."""
         self.saver.save(trainer, pl_module, state, exportable, epoch_ending, skip_callbacks)
 

@@ -50,7 +50,7 @@ def geometry_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
             for key in saved if key in current and saved[key] != current[key]]
 
 
-def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False, skip_callbacks: Sequence[Any] = (),
+def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False, skip_callbacks: Sequence[pl.Callback] = (),
                             geometry: dict[str, Any] | None = None) -> dict[str, Any]:
     """What `lightning_state.pt` holds, taken in `on_train_batch_end` of the update being saved.
 

@@ -77,7 +77,7 @@ ModelFilesWriter = Callable[[str], None]
 model saving (an overridden `Trainer.save_model`, HF's private `_save`) replaces the built-in one."""
 
 
-def export_callback_states(state: TrainerState, exportable: Sequence[Any]) -> None:
+def export_callback_states(state: TrainerState, exportable: Sequence[object]) -> None:
     """Store each `ExportableState`'s `state()` in `state.stateful_callbacks` (T:3407-3415), before writing JSON."""
     from transformers.trainer_callback import ExportableState
 
@@ -186,8 +186,8 @@ class CheckpointSaver:
         self.run = None
 
     def save(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState, exportable: Sequence[Any] = (),
-        epoch_ending: bool = False, skip_callbacks: Sequence[Any] = (),
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState,
+        exportable: Sequence[object] = (), epoch_ending: bool = False, skip_callbacks: Sequence[pl.Callback] = (),
     ) -> None:
         """`_save_checkpoint`: write `checkpoint-<global_step>` on rank 0, move the best pointer, rotate.
 
@@ -261,7 +261,7 @@ class CheckpointSaver:
         return self.run
 
     def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState, step: int,
-               epoch_ending: bool = False, skip_callbacks: Sequence[Any] = ()) -> None:
+               epoch_ending: bool = False, skip_callbacks: Sequence[pl.Callback] = ()) -> None:
         """Write `tmp-checkpoint-<step>-<run>` from every rank, then rename it on rank 0 once all ranks are done.
 
         Rank 0 writes the shared files, every rank its own RNG file; under FSDP the full weights are gathered and
@@ -281,7 +281,7 @@ class CheckpointSaver:
                                 durable=self.durable, manifest=self.manifest)
 
     def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState, step: int,
-                     tmp: Path, epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
+                     tmp: Path, epoch_ending: bool, skip_callbacks: Sequence[pl.Callback]) -> None:
         strategy = trainer.strategy
         if trainer.is_global_zero:
             prepare_tmp_folder(self.output_dir, state.global_step, self._run_id())
@@ -309,7 +309,7 @@ class CheckpointSaver:
         return getattr(optimizer, "optimizer", optimizer)
 
     def _capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState, epoch_ending: bool,
-                 skip_callbacks: Sequence[Any], copy_state: bool) -> CheckpointContent:
+                 skip_callbacks: Sequence[pl.Callback], copy_state: bool) -> CheckpointContent:
         """This process's share of the checkpoint: references (`copy_state=False`, written at once) or copies in CPU
         memory that training can no longer change (`copy_state=True`, written in the background)."""
         model = flow_model(pl_module)
@@ -343,7 +343,7 @@ class CheckpointSaver:
         return content
 
     def _save_in_background(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState,
-                            epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
+                            epoch_ending: bool, skip_callbacks: Sequence[pl.Callback]) -> None:
         """Capture this process's share in CPU memory now; write, rename and rotate in the background."""
         step, run = state.global_step, self._run_id()
         if trainer.is_global_zero:
