@@ -250,6 +250,11 @@ def cluster_environment(trainer: pl.Trainer) -> Any:
     return trainer._accelerator_connector.cluster_environment
 
 
+def signal_connector(trainer: pl.Trainer) -> _SignalConnector:
+    """The trainer's signal connector (`Trainer._signal_connector`)."""
+    return trainer._signal_connector
+
+
 def replace_signal_connector(trainer: pl.Trainer, connector: Any) -> None:
     """Make `connector` (a `_SignalConnector` subclass) the one Lightning registers at the start of the fit loop and
     tears down at its end (`Trainer._signal_connector`; `trainer.received_sigterm` reads it). Call it before `fit`

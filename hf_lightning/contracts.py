@@ -18,9 +18,10 @@ missing). `TransformerModule` and `TransformerDataModule` implement them; a user
 - `HFDataHooks`: the owner of HF's dataloader methods (`get_train_dataloader`, `get_eval_dataloader`,
   `get_test_dataloader`), which `TransformerDataModule` asks for its loaders (`loader_owner`: an `hf_lightning.Trainer`;
   without one, the data module itself; `hf_lightning/trainer/data_hooks.py` is the `Trainer`'s side).
-- `HFLoopHooks`: the owner of HF's loop methods (`_maybe_log_save_evaluate`, `log`, `_evaluate`, `num_examples`,
-  `floating_point_ops`), which `HFTrainerFlow` calls where HF's loop does (`HFLoopSteps.owner`: an
-  `hf_lightning.Trainer`; without one, the flow's built-ins run; `hf_lightning/trainer/loop_hooks.py`).
+- `HFLoopHooks`: the owner of HF's loop methods (`_maybe_log_save_evaluate`, `log`, `_evaluate`, `evaluate`,
+  `num_examples`, `floating_point_ops`), which `HFTrainerFlow` calls where HF's loop does when its class overrides
+  them (`evaluate` always; the flow's `owner`: an `hf_lightning.Trainer`; without one, or for a method not
+  overridden, the flow's built-ins run; `hf_lightning/trainer/loop_hooks.py`).
 - `TrainingStepOutput`: what the module's `training_step` returns, read by the flow for logging.
 """
 
@@ -230,6 +231,10 @@ class HFLoopHooks(Protocol):
     def _evaluate(self, trial: Any, ignore_keys_for_eval: list[str] | None, skip_scheduler: bool = False
                   ) -> dict[str, float]:
         """An evaluation during `train()`: its metrics."""
+
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
+                 metric_key_prefix: str = "eval") -> dict[str, float]:
+        """HF's `evaluate()`: the metrics of every eval dataset, evaluated one after another."""
 
     def num_examples(self, dataloader: Any) -> int:
         """The examples of a (sized) loader."""

@@ -263,8 +263,8 @@ class HFLightningCLI(LightningCLI):
         except ValueError as err:
             raise ValueError(str(err).replace("lightning_kwargs", "trainer options").replace(
                 "TrainingArguments.", "args.")) from None
-        self.flow = build_flow(args, hf_callbacks, tokenizer)
-        self.flow.resume_hint = "the same command and --ckpt_path {path}"  # the line a stopped run prints
+        # the line a stopped run prints names how to resume
+        self.flow = build_flow(args, hf_callbacks, tokenizer, resume_hint="the same command and --ckpt_path {path}")
         self.flow.hf_init_end(model)
         save_config = SaveConfigCallback(self._parser(sub), self.config[sub], **self.save_config_kwargs)
 

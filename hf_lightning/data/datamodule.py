@@ -95,9 +95,10 @@ class TransformerDataModule(pl.LightningDataModule):
         args: the training arguments (batch sizes, seeds, accumulation, loader options).
         data_collator: collator for every split; defaults to HF's choice for `processing_class`.
         processing_class: tokenizer or processor; selects `DataCollatorWithPadding`.
+        loader_owner: the owner of HF's dataloader methods (an `hf_lightning.Trainer`, whose subclass may override
+            them); None: this data module.
 
     Attributes:
-        loader_owner: the owner of HF's dataloader methods (an `hf_lightning.Trainer`); None: this data module.
         eval_loader_args: per eval dataset name, what `get_eval_dataloader` receives (HF passes the dataset given to
             `evaluate`, else the dataset's name, or None for a single unnamed one).
         signature_model: the model whose `forward` decides the kept columns when no Lightning trainer is attached.
@@ -115,6 +116,7 @@ class TransformerDataModule(pl.LightningDataModule):
         args: TrainingArguments | None = None,
         data_collator: Any = None,
         processing_class: Any = None,
+        loader_owner: HFDataHooks | None = None,
     ) -> None:
         super().__init__()
         self.args = args if args is not None else TrainingArguments()
@@ -125,7 +127,7 @@ class TransformerDataModule(pl.LightningDataModule):
         self.predict_dataset = predict_dataset
         self.processing_class = processing_class
         self.data_collator = data_collator if data_collator is not None else default_collator(processing_class)
-        self.loader_owner: HFDataHooks | None = None
+        self.loader_owner = loader_owner
         self.eval_loader_args: dict[str, Any] | None = None
         self.loop_loader: Any = None
         """The loader of a running `evaluation_loop` call: the validation loader while set."""

@@ -1,9 +1,10 @@
 """`HFEvaluator`: HF's `evaluate()` and `predict()` on Lightning's loops; every run returns its results.
 
-`HFTrainerFlow` owns one and forwards Lightning's validation and prediction hooks to it. A run is one
-`EvaluationRun` (`module/eval_run.py`): the module's `validation_step` / `predict_step` return an `EvalStep` per
-batch, the evaluator adds it to the dataset's accumulator, and finishes each dataset when the next one starts (HF
-evaluates datasets one after another, each with its `log` and `on_evaluate`) or when the loop ends.
+`HFTrainerFlow` holds one and forwards Lightning's validation and prediction hooks to it (`start`, `batch_start`,
+`batch_end`, `end`). A run is one `EvaluationRun` (`module/eval_run.py`): the module's `validation_step` /
+`predict_step` return an `EvalStep` per batch, the evaluator adds it to the dataset's accumulator, and finishes each
+dataset when the next one starts (HF evaluates datasets one after another, each with its `log` and `on_evaluate`) or
+when the loop ends.
 
 Entry points, each returning what the run produced:
 
@@ -23,8 +24,6 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
-from typing_extensions import override
 
 from hf_lightning._lightning_compat import datamodule_of, run_validation_now
 from hf_lightning.contracts import FlowDataModule, flow_module
@@ -32,7 +31,7 @@ from hf_lightning.data.sampling import dataset_length
 from hf_lightning.module.eval_run import EvalAccumulator, EvaluationRun
 from hf_lightning.module.evaluation import EvalRequest, EvalResult, EvalStep, EvaluationOutput
 
-__all__ = ["EvaluationHooks", "EvaluationHost", "HFEvaluator"]
+__all__ = ["EvaluationHost", "HFEvaluator"]
 
 
 class EvaluationHost(Protocol):
@@ -81,7 +80,7 @@ class HFEvaluator:
             self._requested = None
 
     def evaluate(
-        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, request: EvalRequest,
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: pl.LightningDataModule, request: EvalRequest,
         ckpt_path: str | None = None,
     ) -> EvaluationOutput:
         """HF's `evaluate()`: `trainer.validate` over every eval dataset; one log entry and `on_evaluate` each."""
@@ -90,7 +89,7 @@ class HFEvaluator:
         return run.output
 
     def predict(
-        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, request: EvalRequest,
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: pl.LightningDataModule, request: EvalRequest,
         ckpt_path: str | None = None,
     ) -> EvalResult:
         """HF's `predict()`: `trainer.predict` over the prediction dataset; `on_predict`, no log entry.
@@ -183,56 +182,3 @@ class HFEvaluator:
             self.host.hf_event("on_predict", metrics=result.metrics)
         else:
             self.host.dataset_evaluated(trainer, pl_module, result.metrics)
-
-
-class EvaluationHooks(Callback):
-    """The Lightning validation and prediction hooks of `HFTrainerFlow`: each hands its event to the flow's
-    `HFEvaluator` (Lightning's pre-training sanity check is not an HF evaluation and is skipped)."""
-
-    evaluator: HFEvaluator
-
-    @override
-    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:  # Lightning's pre-training sanity check is not an HF evaluation
-            self.evaluator.start(trainer, pl_module, is_prediction=False)
-
-    @override
-    def on_validation_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        if not trainer.sanity_checking:
-            self.evaluator.batch_start(trainer, pl_module, dataloader_idx, trainer.val_dataloaders)
-
-    @override
-    def on_validation_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if not trainer.sanity_checking:
-            self.evaluator.batch_end(batch, outputs, dataloader_idx)
-
-    @override
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if not trainer.sanity_checking:
-            self.evaluator.end(trainer, pl_module, len(trainer.num_val_batches))
-
-    @override
-    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.evaluator.start(trainer, pl_module, is_prediction=True)
-
-    @override
-    def on_predict_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        self.evaluator.batch_start(trainer, pl_module, dataloader_idx, trainer.predict_dataloaders)
-
-    @override
-    def on_predict_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        self.evaluator.batch_end(batch, outputs, dataloader_idx)
-
-    @override
-    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.evaluator.end(trainer, pl_module, 1)

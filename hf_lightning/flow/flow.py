@@ -13,7 +13,15 @@ trigger is switched off (`_lightning_compat.disable_validation_trigger`). `Train
 honoured exactly where HF reads them. Logged entries go to `state.log_history` in HF's format and to every Lightning
 logger at `step=global_step` with HF's TensorBoard tag names.
 
-Pre-emption: `HFLoopSteps.stop_if_preempted`; Ctrl-C leaves `fit` as `KeyboardInterrupt` (not `SystemExit(1)`).
+The flow is the one Lightning callback; each part it holds does one thing, constructed with what it needs:
+
+- `hf` (`HFRun`, flow/steps.py): HF's `TrainerState`, `TrainerControl` and callbacks (`handler`);
+- `steps` (`HFLoopSteps`, flow/steps.py): the log / evaluate / save step and the HF loop methods it calls;
+- `evaluator` (`HFEvaluator`, flow/evaluation.py): evaluations and predictions on Lightning's loops;
+- `loss`, `flos` (flow/train_log.py), `tokens` (flow/throughput.py): what a log line holds;
+- `checkpoints` (`Checkpoints`, checkpoint/lifecycle.py): the checkpoints (resume, saves, rotation) and the best model;
+- `preemption` (`PreemptionStop`, flow/preemption.py): pre-emption signals and the stop they lead to; Ctrl-C leaves
+  `fit` as `KeyboardInterrupt` (not `SystemExit(1)`).
 
 What the flow needs from the module and the data module is declared in `hf_lightning.contracts` and checked once in
 `setup`. `fit`, `evaluate` and `predict` run Lightning's entry points and return HF's results.
@@ -26,9 +34,10 @@ from contextlib import ExitStack
 from typing import Any
 
 import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from transformers import DefaultFlowCallback, TrainerControl, TrainerState
-from transformers.trainer_callback import ExportableState
+from torch import nn
+from transformers import DefaultFlowCallback, TrainerCallback, TrainerControl, TrainerState
 from transformers.trainer_utils import TrainOutput
 from typing_extensions import override
 
@@ -47,20 +56,19 @@ from hf_lightning.checkpoint.csv_logs import continue_resumed_logs
 from hf_lightning.checkpoint.lifecycle import Checkpoints
 from hf_lightning.checkpoint.restore import CheckpointRestorer
 from hf_lightning.console import install_console_filters
-from hf_lightning.contracts import HFEvaluationListener, check_flow_contracts, flow_model, flow_module
+from hf_lightning.contracts import HFEvaluationListener, HFLoopHooks, check_flow_contracts, flow_model, flow_module
 from hf_lightning.flow.evaluation import HFEvaluator
 from hf_lightning.flow.hf_callbacks import HFCallbackHandler
 from hf_lightning.flow.interruption import TrainingPreempted
 from hf_lightning.flow.messages import TRAINING_COMPLETED, logger
-from hf_lightning.flow.preemption import PreemptionGuard
-from hf_lightning.flow.steps import HFLoopSteps
+from hf_lightning.flow.preemption import PreemptionStop
+from hf_lightning.flow.steps import HFLoopSteps, HFRun
 from hf_lightning.flow.throughput import TokenLogs
 from hf_lightning.flow.train_log import (
     FlopsCounter,
     TrainLossTracker,
     UpdateReport,
     tensorboard_tag,
-    train_summary,
 )
 from hf_lightning.module.evaluation import EvalRequest, EvalResult, EvaluationOutput
 from hf_lightning.module.full_eval import cast_for_full_eval
@@ -75,10 +83,13 @@ from hf_lightning.plan import (
 from hf_lightning.run_options.neftune import NEFTune
 from hf_lightning.run_options.threads import warn_if_oversubscribed
 
-__all__ = ["HFTrainerFlow", "tensorboard_tag"]
+__all__ = ["FLOW_RESUME_HINT", "HFTrainerFlow", "tensorboard_tag"]
+
+FLOW_RESUME_HINT = "flow.resume_from_checkpoint = {path!r} before the next fit"
+"""How a hand-built `lightning.Trainer` resumes, in the line a stopped run prints (`{path}`: the folder)."""
 
 
-class HFTrainerFlow(HFLoopSteps):
+class HFTrainerFlow(Callback):
     """Drives logging, evaluation and checkpointing at the HF Trainer's steps, and feeds HF `TrainerCallback`s.
 
     Args:
@@ -88,6 +99,11 @@ class HFTrainerFlow(HFLoopSteps):
         lightning_console: keep a hand-built `lightning.Trainer`'s output as configured; by default it prints as
             `hf_lightning.Trainer` does (no default model summary, evaluation metrics and HF's epoch count in the
             bar, no `v_num`: `callbacks/lightning_console.py`).
+        owner: the object whose overridden HF loop methods run where HF's loop calls them, and whose `evaluate`
+            runs the evaluations during training (an `hf_lightning.Trainer`); None: the built-ins (flow/steps.py).
+        overridden: the method names the owner's class overrides.
+        resume_hint: how the entry point resumes from a checkpoint folder (`{path}`), in the line a stopped run
+            prints (`hf_lightning.Trainer`: `trainer.train(resume_from_checkpoint=...)`, the CLI: `--ckpt_path`).
 
     Attributes:
         resume_from_checkpoint: a checkpoint folder (or True: the latest in `output_dir`) the next `fit` resumes
@@ -100,8 +116,9 @@ class HFTrainerFlow(HFLoopSteps):
     """
 
     def __init__(
-        self, args: TrainingArguments, callbacks: list[Any] | None = None, processing_class: Any = None,
-        lightning_console: bool = False,
+        self, args: TrainingArguments, callbacks: list[TrainerCallback | type[TrainerCallback]] | None = None,
+        processing_class: Any = None, lightning_console: bool = False, owner: HFLoopHooks | None = None,
+        overridden: frozenset[str] = frozenset(), resume_hint: str = FLOW_RESUME_HINT,
     ) -> None:
         self.args = args
         self.lightning_console = lightning_console
@@ -109,10 +126,9 @@ class HFTrainerFlow(HFLoopSteps):
             install_console_filters()
         # HF's handler starts with `DefaultFlowCallback`: it raises the log / evaluate / save / stop flags at each
         # update's and epoch's end, so removing it stops them as in HF
-        self.handler = HFCallbackHandler([DefaultFlowCallback, *(callbacks or [])])
-        self.handler.processing_class = processing_class
-        self.state = TrainerState()
-        self.control = TrainerControl()
+        handler = HFCallbackHandler([DefaultFlowCallback, *(callbacks or [])])
+        handler.processing_class = processing_class
+        self.hf = HFRun(args, handler)
         self.checkpoints = Checkpoints(args, processing_class)
         self.evaluator = HFEvaluator(self)
         self.plan: TrainingPlan | None = None
@@ -120,6 +136,9 @@ class HFTrainerFlow(HFLoopSteps):
         self.neftune = NEFTune(args.neftune_noise_alpha)
         self.flos = FlopsCounter()
         self.tokens = TokenLogs(args)
+        self.steps = HFLoopSteps(args, self.hf, self.evaluator, self.checkpoints, self.loss, self.flos,
+                                 self.tokens, self, owner, overridden)
+        self.preemption = PreemptionStop(args, self.hf, self.steps, self.checkpoints, resume_hint)
         self.resume_from_checkpoint: str | bool | None = None
         self._eval_listeners: list[HFEvaluationListener] = []
         self._epoch_index = 0
@@ -128,7 +147,6 @@ class HFTrainerFlow(HFLoopSteps):
         self._resumes_mid_epoch = False
         self._quiet_resume = ExitStack()  # holds the scoped warning filter of a mid-epoch resume while it is open
         self._summary: dict[str, Any] | None = None  # the train summary of the fit running now
-        self.preemption = PreemptionGuard()
         self._keyboard_interrupt: KeyboardInterrupt | None = None  # Ctrl-C seen by `on_exception` in this fit
         self._late_signal = 0  # a pre-emption signal after the last update (`on_train_end`'s agreement)
 
@@ -137,17 +155,47 @@ class HFTrainerFlow(HFLoopSteps):
     def state_key(self) -> str:
         return "HFTrainerFlow"
 
+    # ----- HF's state, control and callbacks (`hf`) -----
+    @property
+    def state(self) -> TrainerState:
+        """HF's `TrainerState` of the run (replaced by a resumed run's)."""
+        return self.hf.state
+
+    @state.setter
+    def state(self, state: TrainerState) -> None:
+        self.hf.state = state
+
+    @property
+    def control(self) -> TrainerControl:
+        """HF's `TrainerControl`: the flags the callbacks set, read where HF reads them."""
+        return self.hf.control
+
+    @control.setter
+    def control(self, control: TrainerControl) -> None:
+        self.hf.control = control
+
+    @property
+    def handler(self) -> HFCallbackHandler:
+        """The HF callbacks and the objects passed to them."""
+        return self.hf.handler
+
+    def hf_event(self, name: str, **extra: Any) -> None:
+        """Call the HF callbacks' `name` event with HF's arguments; their returned control replaces ours."""
+        self.hf.event(name, **extra)
+
     # ----- runs that return their results -----
-    def hf_init_end(self, model: Any) -> None:
+    def hf_init_end(self, model: nn.Module) -> None:
         """HF's `on_init_end` (end of `Trainer.__init__`), with the model HF callbacks receive."""
         self.handler.model = model
         self.hf_event("on_init_end")
 
     def fit(
-        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any,
-        resume_from_checkpoint: str | bool | None = None,
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: pl.LightningDataModule,
+        resume_from_checkpoint: str | bool | None = None, ignore_keys_for_eval: list[str] | None = None,
     ) -> TrainOutput:
         """`trainer.fit`, resuming from `resume_from_checkpoint` (see the attribute); returns HF's `TrainOutput`.
+
+        `ignore_keys_for_eval`: output keys the evaluations during this fit drop from the predictions.
 
         Raises:
             TrainingPreempted: a pre-emption signal stopped the run, or arrived after its last update.
@@ -155,6 +203,7 @@ class HFTrainerFlow(HFLoopSteps):
         """
         previous = self.resume_from_checkpoint
         self.resume_from_checkpoint = resume_from_checkpoint
+        self.steps.ignore_keys_for_eval = ignore_keys_for_eval
         self._keyboard_interrupt, self._late_signal = None, 0
         # before Lightning opens the loggers; `rank` is set from the launcher's environment at import
         if getattr(rank_zero_only, "rank", 0) == 0 and resume_from_checkpoint is not False:
@@ -166,36 +215,43 @@ class HFTrainerFlow(HFLoopSteps):
             interrupt, self._keyboard_interrupt = self._keyboard_interrupt, None
             if interrupt is None or isinstance(stop, TrainingPreempted):
                 raise
-            self.interrupted_line(trainer)
+            self.preemption.interrupted_line(trainer)
             raise interrupt from None
         finally:
             self.resume_from_checkpoint = previous
+            self.steps.ignore_keys_for_eval = None
         # a signal after the last update (agreed at the end of `on_train_end`, or just after): the run is complete
-        late = self._late_signal or self.preemption.local_signal
+        late = self._late_signal or self.preemption.guard.local_signal
         if late:
-            raise self.preempted(trainer, late, saved=False)
+            raise self.preemption.preempted(trainer, late, saved=False)
         metrics["epoch"] = self.state.epoch
         return TrainOutput(self.state.global_step, metrics.get("train_loss", 0.0), metrics)
 
     def evaluate(
-        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, ignore_keys: list[str] | None = None,
-        metric_key_prefix: str = "eval", ckpt_path: str | None = None, request: EvalRequest | None = None,
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: pl.LightningDataModule,
+        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval", ckpt_path: str | None = None,
+        request: EvalRequest | None = None,
     ) -> EvaluationOutput:
         """HF's `evaluate()` with `trainer.validate`: every eval dataset's result (`.metrics`: HF's return value);
         `request` (an `evaluation_loop` call's) replaces `ignore_keys` and `metric_key_prefix`."""
         cast_for_full_eval(flow_model(module), self.args)  # bf16 / fp16_full_eval, outside training only (as HF)
         request = request if request is not None else EvalRequest(metric_key_prefix, ignore_keys)
-        with self.preempted_outside_training(trainer):
+        with self.preemption.outside_training(trainer):
             return self.evaluator.evaluate(trainer, module, datamodule, request, ckpt_path)
 
+    def evaluate_if_running(self, request: EvalRequest) -> EvaluationOutput | None:
+        """During a fit: Lightning's validation loop now, inside it (HF's `evaluate()` during `train()`), every
+        dataset's result; None when no fit is running (the caller runs `evaluate` with a trainer of its own)."""
+        return self.steps.evaluate_now(request) if self.steps.is_running else None
+
     def predict(
-        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: Any, ignore_keys: list[str] | None = None,
-        metric_key_prefix: str = "test", ckpt_path: str | None = None,
+        self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: pl.LightningDataModule,
+        ignore_keys: list[str] | None = None, metric_key_prefix: str = "test", ckpt_path: str | None = None,
     ) -> EvalResult:
         """HF's `predict()` with `trainer.predict`: the predictions, labels and metrics (`PredictionOutput`'s)."""
         cast_for_full_eval(flow_model(module), self.args)
         request = EvalRequest(metric_key_prefix, ignore_keys, is_prediction=True)
-        with self.preempted_outside_training(trainer):
+        with self.preemption.outside_training(trainer):
             return self.evaluator.predict(trainer, module, datamodule, request, ckpt_path)
 
     # ----- setup -----
@@ -210,14 +266,14 @@ class HFTrainerFlow(HFLoopSteps):
             tidy_lightning_console(trainer)
         if stage != "fit":
             return
-        self.preemption.install(trainer)  # before Lightning registers its signal handlers (flow/preemption.py)
+        self.preemption.guard.install(trainer)  # before Lightning registers its signal handlers (flow/preemption.py)
         self.plan = plan = plan_training(self.args, datamodule.num_train_microbatches())
         loss_only = flow_module(pl_module).prediction_loss_only(is_prediction=False)
         # an owner (`hf_lightning.Trainer`) checked the metric at construction, knowing which of its methods are
         # overridden to produce metrics of their own (trainer/overrides.py `METRIC_SOURCES`)
         problem = unreachable_best_checkpoint(self.args, plan) \
-            or (self.owner is None and unreachable_best_metric(self.args, list(datamodule.eval_datasets or {}),
-                                                               loss_only))
+            or (self.steps.owner is None and unreachable_best_metric(
+                self.args, list(datamodule.eval_datasets or {}), loss_only))
         if problem:
             raise ValueError(problem)
         set_step_budget(trainer, plan.max_steps, plan.num_train_epochs if plan.sized else -1)
@@ -258,29 +314,16 @@ class HFTrainerFlow(HFLoopSteps):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fresh `TrainerState` (T:1682-1689), HF `on_train_begin`, then `eval_on_start` (T:1655-1656)."""
         assert self.plan is not None
-        exportable = [cb for cb in [*self.handler.callbacks, self.control] if isinstance(cb, ExportableState)]
-        # HF annotates the intervals `int` and `stateful_callbacks` as TrainerCallbacks, but passes what we pass: an
-        # interval as given (1.0 stays a float in trainer_state.json) and the control among the exportable states.
-        self.state = TrainerState(
-            max_steps=self.plan.max_steps,
-            num_train_epochs=self.plan.num_train_epochs,
-            logging_steps=self.plan.logging_steps,  # type: ignore[arg-type]  # see above
-            eval_steps=self.plan.eval_steps,  # type: ignore[arg-type]  # see above
-            save_steps=self.plan.save_steps,  # type: ignore[arg-type]  # see above
-            train_batch_size=self.args.per_device_train_batch_size,
-            is_local_process_zero=trainer.local_rank == 0,
-            is_world_process_zero=trainer.is_global_zero,
-            stateful_callbacks=exportable,  # type: ignore[arg-type]  # see above
-        )
-        self.state.global_step = trainer.global_step
+        self.hf.start_state(self.plan, trainer)
         restored = self.checkpoints.restore(trainer, self.plan, self.handler, self.control)
         if restored is not None:
             self.state, self.plan, self.control = restored.state, restored.plan, restored.control
         self.loss.start(pl_module.device, trainer.global_step)
         self.flos.current = 0.0
         self.tokens.start(self.state, pl_module.device, str(trainer.precision), trainer.world_size)
-        self._start_steps(trainer, pl_module)
-        self._announce_training(trainer, flow_model(pl_module), self._restorer.position if self._restorer else None)
+        self.steps.start(trainer, pl_module)
+        self.steps.announce_training(trainer, flow_model(pl_module), self.plan,
+                                     self._restorer.position if self._restorer else None)
         self.handler.optimizer = trainer.optimizers[0] if trainer.optimizers else None
         self.handler.lr_scheduler = trainer.lr_scheduler_configs[0].scheduler if trainer.lr_scheduler_configs else None
         self.handler.train_dataloader = datamodule_of(trainer).train_loader()
@@ -288,7 +331,7 @@ class HFTrainerFlow(HFLoopSteps):
         self.hf_event("on_train_begin")
         if evaluates_on_start(self.args):
             # No plateau-scheduler step and no best-metric update for this one (T:1655-1656, 3302-3339).
-            self.evaluate_step(trainer, during_training=False)
+            self.steps.evaluate_step(trainer, during_training=False)
 
     # ----- per update -----
     @override
@@ -338,7 +381,7 @@ class HFTrainerFlow(HFLoopSteps):
         update = UpdateReport.from_outputs(outputs)
         window = [batch] if isinstance(batch, Mapping) else list(batch)
         self.loss.add(update.micro_losses, self.state.global_step, update.label_tokens)
-        self.count_flos(flow_model(pl_module), window)
+        self.steps.count_flos(flow_model(pl_module), window)
         self.tokens.add_window(self.state, window, flow_model(pl_module), self._pad_token_id(), trainer.strategy,
                                pl_module.device)
         # every earlier window of the epoch is full, so this also holds after a mid-epoch resume
@@ -346,13 +389,13 @@ class HFTrainerFlow(HFLoopSteps):
         self.state.global_step = trainer.global_step
         self.state.epoch = epoch_progress(self._epoch_index, micro_done, self.plan.microbatches_per_epoch)
         self.hf_event("on_step_end")  # `DefaultFlowCallback` first: the flags of `cadence.step_end_flags`
-        self.maybe_log_save_evaluate(trainer, pl_module, update)
+        self.steps.maybe_log_save_evaluate(pl_module, update, self._epoch_index)
         # HF leaves the epoch when a flag says so after the pass (T:1971-1974); max_steps sets should_training_stop.
         epoch_stop = self.control.should_epoch_stop or self.control.should_training_stop
         last_batch = position_in_epoch(trainer)[1]
         if last_batch or epoch_stop or self.state.global_step >= self.plan.max_steps:
             self.hf_event("on_epoch_end")  # `DefaultFlowCallback`: the flags of `cadence.epoch_end_flags`
-            self.maybe_log_save_evaluate(trainer, pl_module, update)
+            self.steps.maybe_log_save_evaluate(pl_module, update, self._epoch_index)
             if self.control.should_training_stop:
                 trainer.should_stop = True
             elif epoch_stop and not last_batch:
@@ -363,18 +406,65 @@ class HFTrainerFlow(HFLoopSteps):
             # only when a new loss was logged: Lightning's bar keeps a value until it is logged again, and its
             # `log` costs a few milliseconds (signature inspection, result bookkeeping)
             pl_module.log("loss", self.loss.latest_loss, prog_bar=True, logger=False)
-        self.stop_if_preempted(trainer, pl_module)  # one collective per update, at the same point on every rank
+        self.preemption.after_update(trainer, pl_module)  # one collective per update, at the same point on every rank
 
-    # ----- HF events and logging (the steps themselves: loop_steps.py) -----
+    # ----- evaluation: Lightning's validation and prediction hooks, handed to the evaluator -----
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:  # Lightning's pre-training sanity check is not an HF evaluation
+            self.evaluator.start(trainer, pl_module, is_prediction=False)
+
+    @override
+    def on_validation_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not trainer.sanity_checking:
+            self.evaluator.batch_start(trainer, pl_module, dataloader_idx, trainer.val_dataloaders)
+
+    @override
+    def on_validation_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if not trainer.sanity_checking:
+            self.evaluator.batch_end(batch, outputs, dataloader_idx)
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.evaluator.end(trainer, pl_module, len(trainer.num_val_batches))
+
+    @override
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.evaluator.start(trainer, pl_module, is_prediction=True)
+
+    @override
+    def on_predict_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self.evaluator.batch_start(trainer, pl_module, dataloader_idx, trainer.predict_dataloaders)
+
+    @override
+    def on_predict_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self.evaluator.batch_end(batch, outputs, dataloader_idx)
+
+    @override
+    def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.evaluator.end(trainer, pl_module, 1)
+
+    # EvaluationHost: what the evaluator reports to
     def set_eval_dataloader(self, loader: Any) -> None:
         self.handler.eval_dataloader = loader
 
-    def _pad_token_id(self) -> int | None:
-        return getattr(self.handler.processing_class, "pad_token_id", None)
+    def announce_evaluation(self, loader: Any, is_prediction: bool) -> None:
+        self.steps.announce_evaluation(loader, is_prediction)
 
     def dataset_evaluated(self, trainer: pl.Trainer, pl_module: pl.LightningModule, metrics: dict[str, Any]) -> None:
         """HF `evaluate()` for one dataset (T:2851-2902): the log entry, `on_evaluate`, then the listeners."""
-        self.hf_log(trainer, metrics)  # adds "epoch" into the same dict, as HF
+        self.steps.log(trainer, metrics)  # adds "epoch" into the same dict, as HF
         self.hf_event("on_evaluate", metrics=metrics)
         self.report_to_listeners(trainer, pl_module, metrics)
 
@@ -386,6 +476,9 @@ class HFTrainerFlow(HFLoopSteps):
         for listener in self._eval_listeners:
             listener.on_hf_evaluate(trainer, pl_module, self, metrics)
 
+    def _pad_token_id(self) -> int | None:
+        return getattr(self.handler.processing_class, "pad_token_id", None)
+
     # ----- end -----
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -394,26 +487,12 @@ class HFTrainerFlow(HFLoopSteps):
         self._end_quiet_resume()
         self.checkpoints.wait(trainer)  # `save_async`: the last checkpoint is in place before summary and best model
         logger.info(TRAINING_COMPLETED)
-        steps = self.state.global_step - self.loss.initial_step
-        train_loss = self.loss.train_loss(trainer.strategy, self.state.global_step)
-        total_batch = self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps * trainer.world_size
-        examples = self.num_examples(datamodule_of(trainer).train_loader())
-        num_samples: float
-        if self.args.max_steps > 0 or examples is None:
-            num_samples = self.plan.max_steps * total_batch
-        else:  # T:2539-2542
-            num_samples = examples * self.args.num_train_epochs
-        self.flos.store(self.state, trainer)
-        metrics = train_summary(self._train_start, num_samples, steps, self.plan.max_steps, self.state.total_flos,
-                                train_loss)
-        self.tokens.summary(metrics, trainer.strategy, self.state.total_flos)
-        self.hf_log(trainer, metrics)  # adds "epoch", as HF's `TrainOutput.metrics` has it
-        self._summary = metrics
+        self._summary = self.steps.log_train_summary(trainer, self.plan.max_steps)
         self.checkpoints.finish(trainer, flow_model(pl_module), self.state)
         self.hf_event("on_train_end")
-        self._end_steps()
+        self.steps.end()
         self.neftune.stop()
-        self._late_signal = self.preemption.agreed(trainer)  # every rank ends here: one collective, as per update
+        self._late_signal = self.preemption.guard.agreed(trainer)  # every rank ends here: one collective, as per update
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -421,7 +500,7 @@ class HFTrainerFlow(HFLoopSteps):
             self._keyboard_interrupt = exception  # `fit` raises it instead of Lightning's `SystemExit(1)`
         self._end_quiet_resume()
         self.checkpoints.end_run(trainer)  # Lightning skips `teardown` after an exception
-        self._end_steps()
+        self.steps.end()
         self.neftune.stop()
 
     @override

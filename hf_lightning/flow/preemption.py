@@ -6,7 +6,8 @@ with whatever collective another rank runs next, when the signal reaches one ran
 or a save. Here the handler only notes the signal; `PreemptionGuard.agreed` runs one all-reduce per update at the
 same point on every rank (after the update's log / evaluate / save pass), so every rank learns together that one of
 them was signalled, whichever rank it was and whatever it was doing. `HFTrainerFlow` then writes the checkpoint
-through the normal save path (`enable_jit_checkpoint=True`) and raises `TrainingPreempted` (flow/interruption.py).
+through the normal save path (`enable_jit_checkpoint=True`) and raises `TrainingPreempted` (flow/interruption.py):
+`PreemptionStop`, which also prints the line naming where to resume after Ctrl-C or a signal outside training.
 
 `PreemptionConnector` is Lightning's `_SignalConnector` with the SIGTERM / requeue-signal handlers replaced; the
 original handlers are put back by Lightning's own teardown at the end of `fit`. Under Lightning's
@@ -23,6 +24,8 @@ import re
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -30,10 +33,21 @@ import lightning.pytorch as pl
 import torch
 import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from hf_lightning._lightning_compat import SignalConnector, cluster_environment, replace_signal_connector
+from hf_lightning._lightning_compat import (
+    SignalConnector,
+    cluster_environment,
+    replace_signal_connector,
+    signal_connector,
+)
+from hf_lightning.args import TrainingArguments
+from hf_lightning.checkpoint.find import last_checkpoint
+from hf_lightning.checkpoint.lifecycle import Checkpoints
+from hf_lightning.flow.interruption import TrainingPreempted, signal_name, stop_line
+from hf_lightning.flow.steps import HFLoopSteps, HFRun
 
-__all__ = ["PreemptionConnector", "PreemptionGuard", "preemption_signals", "requeue_signal"]
+__all__ = ["PreemptionConnector", "PreemptionGuard", "PreemptionStop", "preemption_signals", "requeue_signal"]
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +116,11 @@ class PreemptionGuard:
     def install(self, trainer: pl.Trainer) -> None:
         """Replace `trainer`'s signal connector by a `PreemptionConnector` (in `setup`, before Lightning registers
         its handlers)."""
-        if not isinstance(getattr(trainer, "_signal_connector", None), PreemptionConnector):
-            replace_signal_connector(trainer, PreemptionConnector(trainer))
-        self.connector = trainer._signal_connector  # type: ignore[assignment]  # set just above
+        connector = signal_connector(trainer)
+        if not isinstance(connector, PreemptionConnector):
+            connector = PreemptionConnector(trainer)
+            replace_signal_connector(trainer, connector)
+        self.connector = connector
 
     @property
     def local_signal(self) -> int | None:
@@ -137,3 +153,81 @@ class PreemptionGuard:
             log.warning(f"Requeued SLURM job {job}.")
         else:
             log.warning(f"Requeuing SLURM job {job} failed: `scontrol requeue` exited with {result}.")
+
+
+class PreemptionStop:
+    """Stops a run on a pre-emption signal (after this update's checkpoint) and prints where to resume from.
+
+    Args:
+        args: the training arguments (`enable_jit_checkpoint`, `output_dir`).
+        hf: the run's HF state (its `global_step` names the stop).
+        steps: the flow's steps (their `save` writes the pre-emption checkpoint, as a scheduled save).
+        checkpoints: the run's checkpoints (the last saved step; waiting for a background save).
+        resume_hint: how the entry point resumes from a checkpoint folder (`{path}`), in the line a stopped run
+            prints (`hf_lightning.Trainer`: `trainer.train(resume_from_checkpoint=...)`, the CLI: `--ckpt_path`).
+    """
+
+    def __init__(self, args: TrainingArguments, hf: HFRun, steps: HFLoopSteps, checkpoints: Checkpoints,
+                 resume_hint: str) -> None:
+        self.args = args
+        self.hf = hf
+        self.steps = steps
+        self.checkpoints = checkpoints
+        self.resume_hint = resume_hint
+        self.guard = PreemptionGuard()
+
+    def after_update(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """At the end of every update, on every rank (one collective): when any rank received a pre-emption signal,
+        write this update's checkpoint through the normal save (`enable_jit_checkpoint=True`, unless this update's
+        own save wrote it), wait until it is complete, and raise `TrainingPreempted`: no further update runs.
+
+        Raises:
+            TrainingPreempted: a rank was signalled (every rank raises it, after the same save).
+        """
+        signum = self.guard.agreed(trainer)
+        if not signum:
+            return
+        jit = bool(self.args.enable_jit_checkpoint)
+        if jit and self.checkpoints.last_saved_step != self.hf.state.global_step:
+            self.steps.save(trainer, pl_module)
+        self.checkpoints.wait(trainer)  # `save_async`: the checkpoint in flight is in place before the process ends
+        self.guard.requeue(trainer, signum)  # Lightning's SLURM auto-requeue, once the checkpoint is complete
+        raise self.preempted(trainer, signum, saved=jit)
+
+    def preempted(self, trainer: pl.Trainer, signum: int, saved: bool, during: str = "") -> TrainingPreempted:
+        """The exception for a run stopped by `signum` (`during`: where, after the signal's name); its one line
+        printed on global rank 0."""
+        checkpoint = last_checkpoint(self.args.resolved_output_dir)
+        save_hint = None if self.args.enable_jit_checkpoint else \
+            "enable_jit_checkpoint=True writes a checkpoint when a run is pre-empted"
+        step = self.hf.state.global_step
+        line = stop_line(signal_name(signum) + during, step, checkpoint, self.resume_hint, saved, save_hint)
+        self.say_stopped(trainer, line)
+        return TrainingPreempted(signum, step, checkpoint, saved, line)
+
+    @contextmanager
+    def outside_training(self, trainer: pl.Trainer) -> Iterator[None]:
+        """`evaluate()` / `predict()`: Lightning ends them at the next batch after a SIGTERM with its
+        `SIGTERMException` (a `SystemExit` with status 0: a scheduler would see success); `TrainingPreempted`
+        (status 143, with the line) instead.
+
+        Raises:
+            TrainingPreempted: Lightning stopped the run on SIGTERM.
+        """
+        try:
+            yield
+        except SIGTERMException:
+            raise self.preempted(trainer, int(signal.SIGTERM), saved=False, during=" during evaluate() / predict()"
+                                 ) from None
+
+    def interrupted_line(self, trainer: pl.Trainer) -> None:
+        """Ctrl-C: print the line naming the last complete checkpoint (global rank 0)."""
+        checkpoint = last_checkpoint(self.args.resolved_output_dir)
+        self.say_stopped(trainer, stop_line("Ctrl-C (KeyboardInterrupt)", self.hf.state.global_step, checkpoint,
+                                            self.resume_hint))
+
+    @staticmethod
+    def say_stopped(trainer: pl.Trainer, line: str) -> None:
+        # printed, not logged: the run's log level (`log_level="error"`...) must not hide where to resume from
+        if trainer.is_global_zero:
+            print(line, file=sys.stderr, flush=True)

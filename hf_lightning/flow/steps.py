@@ -1,70 +1,127 @@
-"""The HF Trainer's per-update steps of `HFTrainerFlow`: log, evaluate, save; each one routed through the owner.
+"""`HFLoopSteps`: the HF Trainer's per-update steps (log, evaluate, save) and the loop methods they call.
 
-`HFLoopSteps` is the flow's base class. It holds `Trainer._maybe_log_save_evaluate` (T:2238-2286), `Trainer.log`
-(T:4189-4211), `Trainer._evaluate` (T:3302-3339) and HF's FLOPs count, and calls each through `owner` when the
-flow has one (an `hf_lightning.Trainer`, whose subclass may override `_maybe_log_save_evaluate`, `log`, `_evaluate`,
-`evaluate`, `floating_point_ops`): the owner's base methods call back into the `*_now` methods here, so an override
-runs where HF's runs and `super()` reaches the built-in. Without an owner (the CLI, a hand-built
-`lightning.Trainer`) the built-ins run directly.
+It holds `Trainer._maybe_log_save_evaluate` (T:2238-2286), `Trainer.log` (T:4189-4211), `Trainer._evaluate`
+(T:3302-3339), `floating_point_ops` and `num_examples`. When the flow belongs to an `hf_lightning.Trainer` (`owner`),
+a method its class overrides is called on it instead, where HF's loop calls it; its base method calls back into the
+built-in here, so `super()` reaches it. A method the class does not override runs here directly (the owner's base
+would only call back), except the evaluation itself: `owner.evaluate` runs HF's `evaluate()` dataset by dataset,
+with the owner's loaders. Without an owner (the CLI, a hand-built `lightning.Trainer`) every built-in runs here.
+
+`HFRun` is HF's side of the run as the flow's parts share it: the arguments, the `TrainerState` and `TrainerControl`
+(each replaced as HF replaces them: a resumed run's state, a callback's returned control) and the callbacks.
 """
 
 from __future__ import annotations
 
-import signal
-import sys
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+from transformers import TrainerControl, TrainerState
+from transformers.trainer_callback import ExportableState
 
 from hf_lightning._lightning_compat import datamodule_of, reload_validation_data
-from hf_lightning.checkpoint.find import last_checkpoint
+from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpoint.lifecycle import Checkpoints
+from hf_lightning.checkpoint.position import ResumePosition
 from hf_lightning.contracts import HFLoopHooks, flow_model
 from hf_lightning.data.windows import is_sized, num_examples
-from hf_lightning.flow.evaluation import EvaluationHooks
+from hf_lightning.flow.evaluation import HFEvaluator
 from hf_lightning.flow.hf_callbacks import HFCallbackHandler
-from hf_lightning.flow.interruption import TrainingPreempted, signal_name, stop_line
 from hf_lightning.flow.messages import evaluation_header, logger, resume_lines, training_header
-from hf_lightning.flow.preemption import PreemptionGuard
 from hf_lightning.flow.throughput import TokenLogs
-from hf_lightning.flow.train_log import FlopsCounter, TrainLossTracker, UpdateReport, tensorboard_tag
+from hf_lightning.flow.train_log import FlopsCounter, TrainLossTracker, UpdateReport, tensorboard_tag, train_summary
 from hf_lightning.module.evaluation import EvalRequest, EvaluationOutput
-from hf_lightning.plan import saves_now
+from hf_lightning.plan import TrainingPlan, saves_now
 
-__all__ = ["HFLoopSteps"]
+__all__ = ["HFLoopSteps", "HFRun", "LOOP_METHODS"]
+
+LOOP_METHODS = frozenset({"_maybe_log_save_evaluate", "log", "_evaluate", "num_examples", "floating_point_ops"})
+"""The HF loop methods an owner's override replaces (`HFLoopHooks`); `evaluate` is always the owner's."""
 
 
-class HFLoopSteps(EvaluationHooks):
-    """HF's log / evaluate / save steps of an update, routed through `owner` (see the module docstring).
+class HFRun:
+    """HF's arguments, `TrainerState` and `TrainerControl` of a run, and the callbacks that read and set them.
 
-    Attributes:
-        owner: the object whose HF methods run the steps (an `hf_lightning.Trainer`), or None for the built-ins.
-        ignore_keys_for_eval: `train(ignore_keys_for_eval=...)`, used by every evaluation during training.
-        resume_hint: how the entry point resumes from a checkpoint folder (`{path}`), in the line a stopped run
-            prints (`hf_lightning.Trainer`: `trainer.train(resume_from_checkpoint=...)`, the CLI: `--ckpt_path`).
+    The flow's parts (its steps, its pre-emption stop) hold this one object, so a state or control replaced here (a
+    resumed run's `TrainerState`, a control returned by a callback) is the one every part reads next.
+
+    Args:
+        args: the training arguments the callbacks receive.
+        handler: the HF callbacks and the objects passed to them.
     """
 
-    args: Any
-    plan: Any
-    state: Any
-    control: Any
-    handler: HFCallbackHandler
-    checkpoints: Checkpoints
-    loss: TrainLossTracker
-    flos: FlopsCounter
-    tokens: TokenLogs
-    owner: HFLoopHooks | None = None
-    ignore_keys_for_eval: list[str] | None = None
-    preemption: PreemptionGuard
-    resume_hint: str = "flow.resume_from_checkpoint = {path!r} before the next fit"
-    _train_start: float = 0.0
-    _epoch_index: int = 0
-    _running: tuple[pl.Trainer, pl.LightningModule] | None = None
+    def __init__(self, args: TrainingArguments, handler: HFCallbackHandler) -> None:
+        self.args = args
+        self.handler = handler
+        self.state = TrainerState()
+        self.control = TrainerControl()
+
+    def start_state(self, plan: TrainingPlan, trainer: pl.Trainer) -> None:
+        """A fresh `TrainerState` for a fit (T:1682-1689), at the trainer's step."""
+        exportable = [cb for cb in [*self.handler.callbacks, self.control] if isinstance(cb, ExportableState)]
+        # HF annotates the intervals `int` and `stateful_callbacks` as TrainerCallbacks, but passes what we pass: an
+        # interval as given (1.0 stays a float in trainer_state.json) and the control among the exportable states.
+        self.state = TrainerState(
+            max_steps=plan.max_steps,
+            num_train_epochs=plan.num_train_epochs,
+            logging_steps=plan.logging_steps,  # type: ignore[arg-type]  # see above
+            eval_steps=plan.eval_steps,  # type: ignore[arg-type]  # see above
+            save_steps=plan.save_steps,  # type: ignore[arg-type]  # see above
+            train_batch_size=self.args.per_device_train_batch_size,
+            is_local_process_zero=trainer.local_rank == 0,
+            is_world_process_zero=trainer.is_global_zero,
+            stateful_callbacks=exportable,  # type: ignore[arg-type]  # see above
+        )
+        self.state.global_step = trainer.global_step
+
+    def event(self, name: str, **extra: Any) -> None:
+        """Call the HF callbacks' `name` event with HF's arguments; their returned control replaces ours."""
+        self.control = self.handler.call(name, self.args, self.state, self.control, **extra)
+
+
+class HFLoopSteps:
+    """HF's log / evaluate / save steps of an update, and the loop methods they call (see the module docstring).
+
+    Args:
+        args: the training arguments.
+        hf: the run's HF state, control and callbacks.
+        evaluator: runs the evaluations.
+        checkpoints: writes the checkpoints, keeps the best metric (and steps the plateau scheduler).
+        loss: the training-loss window.
+        flos: the FLOPs counter.
+        tokens: the input-token and throughput entries.
+        flow: the Lightning callback the steps belong to (its state is not saved in `lightning_state.pt`).
+        owner: the object whose overridden HF loop methods run in place of the built-ins (an `hf_lightning.Trainer`),
+            or None.
+        overridden: the names its class overrides (only those among `LOOP_METHODS` matter).
+
+    Attributes:
+        ignore_keys_for_eval: `train(ignore_keys_for_eval=...)`, used by every evaluation during training.
+    """
+
+    def __init__(
+        self, args: TrainingArguments, hf: HFRun, evaluator: HFEvaluator, checkpoints: Checkpoints,
+        loss: TrainLossTracker, flos: FlopsCounter, tokens: TokenLogs, flow: Callback,
+        owner: HFLoopHooks | None = None, overridden: frozenset[str] = frozenset(),
+    ) -> None:
+        self.args = args
+        self.hf = hf
+        self.evaluator = evaluator
+        self.checkpoints = checkpoints
+        self.loss = loss
+        self.flos = flos
+        self.tokens = tokens
+        self._flow = flow
+        self.owner = owner
+        self._overridden = overridden & LOOP_METHODS
+        self.ignore_keys_for_eval: list[str] | None = None
+        self.train_start = 0.0
+        self._running: tuple[pl.Trainer, pl.LightningModule] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """A pickled or deep-copied flow runs the built-ins: the owner (the whole `Trainer`) stays out."""
@@ -72,9 +129,18 @@ class HFLoopSteps(EvaluationHooks):
         state["owner"], state["_running"] = None, None
         return state
 
-    def hf_event(self, name: str, **extra: Any) -> None:
-        """Call the HF callbacks' `name` event with HF's arguments; their returned control replaces ours."""
-        self.control = self.handler.call(name, self.args, self.state, self.control, **extra)
+    def _override(self, name: str) -> HFLoopHooks | None:
+        """The owner, when its class overrides the loop method `name`; else None (the built-in runs)."""
+        return self.owner if name in self._overridden else None
+
+    # ----- the fit the steps run in -----
+    def start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """A fit starts: the steps run against this trainer and module until `end`."""
+        self._running = (trainer, pl_module)
+        self.train_start = time.time()
+
+    def end(self) -> None:
+        self._running = None
 
     @property
     def is_running(self) -> bool:
@@ -86,18 +152,71 @@ class HFLoopSteps(EvaluationHooks):
             raise RuntimeError("This step of HF's training loop runs only inside train() (no fit is running).")
         return self._running
 
-    # ----- what HF tells the user -----
+    # ----- HF's loop methods -----
     def num_examples(self, loader: Any) -> int | None:
-        """HF's `num_examples(loader)` (the owner's when there is one); None for an unsized loader."""
+        """HF's `num_examples(loader)` (the owner's override when there is one); None for an unsized loader."""
         if not is_sized(loader):
             return None
-        if self.owner is not None:
-            return int(self.owner.num_examples(loader))
+        if (owner := self._override("num_examples")) is not None:
+            return int(owner.num_examples(loader))
         return num_examples(loader, self.args.per_device_train_batch_size)
 
-    def _announce_training(self, trainer: pl.Trainer, model: Any, resumed_at: Any) -> None:
+    def count_flos(self, model: nn.Module, window: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
+        """HF's `floating_point_ops` of every micro-batch of the update (the owner's override when there is one)."""
+        if (owner := self._override("floating_point_ops")) is None:
+            self.flos.add_window(model, window)
+            return
+        for micro in [window] if isinstance(window, Mapping) else window:
+            self.flos.current += float(owner.floating_point_ops(micro))
+
+    def log(self, trainer: pl.Trainer | None, logs: dict[str, Any], start_time: float | None = None) -> None:
+        """HF's `Trainer.log`: the owner's override when there is one, else `record_log`."""
+        if (owner := self._override("log")) is None:
+            self.record_log(trainer, logs, start_time)
+        elif start_time is not None:  # HF passes `start_time` for the training-loss entry only
+            owner.log(logs, start_time)
+        else:
+            owner.log(logs)
+
+    def log_train_summary(self, trainer: pl.Trainer, max_steps: int) -> dict[str, Any]:
+        """The train summary entry of `_finalize_training` (T:2001-2022), logged (with "epoch", as HF's
+        `TrainOutput.metrics` has it); returns it."""
+        state, args = self.hf.state, self.args
+        steps = state.global_step - self.loss.initial_step
+        train_loss = self.loss.train_loss(trainer.strategy, state.global_step)
+        total_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * trainer.world_size
+        examples = self.num_examples(datamodule_of(trainer).train_loader())
+        num_samples: float
+        if args.max_steps > 0 or examples is None:
+            num_samples = max_steps * total_batch
+        else:  # T:2539-2542
+            num_samples = examples * args.num_train_epochs
+        self.flos.store(state, trainer)
+        metrics = train_summary(self.train_start, num_samples, steps, max_steps, state.total_flos, train_loss)
+        self.tokens.summary(metrics, trainer.strategy, state.total_flos)
+        self.log(trainer, metrics)
+        return metrics
+
+    def record_log(self, trainer: pl.Trainer | None, logs: dict[str, Any], start_time: float | None = None) -> None:
+        """The built-in `Trainer.log` (T:4189-4211): add `epoch` and `num_input_tokens_seen` (tokens_seen.py; with this
+        call's tokens/s when `start_time` is given), append to `log_history` with `step`, `on_log`, write to the
+        Lightning loggers with HF's TensorBoard tag names."""
+        state = self.hf.state
+        if state.epoch is not None:
+            logs["epoch"] = state.epoch
+        self.tokens.annotate(logs, state, start_time)
+        state.log_history.append({**logs, "step": state.global_step})
+        self.hf.event("on_log", logs=logs)
+        numeric = {
+            tensorboard_tag(k): v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        for lightning_logger in trainer.loggers if trainer is not None else []:
+            lightning_logger.log_metrics(numeric, step=state.global_step)
+
+    # ----- what HF tells the user -----
+    def announce_training(self, trainer: pl.Trainer, model: nn.Module, plan: TrainingPlan,
+                          resumed_at: ResumePosition | None) -> None:
         """HF's "***** Running training *****" header (T:1606-1638), and where a resumed run starts."""
-        plan = self.plan
         args = self.args
         total_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * trainer.world_size
         examples = self.num_examples(datamodule_of(trainer).train_loader())
@@ -114,32 +233,24 @@ class HFLoopSteps(EvaluationHooks):
             logger.info(line)
 
     def announce_evaluation(self, loader: Any, is_prediction: bool) -> None:
-        """HF's evaluation-loop header (T:2957-2962) for one dataset (see `EvaluationHost`)."""
+        """HF's evaluation-loop header (T:2957-2962) for one dataset."""
         description = "Prediction" if is_prediction else "Evaluation"
         for line in evaluation_header(description, self.num_examples(loader), self.args.per_device_eval_batch_size):
             logger.info(line)
 
     # ----- after each update -----
-    def count_flos(self, model: Any, window: Any) -> None:
-        """HF's `floating_point_ops` of every micro-batch of the update (the owner's, when there is one)."""
-        if self.owner is None:
-            self.flos.add_window(model, window)
-            return
-        for micro in [window] if isinstance(window, Mapping) else window:
-            self.flos.current += float(self.owner.floating_point_ops(micro))
-
-    def maybe_log_save_evaluate(self, trainer: pl.Trainer, pl_module: pl.LightningModule, update: UpdateReport
-                                ) -> None:
-        """`Trainer._maybe_log_save_evaluate`, the owner's when there is one (with HF's arguments)."""
-        if self.owner is None:
+    def maybe_log_save_evaluate(self, pl_module: pl.LightningModule, update: UpdateReport, epoch: int) -> None:
+        """`Trainer._maybe_log_save_evaluate`, the owner's override when there is one (with HF's arguments)."""
+        if (owner := self._override("_maybe_log_save_evaluate")) is None:
             self.log_save_evaluate_now(update.grad_norm, update.learning_rate)
             return
-        self.owner._maybe_log_save_evaluate(
-            self.loss.window, update.grad_norm, flow_model(pl_module), None, self._epoch_index,
-            self.ignore_keys_for_eval, self._train_start, learning_rate=update.learning_rate,
+        owner._maybe_log_save_evaluate(
+            self.loss.window, update.grad_norm, flow_model(pl_module), None, epoch, self.ignore_keys_for_eval,
+            self.train_start, learning_rate=update.learning_rate,
         )
 
-    def log_save_evaluate_now(self, grad_norm: Any, learning_rate: float | None, tr_loss: Any = None) -> None:
+    def log_save_evaluate_now(self, grad_norm: float | None, learning_rate: float | None,
+                              tr_loss: torch.Tensor | None = None) -> None:
         """The built-in `_maybe_log_save_evaluate` (T:2238-2286): log, then evaluate, then save.
 
         Args:
@@ -150,150 +261,71 @@ class HFLoopSteps(EvaluationHooks):
         trainer, pl_module = self._run()
         if isinstance(tr_loss, torch.Tensor) and tr_loss is not self.loss.window:
             self.loss.window = tr_loss
-        if self.control.should_log and self.state.global_step > self.loss.last_logged_step:
+        if self.hf.control.should_log and self.hf.state.global_step > self.loss.last_logged_step:
             self._log_training(trainer, grad_norm, learning_rate)
         new_best: bool | None = None  # None: this pass does not evaluate
-        if self.control.should_evaluate:
+        if self.hf.control.should_evaluate:
             new_best = self.evaluate_step(trainer, during_training=True)
-        policy, step = self.checkpoints.policy, self.state.global_step
-        self.control.should_save = saves_now(policy, step, self.control.should_save, new_best)  # the plan decides
-        if self.control.should_save:
-            self.flos.store(self.state, trainer)
-            self.checkpoints.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
-                            epoch_ending=self.control.should_epoch_stop, skip_callbacks=(self,))
-            self.hf_event("on_save")
+        control, step = self.hf.control, self.hf.state.global_step
+        control.should_save = saves_now(self.checkpoints.policy, step, control.should_save, new_best)  # the plan's
+        if self.hf.control.should_save:
+            self.save(trainer, pl_module)
 
-    # ----- pre-emption (flow/preemption.py, flow/interruption.py) -----
-    def stop_if_preempted(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """At the end of every update, on every rank (one collective): when any rank received a pre-emption signal,
-        write this update's checkpoint through the normal save (`enable_jit_checkpoint=True`, unless this update's
-        own save wrote it), wait until it is complete, and raise `TrainingPreempted`: no further update runs.
+    def save(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """HF's `_save_checkpoint` then `on_save`: this update's checkpoint, with the FLOPs counted so far."""
+        state = self.hf.state
+        self.flos.store(state, trainer)
+        self.checkpoints.save(trainer, pl_module, state, [*self.hf.handler.callbacks, self.hf.control],
+                        epoch_ending=self.hf.control.should_epoch_stop, skip_callbacks=(self._flow,))
+        self.hf.event("on_save")
 
-        Raises:
-            TrainingPreempted: a rank was signalled (every rank raises it, after the same save).
-        """
-        signum = self.preemption.agreed(trainer)
-        if not signum:
-            return
-        jit = bool(self.args.enable_jit_checkpoint)
-        if jit and self.checkpoints.last_saved_step != self.state.global_step:
-            self.flos.store(self.state, trainer)
-            self.checkpoints.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
-                            epoch_ending=self.control.should_epoch_stop, skip_callbacks=(self,))
-            self.hf_event("on_save")
-        self.checkpoints.wait(trainer)  # `save_async`: the checkpoint in flight is in place before the process ends
-        self.preemption.requeue(trainer, signum)  # Lightning's SLURM auto-requeue, once the checkpoint is complete
-        raise self.preempted(trainer, signum, saved=jit)
-
-    def preempted(self, trainer: pl.Trainer, signum: int, saved: bool, during: str = "") -> TrainingPreempted:
-        """The exception for a run stopped by `signum` (`during`: where, after the signal's name); its one line
-        printed on global rank 0."""
-        checkpoint = last_checkpoint(self.args.resolved_output_dir)
-        save_hint = None if self.args.enable_jit_checkpoint else \
-            "enable_jit_checkpoint=True writes a checkpoint when a run is pre-empted"
-        line = stop_line(signal_name(signum) + during, self.state.global_step, checkpoint, self.resume_hint, saved,
-                         save_hint)
-        self.say_stopped(trainer, line)
-        return TrainingPreempted(signum, self.state.global_step, checkpoint, saved, line)
-
-    @contextmanager
-    def preempted_outside_training(self, trainer: pl.Trainer) -> Iterator[None]:
-        """`evaluate()` / `predict()`: Lightning ends them at the next batch after a SIGTERM with its
-        `SIGTERMException` (a `SystemExit` with status 0: a scheduler would see success); `TrainingPreempted`
-        (status 143, with the line) instead.
-
-        Raises:
-            TrainingPreempted: Lightning stopped the run on SIGTERM.
-        """
-        try:
-            yield
-        except SIGTERMException:
-            raise self.preempted(trainer, int(signal.SIGTERM), saved=False, during=" during evaluate() / predict()"
-                                 ) from None
-
-    def interrupted_line(self, trainer: pl.Trainer) -> None:
-        """Ctrl-C: print the line naming the last complete checkpoint (global rank 0)."""
-        checkpoint = last_checkpoint(self.args.resolved_output_dir)
-        self.say_stopped(trainer, stop_line("Ctrl-C (KeyboardInterrupt)", self.state.global_step, checkpoint,
-                                            self.resume_hint))
-
-    @staticmethod
-    def say_stopped(trainer: pl.Trainer, line: str) -> None:
-        # printed, not logged: the run's log level (`log_level="error"`...) must not hide where to resume from
-        if trainer.is_global_zero:
-            print(line, file=sys.stderr, flush=True)
-
-    # ----- logging -----
-    def hf_log(self, trainer: pl.Trainer | None, logs: dict[str, Any], start_time: float | None = None) -> None:
-        """HF's `Trainer.log`: the owner's when there is one, else `record_log` (not named `log`: Lightning sets
-        `log` on every callback to the module's)."""
-        if self.owner is None:
-            self.record_log(trainer, logs, start_time)
-        elif start_time is not None:  # HF passes `start_time` for the training-loss entry only
-            self.owner.log(logs, start_time)
-        else:
-            self.owner.log(logs)
-
-    def record_log(self, trainer: pl.Trainer | None, logs: dict[str, Any], start_time: float | None = None) -> None:
-        """The built-in `Trainer.log` (T:4189-4211): add `epoch` and `num_input_tokens_seen` (tokens_seen.py; with this
-        call's tokens/s when `start_time` is given), append to `log_history` with `step`, `on_log`, write to the
-        Lightning loggers with HF's TensorBoard tag names."""
-        if self.state.epoch is not None:
-            logs["epoch"] = self.state.epoch
-        self.tokens.annotate(logs, self.state, start_time)
-        self.state.log_history.append({**logs, "step": self.state.global_step})
-        self.hf_event("on_log", logs=logs)
-        numeric = {
-            tensorboard_tag(k): v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-        for lightning_logger in trainer.loggers if trainer is not None else []:
-            lightning_logger.log_metrics(numeric, step=self.state.global_step)
-
-    def _log_training(self, trainer: pl.Trainer, grad_norm: Any, learning_rate: float | None) -> None:
+    def _log_training(self, trainer: pl.Trainer, grad_norm: float | None, learning_rate: float | None) -> None:
         """The training-loss entry (T:2250-2274): `loss`, `grad_norm` of the last update, LR of the update just done."""
-        logs: dict[str, Any] = {"loss": self.loss.pop_log_value(trainer.strategy, self.state.global_step)}
+        state = self.hf.state
+        logs: dict[str, Any] = {"loss": self.loss.pop_log_value(trainer.strategy, state.global_step)}
         if grad_norm is not None:
             logs["grad_norm"] = float(grad_norm)
         if learning_rate is None and trainer.optimizers:
             learning_rate = float(trainer.optimizers[0].param_groups[0]["lr"])
         if learning_rate is not None:
             logs["learning_rate"] = learning_rate
-        self.flos.store(self.state, trainer)
-        self.tokens.training_entry(logs, trainer.strategy, self.state.total_flos)
-        self.hf_log(trainer, logs, start_time=self._train_start)
+        self.flos.store(state, trainer)
+        self.tokens.training_entry(logs, trainer.strategy, state.total_flos)
+        self.log(trainer, logs, start_time=self.train_start)
 
     # ----- evaluation during training -----
     def evaluate_step(self, trainer: pl.Trainer, during_training: bool) -> bool:
-        """`Trainer._evaluate` (the owner's when there is one) + `_determine_best_metric`; True on a new best."""
+        """`Trainer._evaluate` (the owner's override when there is one) + `_determine_best_metric`; True on a new
+        best."""
         if not datamodule_of(trainer).eval_datasets:
             raise ValueError(
                 "Trainer: evaluation requires an eval_dataset. `control.should_evaluate` was set at step "
-                f"{self.state.global_step} but no eval_dataset was given."
+                f"{self.hf.state.global_step} but no eval_dataset was given."
             )
         skip_scheduler = not during_training  # `eval_on_start`: no plateau step, no best metric (T:1655-1656)
         started = time.perf_counter()
-        if self.owner is not None:
-            metrics = self.owner._evaluate(None, self.ignore_keys_for_eval, skip_scheduler=skip_scheduler)
+        if (owner := self._override("_evaluate")) is not None:
+            metrics = owner._evaluate(None, self.ignore_keys_for_eval, skip_scheduler=skip_scheduler)
         else:
-            metrics = self.evaluate_now(EvalRequest(ignore_keys=self.ignore_keys_for_eval))
+            if self.owner is not None:  # HF's `evaluate()`, dataset by dataset, with the owner's loaders
+                metrics = self.owner.evaluate(ignore_keys=self.ignore_keys_for_eval)
+            else:
+                metrics = self.evaluate_now(EvalRequest(ignore_keys=self.ignore_keys_for_eval)).metrics
             if not skip_scheduler:
                 self.step_plateau_scheduler(metrics)
         self.tokens.exclude(time.perf_counter() - started)  # tokens/s counts training time only
         if not metrics:  # nothing was evaluated, so no `on_evaluate` cleared the request
-            self.control.should_evaluate = False
+            self.hf.control.should_evaluate = False
         if not during_training:
             return False
-        return self.checkpoints.update_best(self.state, metrics)
+        return self.checkpoints.update_best(self.hf.state, metrics)
 
-    def evaluate_now(self, request: EvalRequest) -> dict[str, Any]:
-        """Run Lightning's validation loop now, inside `fit` (HF's `evaluate()` during `train()`): the metrics.
+    def evaluate_now(self, request: EvalRequest) -> EvaluationOutput:
+        """Run Lightning's validation loop now, inside `fit` (HF's `evaluate()` during `train()`): every dataset's
+        result.
 
         The eval loaders are asked for again (`get_eval_dataloader` runs at every evaluation, as HF's).
         """
-        return self.evaluation_now(request).metrics
-
-    def evaluation_now(self, request: EvalRequest) -> EvaluationOutput:
-        """`evaluate_now`, returning every dataset's result (an `evaluation_loop` call during `train()`)."""
         trainer, _ = self._run()
         reload_validation_data(trainer)
         return self.evaluator.evaluate_during_fit(trainer, request)
@@ -302,11 +334,3 @@ class HFLoopSteps(EvaluationHooks):
         """A `ReduceLROnPlateau` steps on the best-model metric after a training-time evaluation (T:3322-3339)."""
         trainer, _ = self._run()
         self.checkpoints.step_plateau_scheduler(trainer, metrics)
-
-    def _start_steps(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """A fit starts: the steps run against this trainer and module until `_end_steps`."""
-        self._running = (trainer, pl_module)
-        self._train_start = time.time()
-
-    def _end_steps(self) -> None:
-        self._running = None

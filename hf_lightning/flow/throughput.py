@@ -17,9 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch import nn
+from transformers import TrainerState
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.flow.peak_flops import peak_flops, precision_kind
-from hf_lightning.flow.tokens_seen import InputTokensSeen, count_input_tokens
+from hf_lightning.flow.tokens_seen import InputTokensSeen, count_input_tokens, main_input_name
 
 __all__ = ["Throughput", "TokenLogs", "device_peak_flops"]
 
@@ -68,10 +71,10 @@ class Throughput:
         self._window_start, self._excluded = time.perf_counter(), 0.0
         self._flos_at_window = self._flos_at_start = total_flos
 
-    def add_window(self, window: Sequence[Mapping[str, Any]], model: Any, pad_token_id: int | None) -> None:
+    def add_window(self, window: Sequence[Mapping[str, Any]], model: nn.Module, pad_token_id: int | None) -> None:
         """Add one update's non-padding input tokens of this process (on device, no host sync)."""
         assert self._tokens is not None
-        count = _window_tokens(window, getattr(model, "main_input_name", "input_ids"), pad_token_id,
+        count = _window_tokens(window, main_input_name(model), pad_token_id,
                                self._tokens.device, self._fallback_warning)
         if count is not None:
             self._tokens += count
@@ -148,12 +151,12 @@ class TokenLogs:
         args: the training arguments.
     """
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, args: TrainingArguments) -> None:
         self.args = args
         self.seen = InputTokensSeen(str(args.include_num_input_tokens_seen))  # normalised: all / non_padding / no
         self.throughput: Throughput | None = None
 
-    def start(self, state: Any, device: torch.device, precision: str, world_size: int) -> None:
+    def start(self, state: TrainerState, device: torch.device, precision: str, world_size: int) -> None:
         """At `train()` start, after a resume restored `state`."""
         self.seen.start(state)
         self.throughput = None
@@ -162,8 +165,8 @@ class TokenLogs:
             self.throughput = Throughput(peak, world_size)
             self.throughput.start(device, state.total_flos)
 
-    def add_window(self, state: Any, window: Sequence[Mapping[str, Any]], model: Any, pad_token_id: int | None,
-                   strategy: Any, device: torch.device) -> None:
+    def add_window(self, state: TrainerState, window: Sequence[Mapping[str, Any]], model: nn.Module,
+                   pad_token_id: int | None, strategy: Any, device: torch.device) -> None:
         """After each update, before HF's `on_step_end` (so callbacks see the new `num_input_tokens_seen`)."""
         self.seen.add_window(state, window, model, pad_token_id, strategy, device)
         if self.throughput is not None:
@@ -174,7 +177,7 @@ class TokenLogs:
         if self.throughput is not None:
             logs.update(self.throughput.window_metrics(strategy, total_flos))
 
-    def annotate(self, logs: dict[str, Any], state: Any, start_time: float | None) -> None:
+    def annotate(self, logs: dict[str, Any], state: TrainerState, start_time: float | None) -> None:
         """HF's additions to every entry (`Trainer.log`)."""
         self.seen.annotate(logs, state, start_time)
 

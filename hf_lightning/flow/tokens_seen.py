@@ -16,11 +16,19 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch import nn
+from transformers import TrainerState
 from transformers.trainer_utils import speed_metrics
 
-__all__ = ["InputTokensSeen", "count_input_tokens"]
+__all__ = ["InputTokensSeen", "count_input_tokens", "main_input_name"]
 
 log = logging.getLogger(__name__)
+
+
+def main_input_name(model: object) -> str:
+    """The batch key of the model's main input: a transformers model's `main_input_name`, else `input_ids` (HF's
+    default for a model without one)."""
+    return str(getattr(model, "main_input_name", "input_ids"))
 
 
 def count_input_tokens(batch: Any, main_input: str, mode: str, pad_token_id: int | None,
@@ -64,11 +72,11 @@ class InputTokensSeen:
     def enabled(self) -> bool:
         return self.mode != "no"
 
-    def start(self, state: Any) -> None:
+    def start(self, state: TrainerState) -> None:
         """At `train()` start, after a resume restored the state: this call's tokens/s counts from here (T:1642)."""
         self.initial = state.num_input_tokens_seen
 
-    def add_window(self, state: Any, window: Sequence[Any], model: Any, pad_token_id: int | None,
+    def add_window(self, state: TrainerState, window: Sequence[Any], model: nn.Module, pad_token_id: int | None,
                    strategy: Any, device: torch.device) -> None:
         """Add one update's input tokens of every process to `state.num_input_tokens_seen`.
 
@@ -77,7 +85,7 @@ class InputTokensSeen:
         """
         if not self.enabled:
             return
-        main_input = getattr(model, "main_input_name", "input_ids")
+        main_input = main_input_name(model)
         counts = [count_input_tokens(micro, main_input, self.mode, pad_token_id) for micro in window]
         present = [c for c in counts if c is not None]
         if len(present) < len(counts) and not self._warned:
@@ -94,7 +102,7 @@ class InputTokensSeen:
             total = strategy.reduce(total, reduce_op="sum")
         state.num_input_tokens_seen += int(total.item())
 
-    def annotate(self, logs: dict[str, Any], state: Any, start_time: float | None) -> None:
+    def annotate(self, logs: dict[str, Any], state: TrainerState, start_time: float | None) -> None:
         """HF `Trainer.log`: the count in every entry; with `start_time` (the training-loss entry) also this
         `train()` call's `train_runtime` and `train_tokens_per_second`."""
         if not self.enabled:

@@ -17,13 +17,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 from torch.distributed.tensor import DTensor
+from transformers import TrainerState
 from transformers.trainer_utils import speed_metrics
+
+from hf_lightning.flow.tokens_seen import main_input_name
 
 __all__ = ["FlopsCounter", "TrainLossTracker", "UpdateReport", "tensorboard_tag", "train_summary"]
 
@@ -178,24 +182,25 @@ class FlopsCounter:
         self.current = 0.0
         self._params: int | None = None
 
-    def add_window(self, model: Any, window: Any) -> None:
+    def add_window(self, model: nn.Module, window: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> None:
         """Count the micro-batches of one update (`window` is one batch or a list of them)."""
         for micro in [window] if isinstance(window, Mapping) else window:
             self.current += self.of(model, micro)
 
-    def of(self, model: Any, micro: Any) -> float:
+    def of(self, model: Any, micro: Mapping[str, Any]) -> float:
         """HF's `floating_point_ops` of one micro-batch: `6 * tokens * non-embedding parameters` (0 without
-        `num_parameters` or the main input)."""
+        `num_parameters` or the main input). `model`: any object; a transformers model's `num_parameters` and
+        `main_input_name` are read when it has them."""
         if model is None or not hasattr(model, "num_parameters") or not isinstance(micro, Mapping):
             return 0.0
-        main_input = getattr(model, "main_input_name", "input_ids")
+        main_input = main_input_name(model)
         if main_input not in micro or not hasattr(micro[main_input], "numel"):
             return 0.0
         if self._params is None:
             self._params = int(model.num_parameters(exclude_embeddings=True))
         return float(6 * micro[main_input].numel() * self._params)
 
-    def store(self, state: Any, trainer: Any) -> None:
+    def store(self, state: TrainerState, trainer: Any) -> None:
         """`store_flos`: move the FLOPs counted since the last store into `state.total_flos` (summed over processes)."""
         flos = self.current
         if trainer is not None and trainer.world_size > 1:

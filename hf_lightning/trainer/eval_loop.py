@@ -80,9 +80,8 @@ class EvalLoopHooks:
         module.compute_metrics = self.compute_metrics  # read at the call, as HF's loop reads `self.compute_metrics`
         try:
             with self.datamodule.running_loader(dataloader):
-                if self.flow.is_running:  # during train(): Lightning's validation loop inside the running fit
-                    output = self.flow.evaluation_now(request)
-                else:
+                output = self.flow.evaluate_if_running(request)  # during train(): inside the running fit
+                if output is None:
                     output = self.flow.evaluate(self._lightning_trainer(), module, self.datamodule, request=request)
         finally:
             module.compute_metrics = saved

@@ -215,9 +215,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
                                                "optimizer_cls_and_kwargs": optimizer_cls_and_kwargs}
         self.datamodule = TransformerDataModule(
             train_dataset=train_dataset, eval_dataset=eval_dataset, args=self.args,
-            data_collator=data_collator, processing_class=processing_class,
+            data_collator=data_collator, processing_class=processing_class, loader_owner=self,
         )
-        self.datamodule.loader_owner = self
         self._eval_dataset = eval_dataset
         hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
         self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs, model)
@@ -230,9 +229,10 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             console = [console_callback(self.args.disable_tqdm)]
             self._trainer_kwargs["enable_progress_bar"] = False
         hf_callbacks = [*_integration_callbacks(self.args), *hf_callbacks]  # before the user's, as HF
-        self.flow = build_flow(self.args, [*hf_callbacks, *console], processing_class)
-        self.flow.owner = self
-        self.flow.resume_hint = "trainer.train(resume_from_checkpoint={path!r})"  # the line a stopped run prints
+        # the flow calls this trainer's overridden HF loop methods and its `evaluate` where HF's loop calls them
+        self.flow = build_flow(self.args, [*hf_callbacks, *console], processing_class, owner=self,
+                               overridden=self._overridden,
+                               resume_hint="trainer.train(resume_from_checkpoint={path!r})")
         if "save_model" in self._overridden:
             self.flow.checkpoints.write_model_files = lambda folder: self.save_model(folder, _internal_call=True)
         self.lightning_trainer: pl.Trainer | None = None
@@ -331,15 +331,14 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
             if not self._overridden & {"get_train_dataloader", "_get_dataloader"}:  # a user loader: their columns
                 self.datamodule.check_training_labels(module=self.module)  # one error here, not at the first update
-            self.flow.ignore_keys_for_eval = ignore_keys_for_eval
             # the flow restores the HF-layout folder itself (checkpoint/restore.py), not via ckpt_path; with
             # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch
             # (run_options/batch_search.py)
             return fit_with_batch_search(self.args, resume, lambda: self.flow.fit(
-                self._lightning_trainer(), self.module, self.datamodule, resume_from_checkpoint=resume))
+                self._lightning_trainer(), self.module, self.datamodule, resume_from_checkpoint=resume,
+                ignore_keys_for_eval=ignore_keys_for_eval))
         finally:
             self.is_in_train = False
-            self.flow.ignore_keys_for_eval = None
 
     def evaluate(
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
@@ -368,8 +367,9 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             dataset = self.datamodule.get_eval_dataset(dataset)
         request = EvalRequest(metric_key_prefix, ignore_keys)
         with self.datamodule.evaluating(dataset, eval_dataset):  # its loader comes from `get_eval_dataloader`
-            if self.flow.is_running:  # during train(): Lightning's validation loop inside the running fit
-                return self.flow.evaluate_now(request)
+            output = self.flow.evaluate_if_running(request)  # during train(): inside the running fit
+            if output is not None:
+                return output.metrics
             return self.flow.evaluate(self._lightning_trainer(), self.module, self.datamodule, ignore_keys,
                                       metric_key_prefix).metrics
 

@@ -20,7 +20,8 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.args.parallel import StrategyRequest
 from hf_lightning.callbacks.progress_bar import progress_bar
 from hf_lightning.console import install_console_filters
-from hf_lightning.flow.flow import HFTrainerFlow
+from hf_lightning.contracts import HFLoopHooks
+from hf_lightning.flow.flow import FLOW_RESUME_HINT, HFTrainerFlow
 from hf_lightning.parallel.strategies import adopt_ddp_options, build_strategy
 from hf_lightning.run_options.batch_search import run_with_batch_search
 from hf_lightning.run_options.device_cache import empty_device_cache
@@ -43,9 +44,14 @@ def split_callbacks(callbacks: list[Any] | None) -> tuple[list[Any], list[Any]]:
     return [cb for cb in callbacks if is_hf_callback(cb)], [cb for cb in callbacks if not is_hf_callback(cb)]
 
 
-def build_flow(args: TrainingArguments, hf_callbacks: list[Any] | None, processing_class: Any) -> HFTrainerFlow:
-    """The `HFTrainerFlow` callback for these arguments and HF callbacks."""
-    return HFTrainerFlow(args, list(hf_callbacks or []), processing_class)
+def build_flow(
+    args: TrainingArguments, hf_callbacks: list[Any] | None, processing_class: Any,
+    resume_hint: str = FLOW_RESUME_HINT, owner: HFLoopHooks | None = None, overridden: frozenset[str] = frozenset(),
+) -> HFTrainerFlow:
+    """The `HFTrainerFlow` callback for these arguments and HF callbacks (`owner`, `overridden`, `resume_hint`: see
+    `HFTrainerFlow`)."""
+    return HFTrainerFlow(args, list(hf_callbacks or []), processing_class, owner=owner, overridden=overridden,
+                         resume_hint=resume_hint)
 
 
 def build_lightning_trainer(

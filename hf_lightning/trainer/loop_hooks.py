@@ -2,8 +2,9 @@
 `floating_point_ops`), and the loop's attributes (`state`, `control`, `callback_handler`, `is_in_train`,
 `model_wrapped`, `accelerator`).
 
-`HFTrainerFlow` calls these methods on the trainer (`HFLoopSteps.owner`) where HF's loop calls them; each base
-method here calls the flow's built-in, so a subclass's override runs in its place and `super()` reaches the built-in.
+`HFTrainerFlow` calls a subclass's override of these methods where HF's loop calls them (`HFLoopSteps`, given the
+trainer as its owner); each base method here calls the flow's built-in (`flow.steps`), so `super()` reaches it, and
+the flow runs the built-in directly when a method is not overridden.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class LoopHooks:
     # ----- the loop's methods -----
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """HF's `log`: add `epoch`, append to `state.log_history`, call the callbacks' `on_log`, write to loggers."""
-        self.flow.record_log(self.lightning_trainer, logs, start_time)
+        self.flow.steps.record_log(self.lightning_trainer, logs, start_time)
 
     def _maybe_log_save_evaluate(
         self, tr_loss: Any, grad_norm: Any, model: nn.Module, trial: Any, epoch: float,
@@ -119,14 +120,14 @@ class LoopHooks:
     ) -> None:
         """HF's `_maybe_log_save_evaluate` after every update: log if `control.should_log`, evaluate if
         `should_evaluate`, save if `should_save` (`tr_loss` is the running loss sum since the last log)."""
-        self.flow.log_save_evaluate_now(grad_norm, learning_rate, tr_loss)
+        self.flow.steps.log_save_evaluate_now(grad_norm, learning_rate, tr_loss)
 
     def _evaluate(self, trial: Any, ignore_keys_for_eval: list[str] | None, skip_scheduler: bool = False
                   ) -> dict[str, float]:
         """HF's `_evaluate` during `train()`: `self.evaluate(ignore_keys=...)`, then a plateau scheduler's step."""
         metrics = self.evaluate(ignore_keys=ignore_keys_for_eval)
         if not skip_scheduler:
-            self.flow.step_plateau_scheduler(metrics)
+            self.flow.steps.step_plateau_scheduler(metrics)
         return metrics
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
