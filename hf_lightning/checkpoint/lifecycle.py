@@ -17,7 +17,6 @@ Every "when" and "which" comes from the plan (`plan.SavePolicy`, `plan.BestRule`
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,13 +28,17 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpoint.best import BestModelTracker
 from hf_lightning.checkpoint.find import resolve_resume
 from hf_lightning.checkpoint.position import nothing_left_to_train
-from hf_lightning.checkpoint.restore import CallbackList, CheckpointRestorer, RestoredState, say_replaced
+from hf_lightning.checkpoint.restore import (
+    CallbackList,
+    CheckpointRestorer,
+    RestoredState,
+    say_nothing_left,
+    say_replaced,
+)
 from hf_lightning.checkpoint.write import CheckpointSaver, ModelFilesWriter
 from hf_lightning.plan import TrainingPlan, best_rule, save_policy
 
 __all__ = ["Checkpoints"]
-
-log = logging.getLogger(__name__)
 
 
 class Checkpoints:
@@ -104,11 +107,7 @@ class Checkpoints:
         if plan is not None and position is not None and nothing_left_to_train(
                 position, plan.max_steps, plan.num_train_epochs if plan.sized else None):
             restorer.nothing_left = True
-            if trainer.is_global_zero:
-                log.warning("resume_from_checkpoint=%r is at step %d, epoch %d: at or past the end of this run "
-                            "(max_steps=%d, %d epoch(s)); nothing left to train. The state, best model and train "
-                            "metrics are the checkpoint's.", restorer.path, position.global_step, position.epoch,
-                            plan.max_steps, plan.num_train_epochs)
+            say_nothing_left(trainer, restorer.path, position, plan)
         self.restorer = restorer
         return restorer
 

@@ -56,7 +56,7 @@ from hf_lightning.flow.messages import logger as hf_logger
 from hf_lightning.plan import SavePolicy, TrainingPlan, resume_intervals, save_policy
 
 __all__ = ["CallbackList", "CheckpointRestorer", "RestoredState", "load_weights", "read_file", "read_weights",
-           "say_replaced", "weight_mismatches"]
+           "say_nothing_left", "say_replaced", "weight_mismatches"]
 
 log = logging.getLogger(__name__)
 
@@ -411,3 +411,12 @@ def say_replaced(trainer: pl.Trainer, args: TrainingArguments, resume_step: int 
     notice = replaced_checkpoints_notice(args.resolved_output_dir, resume_step, saves, args)
     if notice and trainer.is_global_zero:
         log.warning(notice)
+
+
+def say_nothing_left(trainer: pl.Trainer, path: str, position: ResumePosition, plan: TrainingPlan) -> None:
+    """Name, once (global rank zero), a checkpoint at or past the end of this run: nothing is left to train."""
+    if trainer.is_global_zero:
+        log.warning("resume_from_checkpoint=%r is at step %d, epoch %d: at or past the end of this run (max_steps=%d, "
+                    "%d epoch(s)); nothing left to train. The state, best model and train metrics are the "
+                    "checkpoint's.", path, position.global_step, position.epoch, plan.max_steps,
+                    plan.num_train_epochs)
