@@ -12,13 +12,14 @@
 
 Every "when" and "which" comes from the plan (`plan.SavePolicy`, `plan.BestRule`), none from the arguments.
 `write_model_files` is the seam where a facade writes a checkpoint's model files itself (an overridden
-`Trainer.save_model`, or HF's private `_save`): given a folder, it writes the model files into it on every process.
+`Trainer.save_model`, or HF's private `_save`): given a folder, it writes the model files into it on every process;
+`saved_args` is what `training_args.bin` holds (the arguments object the user passed).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 from torch import nn
@@ -37,6 +38,9 @@ from hf_lightning.checkpoint.restore import (
 )
 from hf_lightning.checkpoint.write import CheckpointSaver, ModelFilesWriter
 from hf_lightning.plan import TrainingPlan, best_rule, save_policy
+
+if TYPE_CHECKING:
+    from hf_lightning.checkpoint.content import SavedArguments
 
 __all__ = ["Checkpoints"]
 
@@ -70,6 +74,16 @@ class Checkpoints:
     @write_model_files.setter
     def write_model_files(self, writer: ModelFilesWriter | None) -> None:
         self.saver.save_model = writer
+
+    @property
+    def saved_args(self) -> SavedArguments | None:
+        """What each checkpoint's `training_args.bin` holds: the arguments object the user passed (HF's stays HF's);
+        None: `args`."""
+        return self.saver.saved_args
+
+    @saved_args.setter
+    def saved_args(self, args: SavedArguments | None) -> None:
+        self.saver.saved_args = args
 
     @property
     def last_saved_step(self) -> int | None:
