@@ -29,7 +29,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy, Strategy
 from torch import nn
-from transformers import TrainerControl, TrainerState
+from transformers import TrainerCallback, TrainerControl, TrainerState
 
 from hf_lightning._lightning_compat import datamodule_of, grad_scaler, restart_train_iterator
 from hf_lightning.args import TrainingArguments
@@ -190,11 +190,11 @@ class CallbackList(Protocol):
     """The HF callbacks of a run (the flow's `HFCallbackHandler`), whose exportable states a resume rebuilds."""
 
     @property
-    def callbacks(self) -> list[Any]: ...
+    def callbacks(self) -> list[TrainerCallback]: ...
 
-    def add_callback(self, callback: Any) -> None: ...
+    def add_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None: ...
 
-    def remove_callback(self, callback: Any) -> None: ...
+    def remove_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -318,8 +318,9 @@ class CheckpointRestorer:
     def _restore_hf_callbacks(handler: CallbackList, control: TrainerControl, state: TrainerState) -> TrainerControl:
         """HF `_load_callback_state` (T:4028-4065): rebuild each stored `ExportableState` from its args/attributes;
         the rebuilt callbacks replace theirs in `handler`; returns the control (rebuilt, when it was stored)."""
-        originals = [*handler.callbacks, control]
-        rebuilt_callbacks, not_found = [], []
+        originals: list[TrainerCallback | TrainerControl] = [*handler.callbacks, control]
+        rebuilt_callbacks: list[TrainerCallback] = []
+        not_found: list[str] = []
         # HF annotates `stateful_callbacks` as the callbacks given to a fresh state; one loaded from JSON holds their
         # exported states, by class name
         stored: dict[str, Any] = state.stateful_callbacks  # type: ignore[assignment]  # see above
@@ -331,7 +332,7 @@ class CheckpointRestorer:
                 rebuilt = type(callback)(**entry.get("args", {}))
                 for attribute, value in entry.get("attributes", {}).items():
                     setattr(rebuilt, attribute, value)
-                if isinstance(callback, TrainerControl):
+                if isinstance(rebuilt, TrainerControl):
                     control = rebuilt
                 else:
                     rebuilt_callbacks.append(rebuilt)

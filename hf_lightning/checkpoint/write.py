@@ -304,7 +304,7 @@ class CheckpointSaver:
             log.info(f"Saving model checkpoint to {self.output_dir}/{CHECKPOINT_PREFIX}-{step}")  # HF's message
 
     @staticmethod
-    def _optimizer(trainer: pl.Trainer) -> Any:
+    def _optimizer(trainer: pl.Trainer) -> torch.optim.Optimizer | None:
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         return getattr(optimizer, "optimizer", optimizer)
 
