@@ -27,7 +27,7 @@ from transformers import TrainerControl, TrainerState
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpoint.best import BestModelTracker
-from hf_lightning.checkpoint.find import resolve_resume
+from hf_lightning.checkpoint.find import resume_folder
 from hf_lightning.checkpoint.position import nothing_left_to_train
 from hf_lightning.checkpoint.restore import (
     CallbackList,
@@ -92,7 +92,8 @@ class Checkpoints:
 
     def begin_run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, resume: str | bool | None,
                   plan: TrainingPlan | None) -> CheckpointRestorer | None:
-        """Take `output_dir` for this run and restore `resume` into it (at `on_fit_start`).
+        """Take `output_dir` for this run and restore `resume` into it (at `on_fit_start`): the folder is found
+        (`find.resume_folder`), then checked, verified and restored (`CheckpointRestorer.on_fit_start`).
 
         Args:
             trainer: the starting Lightning trainer (optimizers exist, the fit loop has not started).
@@ -111,7 +112,7 @@ class Checkpoints:
         """
         self.saver.begin_run(trainer)  # the output-directory lock, then leftovers of killed runs are cleaned up
         self.restorer = None
-        path = resolve_resume(self.args, resume) if resume is not False else None
+        path = resume_folder(self.args, resume) if resume is not False else None
         if not path:
             say_replaced(trainer, self.args, None, self.policy.saves)
             return None
