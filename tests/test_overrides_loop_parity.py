@@ -1,6 +1,7 @@
-"""Overrides of HF's loop methods (`log`, `evaluate`, `_maybe_log_save_evaluate`, `floating_point_ops`, `save_model`,
-`num_examples`) and a `Seq2SeqTrainer` subclass: the same body in a `transformers` subclass and in an `hf_lightning`
-subclass gives the same logs, evaluations, checkpoints and call counts (the set-up is test_overrides_parity.py's)."""
+"""Overrides of HF's loop methods (`log`, `evaluate`, `_evaluate`, `_maybe_log_save_evaluate`, `floating_point_ops`,
+`save_model`, `num_examples`) and a `Seq2SeqTrainer` subclass: the same body in a `transformers` subclass and in an
+`hf_lightning` subclass gives the same logs, evaluations, checkpoints and call counts (the set-up is
+test_overrides_parity.py's)."""
 
 from __future__ import annotations
 
@@ -93,6 +94,21 @@ def test_maybe_log_save_evaluate_override(tmp_path, one_thread):
     assert_same_run(hf, ours)
     assert ours.calls["_maybe_log_save_evaluate"] == 6 + 1  # after every update, and at the epoch's end
     assert len([e for e in ours.state.log_history if "weight_norm" in e]) == 6
+
+
+def test_private_evaluate_override(tmp_path, one_thread):
+    """HF's loop calls `_evaluate` at every evaluation of `train()`: an override runs there (the flow calls the
+    trainer's `_evaluate` only when its class overrides it), and `super()` reaches the built-in evaluation."""
+    def _evaluate(self, trial, ignore_keys_for_eval, skip_scheduler=False):
+        self.count("_evaluate")
+        metrics = super(self._base, self)._evaluate(trial, ignore_keys_for_eval, skip_scheduler)
+        self.log({"evaluated_at": float(self.state.global_step)})
+        return metrics
+
+    hf, ours = pair(with_base({"_evaluate": _evaluate}), tmp_path=tmp_path)
+    assert_same_run(hf, ours)
+    assert ours.calls["_evaluate"] == 3
+    assert [e["evaluated_at"] for e in ours.state.log_history if "evaluated_at" in e] == [2.0, 4.0, 6.0]
 
 
 def test_floating_point_ops_override(tmp_path, one_thread):
