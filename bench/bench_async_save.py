@@ -75,7 +75,7 @@ def child(runner: str, steps: int, threads: int, out: str) -> dict:
         trainer = hf_lightning.Trainer(model=model, args=args, train_dataset=data,
                                        lightning_kwargs={"accelerator": "cpu", "logger": False,
                                                          "enable_progress_bar": False})
-        trainer.flow.saver.save = timed(trainer.flow.saver.save)
+        trainer.flow.checkpoints.saver.save = timed(trainer.flow.checkpoints.saver.save)
     start = time.perf_counter()
     trainer.train()
     total = time.perf_counter() - start

@@ -87,11 +87,12 @@ def save_hf(trainer, step: int, keep: bool = False) -> float:
 def save_ours(trainer, step: int, keep: bool = False, durable: bool = True) -> float:
     flow = trainer.flow
     flow.state.global_step = step
-    flow.saver.durable = durable
+    saver = flow.checkpoints.saver
+    saver.durable = durable
     start, cpu = time.perf_counter(), time.process_time()
-    flow.saver.save(trainer.lightning_trainer, trainer.module, flow.state, [*flow.handler.callbacks, flow.control])
+    saver.save(trainer.lightning_trainer, trainer.module, flow.state, [*flow.handler.callbacks, flow.control])
     elapsed = time.perf_counter() - start
-    side = "ours" if durable and flow.saver.manifest else "ours-nofsync" if flow.saver.manifest else "ours-nomanifest"
+    side = "ours" if durable and saver.manifest else "ours-nofsync" if saver.manifest else "ours-nomanifest"
     CPU.setdefault(side, []).append(time.process_time() - cpu)
     if not keep:
         shutil.rmtree(os.path.join(trainer.args.output_dir, f"checkpoint-{step}"))
@@ -103,11 +104,11 @@ def save_ours_nofsync(trainer, step: int, keep: bool = False) -> float:
 
 
 def save_ours_nomanifest(trainer, step: int, keep: bool = False) -> float:
-    trainer.flow.saver.manifest = False
+    trainer.flow.checkpoints.saver.manifest = False
     try:
         return save_ours(trainer, step, keep)
     finally:
-        trainer.flow.saver.manifest = True
+        trainer.flow.checkpoints.saver.manifest = True
 
 
 def time_manifest_alone(folder: str, repeats: int) -> dict[str, float]:
@@ -146,7 +147,7 @@ def main() -> None:
     torch.set_num_threads(options.threads)
     with tempfile.TemporaryDirectory(dir=options.dir) as root:
         hf_trainer, our_trainer = build_hf(root), build_ours(root)
-        our_trainer.flow.saver.begin_run(our_trainer.lightning_trainer)  # the lock and run id `train()` gave back
+        our_trainer.flow.checkpoints.saver.begin_run(our_trainer.lightning_trainer)  # the lock, run id
         sides = {"hf": (save_hf, hf_trainer), "ours": (save_ours, our_trainer),
                  "ours-nofsync": (save_ours_nofsync, our_trainer),
                  "ours-nomanifest": (save_ours_nomanifest, our_trainer)}
@@ -165,7 +166,7 @@ def main() -> None:
             for name in names[repeat % len(names):] + names[: repeat % len(names)]:  # rotate the order every repeat
                 saver, trainer = sides[name]
                 times[name].append(saver(trainer, 2000 + repeat))
-        our_trainer.flow.saver.end_run()
+        our_trainer.flow.checkpoints.saver.end_run()
         filesystem = os.statvfs(root)
     hf_median, our_median, plain_median = median(times["hf"]), median(times["ours"]), median(times["ours-nofsync"])
     paired = median([o / h for o, h in zip(times["ours"], times["hf"])])

@@ -90,6 +90,7 @@ TIERS = {
     "test_frozen_layers.py": "parity",
     "test_run_options.py": "parity",
     "test_schedule_parity.py": "parity",
+    "test_plan.py": "parity",
     "test_script_api.py": "parity",
     "test_seq2seq_parity.py": "parity",
     "test_seq2seq_eval_loss.py": "parity",

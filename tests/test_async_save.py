@@ -169,7 +169,7 @@ def test_the_end_of_train_waits_for_the_last_checkpoint(tmp_path, one_thread):
     trainer = _train(tmp_path / "out", processing_class=SlowTokenizer(), save_async=True, eval_strategy="no",
                      max_steps=3, load_best_model_at_end=False)
     assert (tmp_path / "out" / "checkpoint-3" / "trainer_state.json").is_file()
-    assert not trainer.flow.saver.background.busy
+    assert not trainer.flow.checkpoints.saver.background.busy
 
 
 def test_a_kill_during_a_background_write_leaves_no_checkpoint_and_the_run_resumes(tmp_path):

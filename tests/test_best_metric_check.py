@@ -10,11 +10,11 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import pytest
 import transformers
+from helpers import classification_dataset, tiny_bert
 
 import hf_lightning
 from hf_lightning import HFTrainerFlow, TransformerDataModule, TransformerModule
-from hf_lightning.checkpoint.best import unreachable_best_metric
-from helpers import classification_dataset, tiny_bert
+from hf_lightning.plan import unreachable_best_metric
 
 
 @pytest.fixture(autouse=True)

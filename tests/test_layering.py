@@ -151,6 +151,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.parallel.runtime": 2,
     "hf_lightning.parallel.strategies": 2,
     "hf_lightning.checkpoint.restore": 2,
+    "hf_lightning.checkpoint.lifecycle": 2,
     "hf_lightning.checkpoint.position": 2,
     "hf_lightning.checkpoint.csv_logs": 2,
     "hf_lightning.seq2seq.module": 2,

@@ -18,14 +18,14 @@ from safetensors.torch import load_file
 
 import hf_lightning
 from hf_lightning import HFTrainerFlow, TransformerDataModule, TransformerModule
-from hf_lightning.flow.train_log import TrainLossTracker
 from hf_lightning.checkpoint.final_model import save_final_model
 from hf_lightning.checkpoint.lightning_state import capture_lightning_state, restore_callback_states
+from hf_lightning.checkpoint.restore import CheckpointRestorer
 from hf_lightning.contracts import check_flow_contracts
+from hf_lightning.flow.train_log import TrainLossTracker
 from hf_lightning.module.eval_run import EvaluationRun
 from hf_lightning.module.evaluation import EvalRequest, EvalSettings, EvalStep
 from hf_lightning.module.loss import count_label_tokens
-from hf_lightning.checkpoint.restore import CheckpointRestorer
 
 
 # ----- TrainLossTracker -----
@@ -143,7 +143,7 @@ class _RestoreAtFitStart(pl.Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         flow = next(cb for cb in trainer.callbacks if isinstance(cb, HFTrainerFlow))
         self.restorer.on_fit_start(trainer, pl_module, updates_per_epoch=5)
-        self.restorer.restore_trainer_state(flow, trainer, max_steps=10, num_train_epochs=2)
+        restored = self.restorer.restore_trainer_state(trainer, flow.plan, flow.handler, flow.control)
         self.restorer.on_train_epoch_start(trainer)  # mid-epoch: nothing yet (HF loads after the first window's fetch)
         before = (random.random(), float(np.random.rand()), float(torch.rand(())))
         self.restorer.on_train_batch_start()
@@ -153,7 +153,7 @@ class _RestoreAtFitStart(pl.Callback):
             "scheduler_epoch": trainer.lr_scheduler_configs[0].scheduler.last_epoch,
             "global_step": trainer.global_step, "epoch": trainer.current_epoch,
             "resume_position": trainer.datamodule.resume_position, "position": self.restorer.position,
-            "state": flow.state, "rng": (random.random(), float(np.random.rand()), float(torch.rand(()))),
+            "state": restored.state, "rng": (random.random(), float(np.random.rand()), float(torch.rand(()))),
             "rng_before": before,
         }
         raise _Stop

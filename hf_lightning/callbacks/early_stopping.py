@@ -29,6 +29,7 @@ from typing_extensions import override
 from hf_lightning._lightning_compat import callbacks_of
 from hf_lightning.contracts import HFFlowView
 from hf_lightning.flow.flow import HFTrainerFlow
+from hf_lightning.plan import best_rule
 
 __all__ = ["HFEarlyStopping", "is_improvement"]
 
@@ -107,17 +108,16 @@ class HFEarlyStopping(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, flow: HFFlowView, metrics: dict[str, Any]
     ) -> None:
         """Called by `HFTrainerFlow` after each evaluation (per eval dataset), before the best metric is updated."""
-        args = flow.args
-        if args.metric_for_best_model is None:
+        rule = best_rule(flow.args)
+        key = rule.key
+        if key is None:
             return
-        key = args.metric_for_best_model
-        key = key if key.startswith("eval_") else f"eval_{key}"
         value = metrics.get(key)
         if value is None:
             warnings.warn(f"HFEarlyStopping: the metric {key!r} is not in the evaluation metrics {sorted(metrics)}; "
                           "early stopping is skipped for this evaluation.", UserWarning, stacklevel=2)
             return
-        if is_improvement(value, flow.state.best_metric, bool(args.greater_is_better), self.early_stopping_threshold):
+        if is_improvement(value, flow.state.best_metric, rule.greater_is_better, self.early_stopping_threshold):
             self.patience_counter = 0
         else:
             self.patience_counter += 1

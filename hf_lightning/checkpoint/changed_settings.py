@@ -58,9 +58,10 @@ _TRUSTED_PACKAGES = ("transformers.", "accelerate.", "hf_lightning.")
 _TRUSTED_OTHER = {"accelerate.state.PartialState"}  # HF's arguments pickle their distributed state object
 
 
-def optimizer_class_name(optim: Any) -> str:
-    """The optimizer class an `optim` name builds (the name itself when it is not one of ours)."""
-    name = str(getattr(optim, "value", optim))
+def optimizer_class_name(optim: str | enum.Enum) -> str:
+    """The optimizer class an `optim` name (ours, or HF's `OptimizerNames`) builds (the name itself when it is not
+    one of ours)."""
+    name = str(optim.value if isinstance(optim, enum.Enum) else optim)
     return _OPTIMIZER_CLASSES.get(name, name)
 
 

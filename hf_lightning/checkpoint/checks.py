@@ -1,13 +1,12 @@
-"""Setup-time checks on checkpoint settings that HF lets through silently."""
+"""Setup-time checks on the output directory that HF lets through silently (the best-model checks: `plan.py`)."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
-__all__ = ["output_dir_problem", "unreachable_best_checkpoint"]
+__all__ = ["output_dir_problem"]
 
 
 def output_dir_problem(output_dir: str) -> str | None:
@@ -32,24 +31,3 @@ def output_dir_problem(output_dir: str) -> str | None:
         return (f"output_dir={output_dir!r} is not writable ({err.strerror} in {str(existing)!r}); checkpoints and "
                 "logs could not be saved. Choose a writable folder.")
     return None
-
-
-def unreachable_best_checkpoint(args: Any, eval_steps: float, save_steps: float, max_steps: int) -> str | None:
-    """The error when `load_best_model_at_end` can never load the best evaluation's checkpoint, else None.
-
-    HF checks `save_steps % eval_steps` on the *given* values (TA:1748-1774), so ratios such as 0.1 / 0.2 pass; they
-    are then rounded up against `max_steps` separately (`ceil(ratio * max_steps)`) and may stop being multiples
-    (0.1 / 0.2 of 105 updates: 11 / 21). Evaluations then mostly fall on steps without a checkpoint, so
-    `best_model_checkpoint` lags or stays None and the best model is silently not loaded (the rounding is
-    `TrainerState.compute_steps`, CB:156-167).
-    """
-    if not (args.load_best_model_at_end and args.eval_strategy == "steps" and args.save_strategy == "steps"):
-        return None
-    if eval_steps <= 0 or save_steps <= 0 or int(save_steps) % int(eval_steps) == 0:
-        return None
-    return (
-        f"load_best_model_at_end=True: eval_steps={args.eval_steps} and save_steps={args.save_steps} resolve to "
-        f"{int(eval_steps)} and {int(save_steps)} updates for max_steps={max_steps}; {int(save_steps)} is not a "
-        f"multiple of {int(eval_steps)}, so evaluations would happen at steps without a checkpoint and the best model "
-        "could not be loaded. Use absolute steps, or ratios that resolve to multiples for this max_steps."
-    )

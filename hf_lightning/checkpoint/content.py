@@ -12,10 +12,11 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from transformers import TrainerState
 
 from hf_lightning.checkpoint.io import (
     LIGHTNING_STATE_NAME,
@@ -27,6 +28,17 @@ from hf_lightning.checkpoint.io import (
 )
 from hf_lightning.checkpoint.layout import fsync_file
 from hf_lightning.checkpoint.stream_position import stream_position_name, write_stream_position
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import transformers
+
+    from hf_lightning.args import TrainingArguments
+
+    SavedArguments: TypeAlias = "TrainingArguments | transformers.TrainingArguments"
+    """What `training_args.bin` holds: the arguments object the user passed (ours, or HF's with
+    `use_as_transformers_trainer`)."""
 
 __all__ = ["CheckpointContent", "StreamPosition", "cpu_copy", "write_content", "write_rng_file"]
 
@@ -66,12 +78,12 @@ class CheckpointContent:
     model: nn.Module | None = None
     model_state: dict[str, torch.Tensor] | None = None
     processing_class: Any = None
-    args: Any = None
+    args: SavedArguments | None = None
     optimizer: dict[str, Any] | None = None
     scheduler: dict[str, Any] | None = None
     scaler: dict[str, Any] | None = None
     lightning_state: dict[str, Any] | None = None
-    trainer_state: Any = None
+    trainer_state: TrainerState | None = None
     rng: dict[str, Any] | None = None
     stream: StreamPosition | None = None
 
@@ -131,5 +143,6 @@ def write_content(content: CheckpointContent, folder: Path, save_only_model: boo
         if not content.is_zero and durable:
             for name in written:
                 fsync_file(folder / name)
-    if content.is_zero:
-        write_file(folder / TRAINER_STATE_NAME, lambda path: content.trainer_state.save_to_json(str(path)))
+    trainer_state = content.trainer_state
+    if content.is_zero and trainer_state is not None:
+        write_file(folder / TRAINER_STATE_NAME, lambda path: trainer_state.save_to_json(str(path)))

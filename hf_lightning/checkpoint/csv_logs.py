@@ -21,10 +21,12 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, Logger
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpoint.find import resolve_resume
 
 __all__ = ["continue_csv_logs", "continue_resumed_logs", "kept_rows", "latest_version"]
@@ -63,7 +65,7 @@ def latest_version(root: str) -> int | None:
     return max(versions) if versions else None
 
 
-def continue_csv_logs(loggers: list[Any], resume_step: int) -> None:
+def continue_csv_logs(loggers: Sequence[Logger], resume_step: int) -> None:
     """Point every `CSVLogger` of a resumed fit at the resumed run's folder, keeping its rows up to `resume_step`
     (see the module docstring). Call it before the fit opens the loggers (`HFTrainerFlow.fit`, before `trainer.fit`:
     Lightning opens them before any callback's `setup`, and its writer deletes a `metrics.csv` it finds)."""
@@ -89,7 +91,8 @@ def continue_csv_logs(loggers: list[Any], resume_step: int) -> None:
         writer.metrics.extend(kept_rows(rows, resume_step))
 
 
-def continue_resumed_logs(loggers: list[Any], args: Any, resume_from_checkpoint: str | bool | None) -> None:
+def continue_resumed_logs(loggers: Sequence[Logger], args: TrainingArguments, resume_from_checkpoint: str | bool | None
+                          ) -> None:
     """`continue_csv_logs` at the step of the checkpoint a fit resumes from (`resolve_resume`'s rule), if any. A resume
     that cannot be resolved is left to the flow's `on_fit_start`, which says why."""
     try:

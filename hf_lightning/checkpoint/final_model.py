@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from hf_lightning.checkpoint.distributed import full_model_state_dict
+
+if TYPE_CHECKING:
+    from hf_lightning.checkpoint.content import SavedArguments
 from hf_lightning.checkpoint.io import save_model_files
 
 __all__ = ["TRAINING_ARGS_NAME", "save_final_model"]
@@ -22,7 +25,7 @@ TRAINING_ARGS_NAME = "training_args.bin"
 
 
 def save_final_model(
-    model: nn.Module, output_dir: str | Path, processing_class: Any = None, args: Any = None,
+    model: nn.Module, output_dir: str | Path, processing_class: Any = None, args: SavedArguments | None = None,
     is_global_zero: bool = True, gather: Callable[[nn.Module], dict[str, Any] | None] | None = None,
 ) -> Path:
     """Write `model` (and `processing_class`, `args`) to `output_dir`; call it on every process.

@@ -1,6 +1,7 @@
 """Finding and checking the checkpoint to resume from, and the output-directory rule.
 
-- `resolve_checkpoint`: `resume_from_checkpoint=True` (the latest complete `checkpoint-<n>` of `output_dir`, HF's
+- `resolve_checkpoint` / `resolve_resume` (checked) and `resume_folder` (checked later, by the restorer):
+  `resume_from_checkpoint=True` (the latest complete `checkpoint-<n>` of `output_dir`, HF's
   `get_last_checkpoint`) or a path; errors for a missing folder and for an incomplete one (naming the missing file).
 - `replaced_checkpoints_notice`: as in HF, a run replaces the `checkpoint-<n>` folders already in `output_dir` as it
   saves: a fresh run trained again into the same `output_dir` replaces all of them, a run resumed from an older
@@ -17,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpoint.integrity import folder_problems
 from hf_lightning.checkpoint.io import (
     LIGHTNING_STATE_NAME,
@@ -32,7 +33,8 @@ from hf_lightning.checkpoint.verify import checkpoint_error, checkpoint_problems
 from hf_lightning.checkpoint.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 
 __all__ = ["CheckpointFiles", "CheckpointNotFoundError", "check_checkpoint", "last_checkpoint",
-           "list_checkpoint_steps", "replaced_checkpoints_notice", "resolve_checkpoint", "resolve_resume"]
+           "list_checkpoint_steps", "replaced_checkpoints_notice", "resolve_checkpoint", "resolve_resume",
+           "resume_folder"]
 
 
 def list_checkpoint_steps(folder: str | Path) -> dict[int, Path]:
@@ -129,14 +131,23 @@ def resolve_checkpoint(output_dir: str, resume_from_checkpoint: str | bool, worl
         FileNotFoundError: a path that does not exist, or an incomplete checkpoint (see `check_checkpoint`).
     """
     if resume_from_checkpoint is True:
-        steps = {**checkpoint_folders(output_dir), **restorable_checkpoints(output_dir)}
-        if not steps:
-            raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
-        latest = steps[max(steps)]
+        latest = _latest(output_dir)
         if not latest.exists():  # moved aside by a re-save cut short: put back when the run starts (folders.py)
             return str(latest)
         resume_from_checkpoint = str(latest)
     return str(check_checkpoint(str(resume_from_checkpoint), world_size, rank).path)
+
+
+def _latest(output_dir: str) -> Path:
+    """The newest `checkpoint-<n>` of `output_dir` (or one moved aside by a re-save cut short).
+
+    Raises:
+        ValueError: there is none (HF's message).
+    """
+    steps = {**checkpoint_folders(output_dir), **restorable_checkpoints(output_dir)}
+    if not steps:
+        raise ValueError(f"No valid checkpoint found in output directory ({output_dir})")
+    return steps[max(steps)]
 
 
 def _touched(output_dir: str | Path, resume_step: int | None, saving: bool) -> list[int]:
@@ -148,14 +159,14 @@ def _touched(output_dir: str | Path, resume_step: int | None, saving: bool) -> l
     return steps if resume_step is None else [s for s in steps if s > resume_step]
 
 
-def _differences(output_dir: str | Path, steps: list[int], args: Any) -> list[str] | None:
+def _differences(output_dir: str | Path, steps: list[int], args: TrainingArguments) -> list[str] | None:
     """What differs between the run that wrote the newest of `steps` and `args` ([]: the same run; None: unknown)."""
     if args is None or not steps:
         return None
     return argument_differences(Path(output_dir) / f"checkpoint-{steps[-1]}", args)
 
 
-def replaced_checkpoints_notice(output_dir: str | Path, resume_step: int | None, saving: bool, args: Any
+def replaced_checkpoints_notice(output_dir: str | Path, resume_step: int | None, saving: bool, args: TrainingArguments
                                 ) -> str | None:
     """The one line to print when this run will replace checkpoints already in `output_dir` (as HF does), else None.
 
@@ -185,7 +196,7 @@ def _names(steps: list[int]) -> str:
     return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def resolve_resume(args: Any, resume_from_checkpoint: str | bool | None) -> str | None:
+def resolve_resume(args: TrainingArguments, resume_from_checkpoint: str | bool | None) -> str | None:
     """The checkpoint to resume from: the explicit value, else `args.resume_from_checkpoint`, else None.
 
     Raises:
@@ -196,3 +207,19 @@ def resolve_resume(args: Any, resume_from_checkpoint: str | bool | None) -> str 
     if not resume_from_checkpoint:
         return None
     return resolve_checkpoint(args.resolved_output_dir, resume_from_checkpoint)
+
+
+def resume_folder(args: TrainingArguments, resume_from_checkpoint: str | bool | None) -> str | None:
+    """The folder a starting fit resumes from, by `resolve_resume`'s rule, not checked yet: the restorer checks and
+    verifies it once, on every process (`check_checkpoint`), so a fit reads its files once more, not twice.
+
+    Raises:
+        ValueError: `True` with no checkpoint in `output_dir` (HF's message).
+    """
+    if resume_from_checkpoint in (None, False):
+        resume_from_checkpoint = args.resume_from_checkpoint
+    if not resume_from_checkpoint:
+        return None
+    if resume_from_checkpoint is True:
+        return str(_latest(args.resolved_output_dir))
+    return str(Path(resume_from_checkpoint))

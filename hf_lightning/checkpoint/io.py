@@ -47,7 +47,7 @@ from hf_lightning.checkpoint.weight_files import weights_file
 __all__ = [
     "CHECKPOINT_PREFIX", "TMP_PREFIX", "LIGHTNING_STATE_NAME", "SHARDED_OPTIMIZER_DIR", "TRAINER_STATE_NAME",
     "CheckpointWriteError", "finalize_checkpoint", "prepare_tmp_folder", "quiet_save_progress", "rng_file_name",
-    "rng_state", "torch_save", "save_model_files", "write_file", "write_rng_state", "write_training_files",
+    "rng_state", "torch_save", "save_model_files", "write_file",
 ]
 
 TRAINER_STATE_NAME = "trainer_state.json"
@@ -180,25 +180,6 @@ def prepare_tmp_folder(output_dir: str | Path, step: int, run: str) -> Path:
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     return tmp
-
-
-def write_rng_state(folder: str | Path, world_size: int = 1, rank: int = 0) -> None:
-    """This process's RNG file."""
-    torch_save(rng_state(world_size > 1), Path(folder) / rng_file_name(world_size, rank))
-
-
-def write_training_files(folder: str | Path, *, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
-                         lightning_state: dict[str, Any] | None = None) -> None:
-    """The shared resume files (rank 0): `optimizer.pt`, `scheduler.pt`, `scaler.pt`, `lightning_state.pt`."""
-    folder = Path(folder)
-    if optimizer is not None:
-        torch_save(optimizer.state_dict(), folder / "optimizer.pt")
-    if scheduler is not None:
-        torch_save(scheduler.state_dict(), folder / "scheduler.pt")
-    if scaler is not None:
-        torch_save(scaler.state_dict(), folder / "scaler.pt")
-    if lightning_state is not None:
-        torch_save(lightning_state, folder / LIGHTNING_STATE_NAME)
 
 
 def finalize_checkpoint(output_dir: str | Path, step: int, run: str, check_held: Callable[[], None] | None = None,

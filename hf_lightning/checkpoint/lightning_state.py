@@ -18,6 +18,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from hf_lightning._lightning_compat import callbacks_of, datamodule_of, position_in_epoch
+from hf_lightning.args import TrainingArguments
 from hf_lightning.contracts import FlowDataModule
 
 __all__ = ["capture_lightning_state", "epoch_geometry", "geometry_changes", "restore_callback_states"]
@@ -25,7 +26,7 @@ __all__ = ["capture_lightning_state", "epoch_geometry", "geometry_changes", "res
 FORMAT = 2  # 2 added "geometry"
 
 
-def epoch_geometry(trainer: pl.Trainer, args: Any) -> dict[str, Any]:
+def epoch_geometry(trainer: pl.Trainer, args: TrainingArguments) -> dict[str, Any]:
     """What decides how many updates an epoch has: batch size, accumulation, processes, training samples."""
     datamodule: FlowDataModule | None = datamodule_of(trainer)  # checked by the flow's setup
     dataset = datamodule.train_dataset if datamodule is not None else None
@@ -49,7 +50,7 @@ def geometry_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str
             for key in saved if key in current and saved[key] != current[key]]
 
 
-def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False, skip_callbacks: Sequence[Any] = (),
+def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False, skip_callbacks: Sequence[pl.Callback] = (),
                             geometry: dict[str, Any] | None = None) -> dict[str, Any]:
     """What `lightning_state.pt` holds, taken in `on_train_batch_end` of the update being saved.
 

@@ -11,7 +11,8 @@
    (the new loader iterator's seed draw is behind us, as HF loads after its first `get_batch_samples`). Both match
    the uninterrupted run.
 
-`start_fit` is the entry point; without a checkpoint it only applies the output-directory rule.
+`checkpoint/lifecycle.py` (`Checkpoints.begin_run` / `restore`) drives it; without a checkpoint only the
+output-directory rule applies (`say_replaced`).
 """
 
 from __future__ import annotations
@@ -20,32 +21,26 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy, Strategy
 from torch import nn
+from transformers import TrainerCallback, TrainerControl, TrainerState
 from transformers.utils import logging as hf_logging
 
 from hf_lightning._lightning_compat import datamodule_of, grad_scaler, restart_train_iterator
+from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpoint import distributed as dist_state
 from hf_lightning.checkpoint.adapters import load_adapter_checkpoint
 from hf_lightning.checkpoint.changed_settings import read_recorded_arguments, setting_changes
-from hf_lightning.checkpoint.find import (
-    CheckpointFiles,
-    check_checkpoint,
-    replaced_checkpoints_notice,
-    resolve_resume,
-)
+from hf_lightning.checkpoint.find import CheckpointFiles, check_checkpoint, replaced_checkpoints_notice
 from hf_lightning.checkpoint.io import TRAINER_STATE_NAME
 from hf_lightning.checkpoint.lightning_state import epoch_geometry, geometry_changes, restore_callback_states
-from hf_lightning.checkpoint.position import (
-    ResumePosition,
-    apply_loop_position,
-    nothing_left_to_train,
-    resume_position,
-)
+from hf_lightning.checkpoint.position import ResumePosition, apply_loop_position, resume_position
 from hf_lightning.checkpoint.same_run import plain_values
 from hf_lightning.checkpoint.sharded import (
     full_shapes,
@@ -59,8 +54,10 @@ from hf_lightning.checkpoint.verify import checkpoint_error
 from hf_lightning.checkpoint.weight_files import is_adapter_file
 from hf_lightning.contracts import FlowDataModule, ResumableTrainStream, flow_model
 from hf_lightning.flow.messages import logger as hf_logger
+from hf_lightning.plan import SavePolicy, TrainingPlan, resume_intervals, save_policy
 
-__all__ = ["CheckpointRestorer", "load_weights", "read_file", "read_weights", "start_fit", "weight_mismatches"]
+__all__ = ["CallbackList", "CheckpointRestorer", "RestoredState", "load_weights", "read_file", "read_weights",
+           "say_nothing_left", "say_replaced", "weight_mismatches"]
 
 log = logging.getLogger(__name__)
 
@@ -119,8 +116,8 @@ def weight_mismatches(model_shapes: dict[str, tuple[int, ...]], saved_shapes: di
     return problems
 
 
-def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_checkpoint", strategy: Any = None
-                 ) -> None:
+def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_checkpoint",
+                 strategy: Strategy | None = None) -> None:
     """Load a checkpoint's weights into `model` (plain, or sharded by `strategy`) after checking they belong to it.
 
     A PEFT adapter file is loaded into the `PeftModel`'s adapter instead (`checkpoint/adapters.py`).
@@ -154,13 +151,13 @@ def load_weights(model: nn.Module, path: str | Path, what: str = "resume_from_ch
     load_full_weights(strategy, model, saved)
 
 
-def _own_load_state_dict(model: nn.Module, strategy: Any) -> bool:
+def _own_load_state_dict(model: nn.Module, strategy: Strategy | None) -> bool:
     """Whether the model's class overrides `load_state_dict` and the load would go through it (a plain or DDP
     model, or DeepSpeed below ZeRO-3: FSDP and ZeRO-3 load the shards with torch's / DeepSpeed's own code, where the
     shapes are checked before)."""
     overridden = type(model).load_state_dict is not nn.Module.load_state_dict
     sharded = full_shapes(strategy, model) is None or dist_state.is_sharded(model) or (
-        is_deepspeed(strategy) and bool(getattr(strategy, "zero_stage_3", False)))
+        isinstance(strategy, DeepSpeedStrategy) and strategy.zero_stage_3)
     return overridden and not sharded
 
 
@@ -190,20 +187,30 @@ def _torch_load(path: Path) -> Any:
     return read_file(path, load)
 
 
-def _warn_on_changed_intervals(plan: Any, state: Any, batch_size: int) -> None:
-    """HF's `compare_trainer_and_checkpoint_args` warning (TU:1133-1169), against this run's resolved intervals."""
-    changed = [
-        f"{name}: {getattr(plan, name)} (from args) != {getattr(state, name)} (from trainer_state.json)"
-        for name in ("logging_steps", "eval_steps", "save_steps")
-        if plan is not None and getattr(state, name, None) is not None and getattr(plan, name) != getattr(state, name)
-    ]
-    if state.train_batch_size is not None and state.train_batch_size != batch_size:
-        changed.append(f"per_device_train_batch_size: {batch_size} (from args) != {state.train_batch_size} "
-                       "(from trainer_state.json)")
-    if changed:  # HF's words, on transformers' logger (a caller capturing transformers' log sees them, as HF's)
-        hf_logging.get_logger("transformers.trainer_utils").warning_once(
-            "Warning: The following arguments do not match the ones in the `trainer_state.json` within the "
-            "checkpoint directory: " + "".join(f"\n\t{line}" for line in changed))
+class CallbackList(Protocol):
+    """The HF callbacks of a run (the flow's `HFCallbackHandler`), whose exportable states a resume rebuilds."""
+
+    @property
+    def callbacks(self) -> list[TrainerCallback]: ...
+
+    def add_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None: ...
+
+    def remove_callback(self, callback: TrainerCallback | type[TrainerCallback]) -> None: ...
+
+
+@dataclass(frozen=True)
+class RestoredState:
+    """What a resumed run starts its training with (`CheckpointRestorer.restore_trainer_state`).
+
+    Attributes:
+        state: the checkpoint's `TrainerState`, with this run's `max_steps` / `num_train_epochs`.
+        plan: this run's plan with the checkpoint's intervals (`plan.resume_intervals`).
+        control: the `TrainerControl`: rebuilt from the checkpoint when its state is restored, else the one given.
+    """
+
+    state: TrainerState
+    plan: TrainingPlan
+    control: TrainerControl
 
 
 class CheckpointRestorer:
@@ -212,11 +219,13 @@ class CheckpointRestorer:
     Args:
         path: the checkpoint folder (already resolved).
         args: this run's training arguments.
+        policy: this run's save policy (default: from `args`).
     """
 
-    def __init__(self, path: str, args: Any) -> None:
+    def __init__(self, path: str, args: TrainingArguments, policy: SavePolicy | None = None) -> None:
         self.path = path
         self.args = args
+        self.policy = policy if policy is not None else save_policy(args)
         self.files: CheckpointFiles | None = None
         self.position: ResumePosition | None = None
         self.nothing_left = False
@@ -229,7 +238,7 @@ class CheckpointRestorer:
         self.files = files
         trainer_state = read_file(files.path / TRAINER_STATE_NAME, lambda p: json.loads(p.read_text()))
         global_step = int(trainer_state["global_step"])
-        _say_replaced(trainer, self.args, global_step)
+        say_replaced(trainer, self.args, global_step, self.policy.saves)
         _check_changed_settings(trainer, files, self.args, global_step)
         model = flow_model(pl_module)
         strategy = trainer.strategy
@@ -283,37 +292,41 @@ class CheckpointRestorer:
                 files.path, position.epoch, position.windows, trainer.world_size, trainer.global_rank)
         self._rng_pending = True
 
-    def restore_trainer_state(self, flow: Any, trainer: pl.Trainer, max_steps: int, num_train_epochs: int) -> None:
-        """Replace `flow.state` by the checkpoint's `TrainerState`, as HF (T:1694-1710, CB:183-186)."""
-        import dataclasses
-
-        from transformers import TrainerState
-
+    def restore_trainer_state(self, trainer: pl.Trainer, plan: TrainingPlan, callbacks: CallbackList,
+                              control: TrainerControl) -> RestoredState:
+        """The checkpoint's `TrainerState` to replace the fresh one, as HF (T:1694-1710, CB:183-186); with
+        `restore_callback_states_from_checkpoint`, the HF callbacks' states rebuilt in `callbacks` (and `control`).
+        """
         assert self.files is not None
         state = read_file(self.files.path / TRAINER_STATE_NAME, lambda p: TrainerState.load_from_json(str(p)))
         if state.best_model_checkpoint is not None and not os.path.isdir(state.best_model_checkpoint):
             log.warning("The best checkpoint %s recorded in the resumed state does not exist anymore. Ignoring it for "
                         "this run.", state.best_model_checkpoint)
             state.best_model_checkpoint = None
-        _warn_on_changed_intervals(flow.plan, state, self.args.per_device_train_batch_size)
-        if flow.plan is not None:  # HF keeps the checkpoint's intervals (T:1694-1710): the loaded state drives them
-            flow.plan = dataclasses.replace(flow.plan, logging_steps=state.logging_steps, eval_steps=state.eval_steps,
-                                            save_steps=state.save_steps)
-        state.max_steps, state.num_train_epochs = max_steps, num_train_epochs
+        # HF keeps the checkpoint's intervals (T:1694-1710): the loaded state drives them
+        plan, changed = resume_intervals(plan, state, self.args.per_device_train_batch_size)
+        if changed:  # HF's words, on transformers' logger (a caller capturing transformers' log sees them, as HF's)
+            hf_logging.get_logger("transformers.trainer_utils").warning_once(
+                "Warning: The following arguments do not match the ones in the `trainer_state.json` within the "
+                "checkpoint directory: " + "".join(f"\n\t{line}" for line in changed))
+        state.max_steps, state.num_train_epochs = plan.max_steps, plan.num_train_epochs
         state.is_local_process_zero = trainer.local_rank == 0
         state.is_world_process_zero = trainer.is_global_zero
-        flow.state = state
         if self.args.restore_callback_states_from_checkpoint:
-            self._restore_hf_callbacks(flow, state)
+            control = self._restore_hf_callbacks(callbacks, control, state)
+        return RestoredState(state, plan, control)
 
     @staticmethod
-    def _restore_hf_callbacks(flow: Any, state: Any) -> None:
-        """HF `_load_callback_state` (T:4028-4065): rebuild each stored `ExportableState` from its args/attributes."""
-        from transformers import TrainerControl
-
-        originals = [*flow.handler.callbacks, flow.control]
-        rebuilt_callbacks, not_found = [], []
-        for name, data in state.stateful_callbacks.items():
+    def _restore_hf_callbacks(handler: CallbackList, control: TrainerControl, state: TrainerState) -> TrainerControl:
+        """HF `_load_callback_state` (T:4028-4065): rebuild each stored `ExportableState` from its args/attributes;
+        the rebuilt callbacks replace theirs in `handler`; returns the control (rebuilt, when it was stored)."""
+        originals: list[TrainerCallback | TrainerControl] = [*handler.callbacks, control]
+        rebuilt_callbacks: list[TrainerCallback] = []
+        not_found: list[str] = []
+        # HF annotates `stateful_callbacks` as the callbacks given to a fresh state; one loaded from JSON holds their
+        # exported states, by class name
+        stored: dict[str, Any] = state.stateful_callbacks  # type: ignore[assignment]  # see above
+        for name, data in stored.items():
             matching = [cb for cb in originals if type(cb).__name__ == name]
             if not matching:
                 not_found.append(name)
@@ -321,16 +334,17 @@ class CheckpointRestorer:
                 rebuilt = type(callback)(**entry.get("args", {}))
                 for attribute, value in entry.get("attributes", {}).items():
                     setattr(rebuilt, attribute, value)
-                if isinstance(callback, TrainerControl):
-                    flow.control = rebuilt
+                if isinstance(rebuilt, TrainerControl):
+                    control = rebuilt
                 else:
                     rebuilt_callbacks.append(rebuilt)
-                    flow.handler.remove_callback(type(rebuilt))  # as HF: the rebuilt ones are added after all
+                    handler.remove_callback(type(rebuilt))  # as HF: the rebuilt ones are added after all
         if not_found:  # HF's words
             hf_logger.warning("Checkpoint included callbacks not included in current configuration. Ignoring. "
                               f"({', '.join(not_found)})")
         for callback in rebuilt_callbacks:
-            flow.handler.add_callback(callback)
+            handler.add_callback(callback)
+        return control
 
     def on_train_epoch_start(self, trainer: pl.Trainer) -> None:
         """At an epoch boundary, load this rank's RNG states now (see the module docstring)."""
@@ -375,7 +389,7 @@ class CheckpointRestorer:
                 torch.cuda.random.set_rng_state(cuda)
 
 
-def _check_changed_settings(trainer: pl.Trainer, files: CheckpointFiles, args: Any, step: int) -> None:
+def _check_changed_settings(trainer: pl.Trainer, files: CheckpointFiles, args: TrainingArguments, step: int) -> None:
     """Name each setting changed since the checkpoint, once (global rank zero), with what the run does; refuse another
     optimizer class on every rank before anything is loaded (`changed_settings.py`).
 
@@ -394,34 +408,18 @@ def _check_changed_settings(trainer: pl.Trainer, files: CheckpointFiles, args: A
                     str(files.path), len(changes.lines), "\n  ".join(changes.lines))
 
 
-def _say_replaced(trainer: pl.Trainer, args: Any, resume_step: int | None) -> None:
-    """Name, once (global rank zero), the checkpoints already in `output_dir` that this run will replace."""
-    notice = replaced_checkpoints_notice(args.resolved_output_dir, resume_step, args.save_strategy != "no", args)
+def say_replaced(trainer: pl.Trainer, args: TrainingArguments, resume_step: int | None, saves: bool) -> None:
+    """Name, once (global rank zero), the checkpoints already in `output_dir` that this run will replace (none when
+    it `saves` nothing)."""
+    notice = replaced_checkpoints_notice(args.resolved_output_dir, resume_step, saves, args)
     if notice and trainer.is_global_zero:
         log.warning(notice)
 
 
-def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> CheckpointRestorer | None:
-    """At `on_fit_start`: restore `flow.resume_from_checkpoint` (a path or True; when None,
-    `args.resume_from_checkpoint`); the checkpoints in `output_dir` this run will replace are named once. Returns
-    the restorer whose later hooks the flow calls, or None."""
-    args = flow.args
-    flow.saver.begin_run(trainer)  # the output-directory lock, then leftovers of killed runs are cleaned up
-    # None: a Lightning-native run (e.g. from a config file) may set it in the arguments
-    resume = resolve_resume(args, flow.resume_from_checkpoint) if flow.resume_from_checkpoint is not False else None
-    if not resume:
-        _say_replaced(trainer, args, None)
-        return None
-    restorer = CheckpointRestorer(resume, args)
-    plan = flow.plan
-    restorer.on_fit_start(trainer, pl_module, plan.updates_per_epoch if plan is not None and plan.sized else None)
-    position = restorer.position
-    if plan is not None and position is not None and nothing_left_to_train(
-            position, plan.max_steps, plan.num_train_epochs if plan.sized else None):
-        restorer.nothing_left = True
-        if trainer.is_global_zero:
-            log.warning("resume_from_checkpoint=%r is at step %d, epoch %d: at or past the end of this run "
-                        "(max_steps=%d, %d epoch(s)); nothing left to train. The state, best model and train "
-                        "metrics are the checkpoint's.", restorer.path, position.global_step, position.epoch,
-                        plan.max_steps, plan.num_train_epochs)
-    return restorer
+def say_nothing_left(trainer: pl.Trainer, path: str, position: ResumePosition, plan: TrainingPlan) -> None:
+    """Name, once (global rank zero), a checkpoint at or past the end of this run: nothing is left to train."""
+    if trainer.is_global_zero:
+        log.warning("resume_from_checkpoint=%r is at step %d, epoch %d: at or past the end of this run (max_steps=%d, "
+                    "%d epoch(s)); nothing left to train. The state, best model and train metrics are the "
+                    "checkpoint's.", path, position.global_step, position.epoch, plan.max_steps,
+                    plan.num_train_epochs)

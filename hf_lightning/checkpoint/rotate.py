@@ -7,13 +7,10 @@ are protected; `num_to_keep = max(limit, len(protected))`; the oldest unprotecte
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["CheckpointInfo", "order_checkpoints", "select_for_deletion", "final_cleanup"]
-
-_STEP = re.compile(r".*checkpoint-([0-9]+)")
 
 
 @dataclass(frozen=True)
@@ -70,8 +67,3 @@ def final_cleanup(checkpoints: list[CheckpointInfo], best: str | None, limit: in
     best_path = str(Path(best))
     return [c.path for c in order_checkpoints(checkpoints, use_mtime=False) if c.path != best_path]
 
-
-def parse_step(name: str) -> int | None:
-    """Step number in a folder name (`checkpoint-7x` -> 7, as HF's regex)."""
-    match = _STEP.match(name)
-    return int(match.group(1)) if match else None

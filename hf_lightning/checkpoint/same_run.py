@@ -13,12 +13,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.from_transformers import from_hf_training_arguments
+
+if TYPE_CHECKING:
+    from hf_lightning.checkpoint.content import SavedArguments
 
 __all__ = ["EXEMPT", "argument_differences", "plain_values"]
 
@@ -41,7 +44,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def plain_values(args: Any) -> dict[str, Any]:
+def plain_values(args: SavedArguments) -> dict[str, Any]:
     """The fields as hf_lightning holds them: a `transformers.TrainingArguments` is converted first, so the values HF
     derives in its `__post_init__` (an `AcceleratorConfig`, `debug=[]`) compare equal to ours."""
     if not isinstance(args, TrainingArguments):
@@ -49,7 +52,7 @@ def plain_values(args: Any) -> dict[str, Any]:
     return {f.name: _plain(getattr(args, f.name, None)) for f in dataclasses.fields(args) if f.init}
 
 
-def argument_differences(checkpoint: str | Path, args: Any) -> list[str] | None:
+def argument_differences(checkpoint: str | Path, args: TrainingArguments) -> list[str] | None:
     """`["name: recorded -> now", ...]` for each training-shaping argument that differs between the run that wrote
     `checkpoint` and `args`; [] for the same run; None when the checkpoint records no readable arguments.
 

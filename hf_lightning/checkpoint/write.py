@@ -1,12 +1,13 @@
-"""`CheckpointSaver`: the run's hold on `output_dir`, what happens at an HF save and at training end (best-metric
-tracking: `best_model.py`).
+"""`CheckpointSaver`: the run's hold on `output_dir`, what happens at an HF save and at training end (driven by
+`lifecycle.Checkpoints`; best-metric tracking: `best.py`; whether and what to save: `plan.SavePolicy`).
 
 - `begin_run` / `end_run` bracket a `fit`: rank 0 takes the output-directory lock (`checkpoint/run_lock.py`),
   removes what killed runs left behind (`checkpoint/layout.py`), and every rank learns the run id that names
   this run's temporary folders.
 - `save` is `Trainer._save_checkpoint` (T:3363-3430), after one difference: weights holding a NaN or inf stop the run
   with `NonFiniteWeightsError` and no checkpoint (`checkpoint/finite.py`; `save_nonfinite_checkpoints=True`
-  saves them, as HF does). Then: point `best_model_checkpoint` at
+  saves them, as HF does). The model files are written by `save_model` (a `ModelFilesWriter`) when a facade supplies
+  one, else built in (`content.py`). Then: point `best_model_checkpoint` at
   `checkpoint-<best_global_step>` if that folder exists, write `tmp-checkpoint-<step>-<run>` (rank 0 the shared
   files, every rank its RNG file, all ranks the FSDP and DeepSpeed collectives), check, flush and rename it on
   rank 0 once all ranks are done, then rotate with HF's rule on rank 0 after a barrier. Rotation deletes by
@@ -25,10 +26,11 @@ import os
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
 import torch
+from transformers import TrainerState
 
 from hf_lightning._lightning_compat import datamodule_of, grad_scaler, position_in_epoch
 from hf_lightning.args import TrainingArguments
@@ -36,6 +38,9 @@ from hf_lightning.checkpoint import distributed as dist_state
 from hf_lightning.checkpoint.background import BackgroundWriter, mark_failed, mark_written, wait_for_ranks
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.content import CheckpointContent, StreamPosition, cpu_copy, write_content
+
+if TYPE_CHECKING:
+    from hf_lightning.checkpoint.content import SavedArguments
 from hf_lightning.checkpoint.finite import NonFiniteWeightsError, first_nonfinite
 from hf_lightning.checkpoint.io import (
     CHECKPOINT_PREFIX,
@@ -63,22 +68,29 @@ from hf_lightning.checkpoint.sharded import (
 )
 from hf_lightning.contracts import ResumableTrainStream, flow_model
 from hf_lightning.flow.messages import logger as log
+from hf_lightning.plan import SavePolicy
 
-__all__ = ["CheckpointSaver", "export_callback_states", "list_checkpoints"]
+__all__ = ["CheckpointSaver", "ModelFilesWriter", "export_callback_states", "list_checkpoints"]
+
+ModelFilesWriter = Callable[[str], None]
+"""Writes a checkpoint's model files into the folder it is given, on every process: the seam where a facade's own
+model saving (an overridden `Trainer.save_model`, HF's private `_save`) replaces the built-in one."""
 
 
-def export_callback_states(state: Any, exportable: Sequence[Any]) -> None:
+def export_callback_states(state: TrainerState, exportable: Sequence[object]) -> None:
     """Store each `ExportableState`'s `state()` in `state.stateful_callbacks` (T:3407-3415), before writing JSON."""
     from transformers.trainer_callback import ExportableState
 
+    # HF annotates `stateful_callbacks` as the callbacks given to a fresh state; it holds their exported states
+    stored: dict[str, Any] = state.stateful_callbacks  # type: ignore[assignment]  # see above
     for callback in exportable:
         if not isinstance(callback, ExportableState):
             continue
         name = type(callback).__name__
-        if isinstance(state.stateful_callbacks.get(name), list):
-            state.stateful_callbacks[name].append(callback.state())
+        if isinstance(stored.get(name), list):
+            stored[name].append(callback.state())
         else:
-            state.stateful_callbacks[name] = callback.state()
+            stored[name] = callback.state()
 
 
 def _stream_position(trainer: pl.Trainer) -> StreamPosition | None:
@@ -99,14 +111,16 @@ class CheckpointSaver:
     """Checkpoint writing and rotation for `HFTrainerFlow`.
 
     Args:
-        args: the training arguments.
+        args: the training arguments (the output directory, and what `training_args.bin` holds).
+        policy: whether and how the run writes checkpoints (`plan.save_policy`).
         processing_class: tokenizer / processor saved in every checkpoint.
     """
 
-    def __init__(self, args: TrainingArguments, processing_class: Any = None) -> None:
+    def __init__(self, args: TrainingArguments, policy: SavePolicy, processing_class: Any = None) -> None:
         self.args = args
+        self.policy = policy
         self.processing_class = processing_class
-        self.saved_args: Any = None
+        self.saved_args: SavedArguments | None = None
         """What `training_args.bin` holds: the arguments object the user passed (a `transformers.TrainingArguments`
         stays one); None: `args`."""
         self.lock: RunLock | None = None
@@ -118,9 +132,10 @@ class CheckpointSaver:
         """Write each checkpoint's manifest of checksums (False only to measure the cost)."""
         self.background = BackgroundWriter()
         """The save in flight with `save_async=True`."""
-        self.save_model: Callable[[str], None] | None = None
+        self.save_model: ModelFilesWriter | None = None
         """Writes a checkpoint's model files into the folder it is given, on every process (an overridden
-        `Trainer.save_model`, called with `_internal_call=True`, as HF's `_save_checkpoint` does); None: built in."""
+        `Trainer.save_model`, called with `_internal_call=True`, as HF's `_save_checkpoint` does); None: built in.
+        The one seam for a facade's own model saving (`_write_files` calls it, `_capture` then skips the model)."""
         self.last_saved_step: int | None = None
         """The step of this run's latest `save` (None: none yet): a pre-emption does not write that step again."""
 
@@ -155,7 +170,7 @@ class CheckpointSaver:
         self.run = run
         self.last_saved_step = None
         strategy = trainer.strategy
-        if self.args.save_async and (optimizer_shard_owner(strategy, flow_model(trainer.lightning_module))
+        if self.policy.asynchronous and (optimizer_shard_owner(strategy, flow_model(trainer.lightning_module))
                                      is not None or is_deepspeed(strategy)):
             raise ValueError("save_async=True is not supported for a sharded model (FSDP2, FSDP or DeepSpeed): its "
                              "weights are gathered and its optimizer written by collectives, which cannot run beside "
@@ -171,8 +186,8 @@ class CheckpointSaver:
         self.run = None
 
     def save(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, exportable: Sequence[Any] = (),
-        epoch_ending: bool = False, skip_callbacks: Sequence[Any] = (),
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState,
+        exportable: Sequence[object] = (), epoch_ending: bool = False, skip_callbacks: Sequence[pl.Callback] = (),
     ) -> None:
         """`_save_checkpoint`: write `checkpoint-<global_step>` on rank 0, move the best pointer, rotate.
 
@@ -181,18 +196,18 @@ class CheckpointSaver:
         `skip_callbacks`: Lightning callbacks whose state is not stored in `lightning_state.pt` (the flow's own state
         is `trainer_state.json`).
         """
-        if self.args.save_async:
+        if self.policy.asynchronous:
             self.background.wait()  # the previous save of this process is complete (at most one in flight)
         step = state.global_step
-        if not self.args.save_nonfinite_checkpoints:
+        if not self.policy.nonfinite_allowed:
             self._refuse_nonfinite(trainer, pl_module, step)
         self.last_saved_step = step
-        if self.args.save_strategy in ("steps", "epoch", "best") and state.best_global_step:
+        if self.policy.tracks_best_step and state.best_global_step:
             best = os.path.join(self.output_dir, f"{CHECKPOINT_PREFIX}-{state.best_global_step}")
             if os.path.exists(best) or state.best_global_step == step:
                 state.best_model_checkpoint = best
         export_callback_states(state, exportable)
-        if self.args.save_async:
+        if self.policy.asynchronous:
             self._save_in_background(trainer, pl_module, state, epoch_ending, skip_callbacks)
             return
         self._write(trainer, pl_module, state, step, epoch_ending, skip_callbacks)
@@ -230,13 +245,13 @@ class CheckpointSaver:
 
     def wait(self, trainer: pl.Trainer) -> None:
         """Block until the background save (if any) is complete on every process; re-raise its error."""
-        if self.args.save_async:
+        if self.policy.asynchronous:
             self.background.wait()
             trainer.strategy.barrier("hf_lightning_save_async_done")
 
     def _rotate(self, best: str | None) -> None:
         """HF's `save_total_limit` rotation (rank 0), deleting by renaming first."""
-        for path in select_for_deletion(list_checkpoints(self.output_dir), self.args.save_total_limit, best):
+        for path in select_for_deletion(list_checkpoints(self.output_dir), self.policy.total_limit, best):
             remove_checkpoint(path, self._run_id())
 
     def _run_id(self) -> str:
@@ -245,8 +260,8 @@ class CheckpointSaver:
                                "does it when fit starts).")
         return self.run
 
-    def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int,
-               epoch_ending: bool = False, skip_callbacks: Sequence[Any] = ()) -> None:
+    def _write(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState, step: int,
+               epoch_ending: bool = False, skip_callbacks: Sequence[pl.Callback] = ()) -> None:
         """Write `tmp-checkpoint-<step>-<run>` from every rank, then rename it on rank 0 once all ranks are done.
 
         Rank 0 writes the shared files, every rank its own RNG file; under FSDP the full weights are gathered and
@@ -265,8 +280,8 @@ class CheckpointSaver:
             finalize_checkpoint(self.output_dir, step, run, self.lock.check_held if self.lock else None,
                                 durable=self.durable, manifest=self.manifest)
 
-    def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, step: int, tmp: Path,
-                     epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
+    def _write_files(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState, step: int,
+                     tmp: Path, epoch_ending: bool, skip_callbacks: Sequence[pl.Callback]) -> None:
         strategy = trainer.strategy
         if trainer.is_global_zero:
             prepare_tmp_folder(self.output_dir, state.global_step, self._run_id())
@@ -275,13 +290,13 @@ class CheckpointSaver:
         if self.save_model is not None:
             self.save_model(str(tmp))  # every rank, as HF's `_save_checkpoint` calls `save_model`
         content = self._capture(trainer, pl_module, state, epoch_ending, skip_callbacks, copy_state=False)
-        if not self.args.save_only_model:
+        if not self.policy.only_model:
             model, optimizer, strategy = flow_model(pl_module), self._optimizer(trainer), trainer.strategy
             owner = optimizer_shard_owner(strategy, model)
             if owner is not None and optimizer is not None:
                 dist_state.save_sharded_optimizer(owner, optimizer, tmp / SHARDED_OPTIMIZER_DIR)  # a collective
             save_engine_state(strategy, tmp, step)  # DeepSpeed: optimizer and master weights (every rank)
-        write_content(content, tmp, self.args.save_only_model, self.durable)
+        write_content(content, tmp, self.policy.only_model, self.durable)
         strategy.barrier("hf_lightning_save_written")
 
     def _say_saving(self, trainer: pl.Trainer, step: int) -> None:
@@ -289,12 +304,12 @@ class CheckpointSaver:
             log.info(f"Saving model checkpoint to {self.output_dir}/{CHECKPOINT_PREFIX}-{step}")  # HF's message
 
     @staticmethod
-    def _optimizer(trainer: pl.Trainer) -> Any:
+    def _optimizer(trainer: pl.Trainer) -> torch.optim.Optimizer | None:
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         return getattr(optimizer, "optimizer", optimizer)
 
-    def _capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any, epoch_ending: bool,
-                 skip_callbacks: Sequence[Any], copy_state: bool) -> CheckpointContent:
+    def _capture(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState, epoch_ending: bool,
+                 skip_callbacks: Sequence[pl.Callback], copy_state: bool) -> CheckpointContent:
         """This process's share of the checkpoint: references (`copy_state=False`, written at once) or copies in CPU
         memory that training can no longer change (`copy_state=True`, written in the background)."""
         model = flow_model(pl_module)
@@ -310,7 +325,7 @@ class CheckpointSaver:
                 content.model_state = full_state if full_state is not None or not copy_state else cpu_copy(
                     model.state_dict())
             content.trainer_state = copy.deepcopy(state) if copy_state else state
-        if self.args.save_only_model:
+        if self.policy.only_model:
             return content
         optimizer = self._optimizer(trainer)
         if trainer.is_global_zero:
@@ -327,8 +342,8 @@ class CheckpointSaver:
         content.stream = _stream_position(trainer)
         return content
 
-    def _save_in_background(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: Any,
-                            epoch_ending: bool, skip_callbacks: Sequence[Any]) -> None:
+    def _save_in_background(self, trainer: pl.Trainer, pl_module: pl.LightningModule, state: TrainerState,
+                            epoch_ending: bool, skip_callbacks: Sequence[pl.Callback]) -> None:
         """Capture this process's share in CPU memory now; write, rename and rotate in the background."""
         step, run = state.global_step, self._run_id()
         if trainer.is_global_zero:
@@ -344,7 +359,7 @@ class CheckpointSaver:
         """The background job: this process's files; then on rank 0, once every rank's are there, the checks,
         flush and rename of `finalize_checkpoint`, then the rotation (only after the new checkpoint is in place)."""
         try:
-            write_content(content, tmp, self.args.save_only_model, self.durable)
+            write_content(content, tmp, self.policy.only_model, self.durable)
         except BaseException as error:
             if content.is_zero:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -363,11 +378,11 @@ class CheckpointSaver:
                             durable=self.durable, manifest=self.manifest)
         self._rotate(best)
 
-    def finish(self, trainer: pl.Trainer, state: Any) -> None:
+    def finish(self, trainer: pl.Trainer, state: TrainerState) -> None:
         """At the end of training: HF's `save_total_limit == 1` cleanup (T:2012-2019), on rank 0."""
         best = state.best_model_checkpoint
-        if trainer.is_global_zero and self.args.save_strategy != "no":
-            for path in final_cleanup(list_checkpoints(self.output_dir), best, self.args.save_total_limit):
+        if trainer.is_global_zero and self.policy.saves:
+            for path in final_cleanup(list_checkpoints(self.output_dir), best, self.policy.total_limit):
                 log.info(f"Deleting older checkpoint [{path}] due to args.save_total_limit")  # HF's message
                 remove_checkpoint(path, self._run_id())
         trainer.strategy.barrier("hf_lightning_finish")

@@ -25,9 +25,9 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from transformers import TrainerState
 
 from hf_lightning.args import TrainingArguments
-from hf_lightning.checkpoint.best import metric_key
 from hf_lightning.checkpoint.layout import checkpoint_folders
 from hf_lightning.console import latest_eval_metrics
+from hf_lightning.plan import metric_key
 
 __all__ = ["fit_summary", "logger_paths"]
 

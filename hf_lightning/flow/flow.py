@@ -19,7 +19,7 @@ The flow is the one Lightning callback; each part it holds does one thing, const
 - `steps` (`HFLoopSteps`, flow/steps.py): the log / evaluate / save step and the HF loop methods it calls;
 - `evaluator` (`HFEvaluator`, flow/evaluation.py): evaluations and predictions on Lightning's loops;
 - `loss`, `flos` (flow/train_log.py), `tokens` (flow/throughput.py): what a log line holds;
-- `saver`, `best` (checkpoint/): the checkpoints and the best model;
+- `checkpoints` (`Checkpoints`, checkpoint/lifecycle.py): the checkpoints (resume, saves, rotation) and the best model;
 - `preemption` (`PreemptionStop`, flow/preemption.py): pre-emption signals and the stop they lead to; Ctrl-C leaves
   `fit` as `KeyboardInterrupt` (not `SystemExit(1)`).
 
@@ -52,11 +52,9 @@ from hf_lightning._lightning_compat import (
 )
 from hf_lightning.args import TrainingArguments
 from hf_lightning.callbacks.lightning_console import tidy_lightning_console
-from hf_lightning.checkpoint.best import BestModelTracker, unreachable_best_metric
-from hf_lightning.checkpoint.checks import unreachable_best_checkpoint
 from hf_lightning.checkpoint.csv_logs import continue_resumed_logs
-from hf_lightning.checkpoint.restore import CheckpointRestorer, start_fit
-from hf_lightning.checkpoint.write import CheckpointSaver
+from hf_lightning.checkpoint.lifecycle import Checkpoints
+from hf_lightning.checkpoint.restore import CheckpointRestorer
 from hf_lightning.console import install_console_filters
 from hf_lightning.contracts import HFEvaluationListener, HFLoopHooks, check_flow_contracts, flow_model, flow_module
 from hf_lightning.flow.evaluation import HFEvaluator
@@ -74,7 +72,14 @@ from hf_lightning.flow.train_log import (
 )
 from hf_lightning.module.evaluation import EvalRequest, EvalResult, EvaluationOutput
 from hf_lightning.module.full_eval import cast_for_full_eval
-from hf_lightning.plan import TrainingPlan, epoch_progress, plan_training
+from hf_lightning.plan import (
+    TrainingPlan,
+    epoch_progress,
+    evaluates_on_start,
+    plan_training,
+    unreachable_best_checkpoint,
+    unreachable_best_metric,
+)
 from hf_lightning.run_options.neftune import NEFTune
 from hf_lightning.run_options.threads import warn_if_oversubscribed
 
@@ -124,17 +129,16 @@ class HFTrainerFlow(Callback):
         handler = HFCallbackHandler([DefaultFlowCallback, *(callbacks or [])])
         handler.processing_class = processing_class
         self.hf = HFRun(args, handler)
-        self.saver = CheckpointSaver(args, processing_class)
-        self.best = BestModelTracker(args)
+        self.checkpoints = Checkpoints(args, processing_class)
         self.evaluator = HFEvaluator(self)
         self.plan: TrainingPlan | None = None
         self.loss = TrainLossTracker(args.logging_nan_inf_filter)
         self.neftune = NEFTune(args.neftune_noise_alpha)
         self.flos = FlopsCounter()
         self.tokens = TokenLogs(args)
-        self.steps = HFLoopSteps(args, self.hf, self.evaluator, self.saver, self.best, self.loss, self.flos,
+        self.steps = HFLoopSteps(args, self.hf, self.evaluator, self.checkpoints, self.loss, self.flos,
                                  self.tokens, self, owner, overridden)
-        self.preemption = PreemptionStop(args, self.hf, self.steps, self.saver, resume_hint)
+        self.preemption = PreemptionStop(args, self.hf, self.steps, self.checkpoints, resume_hint)
         self.resume_from_checkpoint: str | bool | None = None
         self._eval_listeners: list[HFEvaluationListener] = []
         self._epoch_index = 0
@@ -267,7 +271,7 @@ class HFTrainerFlow(Callback):
         loss_only = flow_module(pl_module).prediction_loss_only(is_prediction=False)
         # an owner (`hf_lightning.Trainer`) checked the metric at construction, knowing which of its methods are
         # overridden to produce metrics of their own (trainer/overrides.py `METRIC_SOURCES`)
-        problem = unreachable_best_checkpoint(self.args, plan.eval_steps, plan.save_steps, plan.max_steps) \
+        problem = unreachable_best_checkpoint(self.args, plan) \
             or (self.steps.owner is None and unreachable_best_metric(
                 self.args, list(datamodule.eval_datasets or {}), loss_only))
         if problem:
@@ -291,7 +295,7 @@ class HFTrainerFlow(Callback):
         """Resume from `resume_from_checkpoint`; name the checkpoints this run will replace (checkpoint/restore.py)."""
         self._summary = None
         warn_if_oversubscribed(trainer)  # more torch threads than free cores: a warning with the number to set
-        self._restorer = start_fit(self, trainer, pl_module)
+        self._restorer = self.checkpoints.begin_run(trainer, pl_module, self.resume_from_checkpoint, self.plan)
         position = self._restorer.position if self._restorer is not None else None
         self._resumes_mid_epoch = position is not None and position.windows > 0
         if self._restorer is not None and self._restorer.nothing_left:
@@ -302,17 +306,18 @@ class HFTrainerFlow(Callback):
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        """The output-directory lock taken in `on_fit_start` is given back when `fit` ends (checkpoint_saver.py)."""
+        """The output-directory lock taken in `on_fit_start` is given back when `fit` ends (checkpoint/lifecycle.py)."""
         if stage == "fit":
-            self.saver.end_run(trainer)
+            self.checkpoints.end_run(trainer)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A fresh `TrainerState` (T:1682-1689), HF `on_train_begin`, then `eval_on_start` (T:1655-1656)."""
         assert self.plan is not None
         self.hf.start_state(self.plan, trainer)
-        if self._restorer is not None:
-            self._restorer.restore_trainer_state(self, trainer, self.plan.max_steps, self.plan.num_train_epochs)
+        restored = self.checkpoints.restore(trainer, self.plan, self.handler, self.control)
+        if restored is not None:
+            self.state, self.plan, self.control = restored.state, restored.plan, restored.control
         self.loss.start(pl_module.device, trainer.global_step)
         self.flos.current = 0.0
         self.tokens.start(self.state, pl_module.device, str(trainer.precision), trainer.world_size)
@@ -324,7 +329,7 @@ class HFTrainerFlow(Callback):
         self.handler.train_dataloader = datamodule_of(trainer).train_loader()
         self.neftune.start(flow_model(pl_module))  # the embeddings' noise hook, while training only (T:1537-1538)
         self.hf_event("on_train_begin")
-        if self.args.eval_on_start:
+        if evaluates_on_start(self.args):
             # No plateau-scheduler step and no best-metric update for this one (T:1655-1656, 3302-3339).
             self.steps.evaluate_step(trainer, during_training=False)
 
@@ -480,11 +485,10 @@ class HFTrainerFlow(Callback):
         """The train summary entry (T:2001-2022), best-model loading, rotation cleanup, then HF `on_train_end`."""
         assert self.plan is not None
         self._end_quiet_resume()
-        self.saver.wait(trainer)  # `save_async`: the last checkpoint is in place before the summary and best model
+        self.checkpoints.wait(trainer)  # `save_async`: the last checkpoint is in place before summary and best model
         logger.info(TRAINING_COMPLETED)
         self._summary = self.steps.log_train_summary(trainer, self.plan.max_steps)
-        self.best.load_best(flow_model(pl_module), self.state, trainer.strategy)
-        self.saver.finish(trainer, self.state)
+        self.checkpoints.finish(trainer, flow_model(pl_module), self.state)
         self.hf_event("on_train_end")
         self.steps.end()
         self.neftune.stop()
@@ -495,7 +499,7 @@ class HFTrainerFlow(Callback):
         if isinstance(exception, KeyboardInterrupt):
             self._keyboard_interrupt = exception  # `fit` raises it instead of Lightning's `SystemExit(1)`
         self._end_quiet_resume()
-        self.saver.end_run(trainer)  # Lightning skips `teardown` after an exception
+        self.checkpoints.end_run(trainer)  # Lightning skips `teardown` after an exception
         self.steps.end()
         self.neftune.stop()
 

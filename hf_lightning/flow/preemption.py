@@ -43,7 +43,7 @@ from hf_lightning._lightning_compat import (
 )
 from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpoint.find import last_checkpoint
-from hf_lightning.checkpoint.write import CheckpointSaver
+from hf_lightning.checkpoint.lifecycle import Checkpoints
 from hf_lightning.flow.interruption import TrainingPreempted, signal_name, stop_line
 from hf_lightning.flow.steps import HFLoopSteps, HFRun
 
@@ -162,17 +162,17 @@ class PreemptionStop:
         args: the training arguments (`enable_jit_checkpoint`, `output_dir`).
         hf: the run's HF state (its `global_step` names the stop).
         steps: the flow's steps (their `save` writes the pre-emption checkpoint, as a scheduled save).
-        saver: the checkpoint writer (the last saved step; waiting for a background save).
+        checkpoints: the run's checkpoints (the last saved step; waiting for a background save).
         resume_hint: how the entry point resumes from a checkpoint folder (`{path}`), in the line a stopped run
             prints (`hf_lightning.Trainer`: `trainer.train(resume_from_checkpoint=...)`, the CLI: `--ckpt_path`).
     """
 
-    def __init__(self, args: TrainingArguments, hf: HFRun, steps: HFLoopSteps, saver: CheckpointSaver,
+    def __init__(self, args: TrainingArguments, hf: HFRun, steps: HFLoopSteps, checkpoints: Checkpoints,
                  resume_hint: str) -> None:
         self.args = args
         self.hf = hf
         self.steps = steps
-        self.saver = saver
+        self.checkpoints = checkpoints
         self.resume_hint = resume_hint
         self.guard = PreemptionGuard()
 
@@ -188,9 +188,9 @@ class PreemptionStop:
         if not signum:
             return
         jit = bool(self.args.enable_jit_checkpoint)
-        if jit and self.saver.last_saved_step != self.hf.state.global_step:
+        if jit and self.checkpoints.last_saved_step != self.hf.state.global_step:
             self.steps.save(trainer, pl_module)
-        self.saver.wait(trainer)  # `save_async`: the checkpoint in flight is in place before the process ends
+        self.checkpoints.wait(trainer)  # `save_async`: the checkpoint in flight is in place before the process ends
         self.guard.requeue(trainer, signum)  # Lightning's SLURM auto-requeue, once the checkpoint is complete
         raise self.preempted(trainer, signum, saved=jit)
 

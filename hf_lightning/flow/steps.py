@@ -26,9 +26,8 @@ from transformers.trainer_callback import ExportableState
 
 from hf_lightning._lightning_compat import datamodule_of, reload_validation_data
 from hf_lightning.args import TrainingArguments
-from hf_lightning.checkpoint.best import BestModelTracker
+from hf_lightning.checkpoint.lifecycle import Checkpoints
 from hf_lightning.checkpoint.position import ResumePosition
-from hf_lightning.checkpoint.write import CheckpointSaver
 from hf_lightning.contracts import HFLoopHooks, flow_model
 from hf_lightning.data.windows import is_sized, num_examples
 from hf_lightning.flow.evaluation import HFEvaluator
@@ -37,7 +36,7 @@ from hf_lightning.flow.messages import evaluation_header, logger, resume_lines, 
 from hf_lightning.flow.throughput import TokenLogs
 from hf_lightning.flow.train_log import FlopsCounter, TrainLossTracker, UpdateReport, tensorboard_tag, train_summary
 from hf_lightning.module.evaluation import EvalRequest, EvaluationOutput
-from hf_lightning.plan import TrainingPlan
+from hf_lightning.plan import TrainingPlan, saves_now
 
 __all__ = ["HFLoopSteps", "HFRun", "LOOP_METHODS"]
 
@@ -92,8 +91,7 @@ class HFLoopSteps:
         args: the training arguments.
         hf: the run's HF state, control and callbacks.
         evaluator: runs the evaluations.
-        saver: writes the checkpoints.
-        best: the best-metric bookkeeping (and the plateau scheduler's step).
+        checkpoints: writes the checkpoints, keeps the best metric (and steps the plateau scheduler).
         loss: the training-loss window.
         flos: the FLOPs counter.
         tokens: the input-token and throughput entries.
@@ -107,15 +105,14 @@ class HFLoopSteps:
     """
 
     def __init__(
-        self, args: TrainingArguments, hf: HFRun, evaluator: HFEvaluator, saver: CheckpointSaver,
-        best: BestModelTracker, loss: TrainLossTracker, flos: FlopsCounter, tokens: TokenLogs, flow: Callback,
+        self, args: TrainingArguments, hf: HFRun, evaluator: HFEvaluator, checkpoints: Checkpoints,
+        loss: TrainLossTracker, flos: FlopsCounter, tokens: TokenLogs, flow: Callback,
         owner: HFLoopHooks | None = None, overridden: frozenset[str] = frozenset(),
     ) -> None:
         self.args = args
         self.hf = hf
         self.evaluator = evaluator
-        self.saver = saver
-        self.best = best
+        self.checkpoints = checkpoints
         self.loss = loss
         self.flos = flos
         self.tokens = tokens
@@ -266,10 +263,11 @@ class HFLoopSteps:
             self.loss.window = tr_loss
         if self.hf.control.should_log and self.hf.state.global_step > self.loss.last_logged_step:
             self._log_training(trainer, grad_norm, learning_rate)
+        new_best: bool | None = None  # None: this pass does not evaluate
         if self.hf.control.should_evaluate:
             new_best = self.evaluate_step(trainer, during_training=True)
-            if self.args.save_strategy == "best":
-                self.hf.control.should_save = new_best  # T:2281-2282: "best" saves exactly on a new best
+        control, step = self.hf.control, self.hf.state.global_step
+        control.should_save = saves_now(self.checkpoints.policy, step, control.should_save, new_best)  # the plan's
         if self.hf.control.should_save:
             self.save(trainer, pl_module)
 
@@ -277,7 +275,7 @@ class HFLoopSteps:
         """HF's `_save_checkpoint` then `on_save`: this update's checkpoint, with the FLOPs counted so far."""
         state = self.hf.state
         self.flos.store(state, trainer)
-        self.saver.save(trainer, pl_module, state, [*self.hf.handler.callbacks, self.hf.control],
+        self.checkpoints.save(trainer, pl_module, state, [*self.hf.handler.callbacks, self.hf.control],
                         epoch_ending=self.hf.control.should_epoch_stop, skip_callbacks=(self._flow,))
         self.hf.event("on_save")
 
@@ -320,7 +318,7 @@ class HFLoopSteps:
             self.hf.control.should_evaluate = False
         if not during_training:
             return False
-        return self.best.update(self.hf.state, metrics)
+        return self.checkpoints.update_best(self.hf.state, metrics)
 
     def evaluate_now(self, request: EvalRequest) -> EvaluationOutput:
         """Run Lightning's validation loop now, inside `fit` (HF's `evaluate()` during `train()`): every dataset's
@@ -335,4 +333,4 @@ class HFLoopSteps:
     def step_plateau_scheduler(self, metrics: dict[str, Any]) -> None:
         """A `ReduceLROnPlateau` steps on the best-model metric after a training-time evaluation (T:3322-3339)."""
         trainer, _ = self._run()
-        self.best.step_plateau_scheduler(trainer, metrics)
+        self.checkpoints.step_plateau_scheduler(trainer, metrics)

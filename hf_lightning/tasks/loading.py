@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.plan import evaluates_during_fit
 from hf_lightning.tasks.code_paths import import_checked, is_auto_class, is_config_class
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 from hf_lightning.tasks.task import Task
@@ -37,7 +38,7 @@ def split_source(spec: DataSpec, split: str) -> tuple[str, str | None]:
 def splits_for_stage(stage: str, args: TrainingArguments) -> list[str]:
     """Raw splits a run needs: fit -> train (+ validation when evaluating), validate -> validation, predict -> test."""
     if stage == "fit":
-        return ["train", "validation"] if args.eval_strategy != "no" or args.eval_on_start else ["train"]
+        return ["train", "validation"] if evaluates_during_fit(args) else ["train"]
     return ["validation"] if stage == "validate" else ["test"]
 
 

@@ -29,7 +29,6 @@ from transformers.utils import logging as hf_logging
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
-from hf_lightning.checkpoint.best import unreachable_best_metric
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.final_model import save_final_model
 from hf_lightning.checkpoint.find import resolve_resume
@@ -40,6 +39,7 @@ from hf_lightning.flow.messages import MAX_STEPS_OVERRIDE, console_callback, log
 from hf_lightning.module.evaluation import EVAL_LOSS_WEIGHTINGS, EvalRequest
 from hf_lightning.module.metrics import is_streaming_metric
 from hf_lightning.module.module import TransformerModule
+from hf_lightning.plan import unreachable_best_metric
 from hf_lightning.run_options.seeding import seed_as_hf
 from hf_lightning.trainer.data_hooks import DataHooks
 from hf_lightning.trainer.eval_loop import LOOP_OVERRIDES, EvalLoopHooks
@@ -236,7 +236,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
                                overridden=self._overridden,
                                resume_hint="trainer.train(resume_from_checkpoint={path!r})")
         if "save_model" in self._overridden:
-            self.flow.saver.save_model = lambda folder: self.save_model(folder, _internal_call=True)
+            self.flow.checkpoints.write_model_files = lambda folder: self.save_model(folder, _internal_call=True)
         self.lightning_trainer: pl.Trainer | None = None
         self.module = self._build_module(model, optimizers)
         loss_only = self.module.prediction_loss_only(is_prediction=False)

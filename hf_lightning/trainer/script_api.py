@@ -71,7 +71,7 @@ class ScriptApiMixin:
     def init_script_api(self, passed_args: PassedArguments | None) -> None:
         """End of the constructor: remember the user's arguments object, create `output_dir` (T:605-606)."""
         self.passed_args = passed_args if passed_args is not None else self.args
-        self.flow.saver.saved_args = self.passed_args
+        self.flow.checkpoints.saved_args = self.passed_args
         if self.args.should_save:
             os.makedirs(self.args.resolved_output_dir, exist_ok=True)
 
