@@ -265,7 +265,9 @@ class HFLoopSteps(EvaluationHooks):
     # ----- evaluation during training -----
     def evaluate_step(self, trainer: pl.Trainer, during_training: bool) -> bool:
         """`Trainer._evaluate` (the owner's when there is one) + `_determine_best_metric`; True on a new best."""
-        if not datamodule_of(trainer).eval_datasets:
+        # with an owner, its `evaluate` decides, as HF's (whose `get_eval_dataloader` raises without an eval dataset;
+        # sentence-transformers' returns an empty loader when it has an evaluator instead)
+        if self.owner is None and not datamodule_of(trainer).eval_datasets:
             raise ValueError(
                 "Trainer: evaluation requires an eval_dataset. `control.should_evaluate` was set at step "
                 f"{self.state.global_step} but no eval_dataset was given."
