@@ -237,6 +237,12 @@ class HFLoopHooks(Protocol):
     def floating_point_ops(self, inputs: Any) -> int:
         """The FLOPs of one micro-batch (a mapping: the collator's output, as HF passes it)."""
 
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """At a resume: the checkpoint folder's model weights into the model (`model`: the sharded one, FSDP)."""
+
+    def _load_best_model(self) -> None:
+        """At the end of training with `load_best_model_at_end`: the best checkpoint's weights into the model."""
+
 
 class TrainingStepOutput(TypedDict):
     """What `TransformerModule.training_step` returns for one optimizer update."""

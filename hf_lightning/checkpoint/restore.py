@@ -56,7 +56,7 @@ from hf_lightning.checkpoint.sharded import (
 from hf_lightning.checkpoint.stream_position import read_stream_position
 from hf_lightning.checkpoint.verify import checkpoint_error
 from hf_lightning.checkpoint.weight_files import is_adapter_file
-from hf_lightning.contracts import FlowDataModule, ResumableTrainStream, flow_model
+from hf_lightning.contracts import FlowDataModule, HFLoopHooks, ResumableTrainStream, flow_model
 from hf_lightning.flow.messages import logger as hf_logger
 
 __all__ = ["CheckpointRestorer", "load_weights", "read_file", "read_weights", "start_fit", "weight_mismatches"]
@@ -212,9 +212,11 @@ class CheckpointRestorer:
         args: this run's training arguments.
     """
 
-    def __init__(self, path: str, args: Any) -> None:
+    def __init__(self, path: str, args: Any, owner: HFLoopHooks | None = None) -> None:
         self.path = path
         self.args = args
+        self.owner = owner
+        """Whose `_load_from_checkpoint` loads the model weights (an `hf_lightning.Trainer`); None: built in."""
         self.files: CheckpointFiles | None = None
         self.position: ResumePosition | None = None
         self.nothing_left = False
@@ -237,8 +239,12 @@ class CheckpointRestorer:
             if not load_engine_state(strategy, files.path):
                 raise ValueError(f"Can't find a valid checkpoint at {files.path} (DeepSpeed resumes from a checkpoint "
                                  "written under DeepSpeed: `global_step<N>/` and `latest`).")
-        else:
+        elif self.owner is None:
             load_weights(model, files.weights, strategy=strategy)
+        elif optimizer_shard_owner(strategy, model) is not None:  # FSDP: HF passes the wrapped model (T:1815)
+            self.owner._load_from_checkpoint(str(files.path), model)
+        else:  # HF's call before the model is prepared (T:1564); an override loads its own format
+            self.owner._load_from_checkpoint(str(files.path))
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         optimizer = getattr(optimizer, "optimizer", optimizer)
         owner = optimizer_shard_owner(strategy, model)
@@ -410,7 +416,7 @@ def start_fit(flow: Any, trainer: pl.Trainer, pl_module: pl.LightningModule) -> 
     if not resume:
         _say_replaced(trainer, args, None)
         return None
-    restorer = CheckpointRestorer(resume, args)
+    restorer = CheckpointRestorer(resume, args, owner=flow.owner)
     plan = flow.plan
     restorer.on_fit_start(trainer, pl_module, plan.updates_per_epoch if plan is not None and plan.sized else None)
     position = restorer.position

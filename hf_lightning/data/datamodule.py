@@ -220,7 +220,9 @@ class TransformerDataModule(pl.LightningDataModule):
             module = self.trainer.lightning_module
         model = getattr(module, "model", None) or self.signature_model
         if self.args.remove_unused_columns and model is not None:
-            label_names = self.args.label_names or find_label_names(model)
+            label_names = getattr(module, "label_names", None)  # the trainer's `label_names`, if it was set
+            if label_names is None:
+                label_names = self.args.label_names or find_label_names(model)
             self._allowed_columns = signature_columns(model, label_names)
             self._label_names = list(label_names)
 

@@ -404,7 +404,11 @@ class HFTrainerFlow(HFLoopSteps):
         self.tokens.summary(metrics, trainer.strategy, self.state.total_flos)
         self.hf_log(trainer, metrics)  # adds "epoch", as HF's `TrainOutput.metrics` has it
         self._summary = metrics
-        self.best.load_best(flow_model(pl_module), self.state, trainer.strategy)
+        if self.best.best_to_load(self.state) is not None:  # verified first, whoever loads it
+            if self.owner is not None:
+                self.owner._load_best_model()  # HF's call (T:2024-2025): an override loads in its own way
+            else:
+                self.load_best_now()
         self.saver.finish(trainer, self.state)
         self.hf_event("on_train_end")
         self._end_steps()

@@ -287,6 +287,11 @@ class HFLoopSteps(EvaluationHooks):
             return False
         return self.best.update(self.state, metrics)
 
+    def load_best_now(self) -> None:
+        """The built-in `_load_best_model` of the running fit: the best checkpoint's weights into the model."""
+        trainer, pl_module = self._run()
+        self.best.load_best_weights(flow_model(pl_module), self.state, trainer.strategy)
+
     def evaluate_now(self, request: EvalRequest) -> dict[str, Any]:
         """Run Lightning's validation loop now, inside `fit` (HF's `evaluate()` during `train()`): the metrics.
 

@@ -391,7 +391,7 @@ class LightningAccelerator:
                 a `DataLoader` subclass).
         """
         world = self.num_processes
-        batch_sampler = loader.batch_sampler
+        batch_sampler: Any = loader.batch_sampler
         plain = type(loader) is DataLoader and not isinstance(loader.dataset, torch.utils.data.IterableDataset) \
             and batch_sampler is not None
         if not plain:

@@ -268,6 +268,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             **self._module_kwargs,
         )
         module.eval_loss_weighting = self.eval_loss_weighting
+        for name, value in vars(self).get("_set_attributes", {}).items():  # HF computes these once (step_hooks.py)
+            setattr(module, name, value)
         module.attach_hooks(self, self._overridden)
         self.datamodule.signature_model = model
         return module

@@ -1,6 +1,6 @@
 """The `transformers.Trainer` loop methods of `hf_lightning.Trainer` (`log`, `_evaluate`, `_maybe_log_save_evaluate`,
-`floating_point_ops`), and the loop's attributes (`state`, `control`, `callback_handler`, `is_in_train`,
-`model_wrapped`, `accelerator`).
+`floating_point_ops`, `_load_from_checkpoint`, `_load_best_model`), and the loop's attributes (`state`, `control`,
+`callback_handler`, `is_in_train`, `model_wrapped`, `accelerator`).
 
 `HFTrainerFlow` calls these methods on the trainer (`HFLoopSteps.owner`) where HF's loop calls them; each base
 method here calls the flow's built-in, so a subclass's override runs in its place and `super()` reaches the built-in.
@@ -9,11 +9,14 @@ method here calls the flow's built-in, so a subclass's override runs in its plac
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 from torch import nn
 
+from hf_lightning.checkpoint.restore import load_weights
+from hf_lightning.checkpoint.weight_files import weights_file
 from hf_lightning.data.collate import signature_columns
 from hf_lightning.flow.flow import HFTrainerFlow
 from hf_lightning.flow.hf_callbacks import HFCallbackHandler
@@ -128,6 +131,26 @@ class LoopHooks:
         if not skip_scheduler:
             self.flow.step_plateau_scheduler(metrics)
         return metrics
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """HF's `_load_from_checkpoint`: the weights of a checkpoint folder into `model` (default `self.model`; the
+        sharded model under FSDP, whose full weights are scattered), shapes checked first; a PEFT adapter into the
+        PEFT model. Called at every resume (after the folder is verified) and by a `_load_best_model` override.
+
+        Raises:
+            ValueError: the folder has no weights file (HF's words), or weights of another model (named).
+        """
+        weights = weights_file(Path(resume_from_checkpoint))
+        if weights is None:
+            raise ValueError(f"Can't find a valid checkpoint at {resume_from_checkpoint}")
+        trainer = self.lightning_trainer
+        load_weights(self.module.model if model is None else model, weights,
+                     strategy=trainer.strategy if trainer is not None else None)
+
+    def _load_best_model(self) -> None:
+        """HF's `_load_best_model`: the best checkpoint's weights (`state.best_model_checkpoint`, verified before
+        this call) into the model, at the end of `train()` with `load_best_model_at_end`."""
+        self.flow.load_best_now()
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
         """HF's `floating_point_ops`: `6 * tokens * non-embedding parameters` of one micro-batch (0 if unknown)."""
