@@ -100,8 +100,8 @@ _WRAP = ("model wrapping and placement belong to the Lightning strategy; pass `l
          "precision)")
 _SAVE = ("checkpoints are written by HFTrainerFlow's CheckpointSaver; override save_model or _save (called for "
          "each checkpoint's model files) or use TrainerCallback.on_save")
-_LOAD = ("resume and best-model loading are checkpoint/restore.py and checkpoint/best.py; override _load_from_checkpoint (the model weights at "
-         "resume) or _load_best_model (load_best_model_at_end) instead")
+_LOAD = ("resume and best-model loading are checkpoint/restore.py and checkpoint/best.py; override "
+         "_load_from_checkpoint (the model weights at resume) or _load_best_model (load_best_model_at_end) instead")
 _COLUMNS = ("column removal is TransformerDataModule's; set remove_unused_columns=False and drop columns in your "
             "collator or get_train_dataloader")
 _PARALLEL = "tensor, context and sequence parallelism are not supported; hf_lightning's built-ins never call it"
