@@ -20,7 +20,6 @@ from torch import nn
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 import hf_lightning
-from hf_lightning.data.sampling import BatchShard, batch_shard_problem
 from hf_lightning.data.windows import EpochLoader
 
 SAVING = {"save_strategy": "steps", "save_steps": 3, "eval_strategy": "no"}
@@ -214,6 +213,8 @@ def test_even_batches_is_settable_and_prepare_gives_accelerates_loader(tmp_path)
 
 
 def test_batch_shards_are_accelerates_where_no_sample_repeats():
+    from hf_lightning.data.sampling import BatchShard, batch_shard_problem
+
     batches = [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert [list(BatchShard(batches, 2, rank)) for rank in (0, 1)] == [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
     assert batch_shard_problem(4, True, 2, even_batches=True) is None
