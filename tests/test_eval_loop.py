@@ -166,7 +166,8 @@ def test_prepare_is_identity_for_what_lightning_prepared(tmp_path):
     reference = tiny_bert(seed=1)
     assert acc.prepare_model(reference, evaluation_mode=True) is reference  # moved to the device (the CPU)
     loader = DataLoader(list(range(4)), batch_size=2)
-    assert acc.prepare(loader) is loader  # one process: nothing to shard
+    prepared = acc.prepare(loader)  # one process: nothing to shard; `set_epoch` as accelerate's loader has it
+    assert callable(prepared.set_epoch) and [b.tolist() for b in prepared] == [b.tolist() for b in loader]
 
 
 def test_strategy_plugins_say_which_sharded_strategy_runs(tmp_path):

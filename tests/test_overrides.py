@@ -18,6 +18,7 @@ from helpers import classification_dataset, tiny_bert
 from hf_lightning.trainer.accelerator import SUPPORTED
 from hf_lightning.trainer.overrides import (
     CALLED_BY_USER,
+    HUB_ONLY,
     REFUSED,
     ROUTED,
     check_overrides,
@@ -32,7 +33,7 @@ def hf_methods(cls: type) -> set[str]:
 
 
 def test_every_hf_trainer_method_is_in_exactly_one_table():
-    tables = [set(ROUTED), set(CALLED_BY_USER), set(REFUSED)]
+    tables = [set(ROUTED), set(CALLED_BY_USER), set(HUB_ONLY), set(REFUSED)]
     assert all(not (a & b) for i, a in enumerate(tables) for b in tables[i + 1:])
     known = set().union(*tables)
     hf = hf_methods(transformers.Trainer) | hf_methods(transformers.Seq2SeqTrainer)
