@@ -223,6 +223,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             data_collator=data_collator, processing_class=processing_class,
         )
         self.datamodule.loader_owner = self
+        self.datamodule.columns_owner = self
         self._eval_dataset = eval_dataset
         hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
         self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs, model)
