@@ -214,6 +214,17 @@ class HFDataHooks(Protocol):
         """The evaluation order (a sampler), or None."""
 
 
+class HFColumnHooks(Protocol):
+    """HF's signature columns, which `TransformerDataModule` asks its `columns_owner` for when it removes unused
+    columns (`hf_lightning/trainer/loop_hooks.py` is the `Trainer`'s side)."""
+
+    _signature_columns: list[str] | None
+    """The columns `remove_unused_columns` keeps; None until `_set_signature_columns_if_needed` sets them."""
+
+    def _set_signature_columns_if_needed(self) -> None:
+        """Set `_signature_columns` when it is None."""
+
+
 class HFLoopHooks(Protocol):
     """HF's loop methods `HFTrainerFlow` calls where HF's loop calls them, with the `transformers.Trainer`
     signatures (`hf_lightning/trainer/loop_hooks.py` is the `Trainer`'s side)."""
@@ -236,6 +247,10 @@ class HFLoopHooks(Protocol):
 
     def floating_point_ops(self, inputs: Any) -> int:
         """The FLOPs of one micro-batch (a mapping: the collator's output, as HF passes it)."""
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """Write the checkpoint of the current step (at HF's point: after the update's evaluation, before
+        `on_save`)."""
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """At a resume: the checkpoint folder's model weights into the model (`model`: the sharded one, FSDP)."""

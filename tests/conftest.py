@@ -39,6 +39,7 @@ import torch
 TIERS = {
     "test_args.py": "unit",
     "test_args_hf_fields.py": "parity",
+    "test_as_transformers.py": "unit",
     "test_args_types.py": "parity",
     "test_callback_contract.py": "unit",
     "test_citations.py": "unit",

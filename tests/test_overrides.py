@@ -65,7 +65,7 @@ def _trainer(cls, tmp_path, **kwargs):
 
 def test_refused_overrides_raise_one_error_naming_each(tmp_path):
     class Custom(hf_lightning.Trainer):
-        def _save_checkpoint(self, model, trial):
+        def _save_rng_state(self, output_dir):
             pass
 
         def _inner_training_loop(self, *args, **kwargs):
@@ -77,7 +77,7 @@ def test_refused_overrides_raise_one_error_naming_each(tmp_path):
     with pytest.raises(TypeError) as info:
         _trainer(Custom, tmp_path)
     message = str(info.value)
-    assert "_save_checkpoint: checkpoints are written by HFTrainerFlow" in message
+    assert "_save_rng_state: checkpoints are written by HFTrainerFlow" in message
     assert "_inner_training_loop: HF's own training loop" in message
     assert "my_helper" not in message
 

@@ -1,11 +1,11 @@
 """The HF Trainer's per-update steps of `HFTrainerFlow`: log, evaluate, save; each one routed through the owner.
 
 `HFLoopSteps` is the flow's base class. It holds `Trainer._maybe_log_save_evaluate` (T:2238-2286), `Trainer.log`
-(T:4189-4211), `Trainer._evaluate` (T:3302-3339) and HF's FLOPs count, and calls each through `owner` when the
-flow has one (an `hf_lightning.Trainer`, whose subclass may override `_maybe_log_save_evaluate`, `log`, `_evaluate`,
-`evaluate`, `floating_point_ops`): the owner's base methods call back into the `*_now` methods here, so an override
-runs where HF's runs and `super()` reaches the built-in. Without an owner (the CLI, a hand-built
-`lightning.Trainer`) the built-ins run directly.
+(T:4189-4211), `Trainer._evaluate` (T:3302-3339), `Trainer._save_checkpoint` (T:3363) and HF's FLOPs count, and calls
+each through `owner` when the flow has one (an `hf_lightning.Trainer`, whose subclass may override
+`_maybe_log_save_evaluate`, `log`, `_evaluate`, `evaluate`, `_save_checkpoint`, `floating_point_ops`): the owner's base
+methods call back into the `*_now` methods here, so an override runs where HF's runs and `super()` reaches the built-in.
+Without an owner (the CLI, a hand-built `lightning.Trainer`) the built-ins run directly.
 """
 
 from __future__ import annotations
@@ -158,10 +158,28 @@ class HFLoopSteps(EvaluationHooks):
             if self.args.save_strategy == "best":
                 self.control.should_save = new_best  # T:2281-2282: "best" saves exactly on a new best
         if self.control.should_save:
-            self.flos.store(self.state, trainer)
-            self.saver.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
-                            epoch_ending=self.control.should_epoch_stop, skip_callbacks=(self,))
+            self.save_checkpoint(pl_module)
             self.hf_event("on_save")
+
+    def save_checkpoint(self, pl_module: pl.LightningModule) -> None:
+        """HF's `_save_checkpoint(model, trial)` (T:3363), the owner's when there is one: a library's override (TRL
+        writes its model card, then calls `super()`) runs at HF's point, and the base writes the checkpoint."""
+        if self.owner is None:
+            self.save_checkpoint_now()
+            return
+        self.owner._save_checkpoint(flow_model(pl_module), getattr(self.owner, "_trial", None))
+
+    def save_checkpoint_now(self) -> None:
+        """The built-in `_save_checkpoint`: store the FLOPs, write `checkpoint-<global_step>` (crash-safe, with its
+        manifest), move the best pointer, rotate (`checkpoint/write.py`).
+
+        Raises:
+            RuntimeError: no fit is running (HF's `_save_checkpoint` runs only inside its training loop too).
+        """
+        trainer, pl_module = self._run()
+        self.flos.store(self.state, trainer)
+        self.saver.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
+                        epoch_ending=self.control.should_epoch_stop, skip_callbacks=(self,))
 
     # ----- pre-emption (flow/preemption.py, flow/interruption.py) -----
     def stop_if_preempted(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -177,9 +195,7 @@ class HFLoopSteps(EvaluationHooks):
             return
         jit = bool(self.args.enable_jit_checkpoint)
         if jit and self.saver.last_saved_step != self.state.global_step:
-            self.flos.store(self.state, trainer)
-            self.saver.save(trainer, pl_module, self.state, [*self.handler.callbacks, self.control],
-                            epoch_ending=self.control.should_epoch_stop, skip_callbacks=(self,))
+            self.save_checkpoint(pl_module)
             self.hf_event("on_save")
         self.saver.wait(trainer)  # `save_async`: the checkpoint in flight is in place before the process ends
         self.preemption.requeue(trainer, signum)  # Lightning's SLURM auto-requeue, once the checkpoint is complete

@@ -44,6 +44,7 @@ from hf_lightning.module.evaluation import EVAL_LOSS_WEIGHTINGS, EvalRequest
 from hf_lightning.module.metrics import is_streaming_metric
 from hf_lightning.module.module import TransformerModule
 from hf_lightning.run_options.seeding import seed_as_hf
+from hf_lightning.trainer.as_transformers import default_lightning_kwargs
 from hf_lightning.trainer.data_hooks import DataHooks
 from hf_lightning.trainer.eval_loop import LOOP_OVERRIDES, EvalLoopHooks
 from hf_lightning.trainer.hp_search import HyperparameterSearchMixin
@@ -158,7 +159,9 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         optimizers: a user `(optimizer, scheduler)` pair.
         optimizer_cls_and_kwargs: `(optimizer class, kwargs)` used instead of `args.optim` (with HF's groups).
         preprocess_logits_for_metrics: `fn(logits, labels) -> tensor`, per eval batch.
-        lightning_kwargs: forwarded to `lightning.Trainer` (accelerator, devices, strategy, precision, logger...).
+        lightning_kwargs: forwarded to `lightning.Trainer` (accelerator, devices, strategy, precision, logger...);
+            None: those given to `use_as_transformers_trainer` (a library trainer's constructor has no such
+            parameter), else none.
         eval_loss_weighting: "samples" (HF's `eval_loss`) or "tokens" (mean over every label token; README
             "Evaluation and prediction").
 
@@ -191,7 +194,9 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         eval_loss_weighting: str = "samples",
     ) -> None:
         self.args = self._resolve_args(args)
-        self.lightning_kwargs = dict(lightning_kwargs or {})
+        # a library trainer's constructor (TRL's) has no `lightning_kwargs`: the ones given to
+        # `use_as_transformers_trainer` stand in
+        self.lightning_kwargs = dict(default_lightning_kwargs() if lightning_kwargs is None else lightning_kwargs)
         # every override checked before anything is built: one error naming all that cannot be honoured
         check_overrides(type(self), deepspeed_refusals(_deepspeed_config(self.args, self.lightning_kwargs)))
         self._overridden = frozenset(overridden_methods(type(self)))
@@ -225,6 +230,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             data_collator=data_collator, processing_class=processing_class,
         )
         self.datamodule.loader_owner = self
+        self.datamodule.columns_owner = self
         self._eval_dataset = eval_dataset
         hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
         self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs, model)

@@ -1,6 +1,7 @@
 """The `transformers.Trainer` loop methods of `hf_lightning.Trainer` (`log`, `_evaluate`, `_maybe_log_save_evaluate`,
-`floating_point_ops`, `_load_from_checkpoint`, `_load_best_model`), and the loop's attributes (`state`, `control`,
-`callback_handler`, `is_in_train`, `model_wrapped`, `accelerator`).
+`_save_checkpoint`, `_set_signature_columns_if_needed`, `floating_point_ops`, `_load_from_checkpoint`,
+`_load_best_model`), and the loop's attributes (`state`, `control`, `callback_handler`, `is_in_train`,
+`model_wrapped`, `accelerator`).
 
 `HFTrainerFlow` calls these methods on the trainer (`HFLoopSteps.owner`) where HF's loop calls them; each base
 method here calls the flow's built-in, so a subclass's override runs in its place and `super()` reaches the built-in.
@@ -88,18 +89,15 @@ class LoopHooks:
         ModelParallel strategy in `lightning_kwargs`)."""
         return self.accelerator.strategy_kind()[0] == "fsdp"
 
-    @property
-    def _signature_columns(self) -> list[str]:
-        """HF's `_signature_columns`: the columns kept by `remove_unused_columns` (the model's `forward` parameters,
-        `label`, `label_ids` and the label names). Computed on read (HF fills it at the first dataloader)."""
-        return signature_columns(self.model, list(self.module.label_names))
+    _signature_columns: list[str] | None = None
+    """HF's `_signature_columns`: the columns `remove_unused_columns` keeps; None until the first loader is built,
+    which calls `_set_signature_columns_if_needed` (a subclass may override it, or set the list, as TRL's does)."""
 
-    @_signature_columns.setter
-    def _signature_columns(self, value: Any) -> None:
-        raise AttributeError(
-            "hf_lightning.Trainer._signature_columns is read-only: the kept columns follow the model's forward. Set "
-            "remove_unused_columns=False and drop columns in your collator or get_train_dataloader instead."
-        )
+    def _set_signature_columns_if_needed(self) -> None:
+        """HF's `_set_signature_columns_if_needed`: when `_signature_columns` is None, set it to the model's `forward`
+        parameters (inside PEFT / compile wrappers), `label`, `label_ids` and the label names."""
+        if self._signature_columns is None:
+            self._signature_columns = signature_columns(self.model, list(self.module.label_names))
 
     @property
     def _globalstep_last_logged(self) -> int:
@@ -131,6 +129,17 @@ class LoopHooks:
         if not skip_scheduler:
             self.flow.step_plateau_scheduler(metrics)
         return metrics
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """HF's `_save_checkpoint` at every checkpoint save during `train()`: `checkpoint-<global_step>` with the
+        model files (through `save_model` when overridden), optimizer, scheduler, RNG and trainer state, written
+        crash-safe with its manifest, then the best pointer and rotation (`model` and `trial` are HF's; the flow's
+        model is what is saved).
+
+        Raises:
+            RuntimeError: called outside `train()`.
+        """
+        self.flow.save_checkpoint_now()
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
         """HF's `_load_from_checkpoint`: the weights of a checkpoint folder into `model` (default `self.model`; the

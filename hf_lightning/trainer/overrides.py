@@ -69,6 +69,10 @@ ROUTED: dict[str, str] = {
     "_load_best_model": "at the end of train() with load_best_model_at_end, after the train summary is logged and the "
                         "best checkpoint's files are verified",
     "call_model_init": "by train() when a model_init is given",
+    "_save_checkpoint": "at every checkpoint save during train(), with HF's (model, trial), after the update's "
+                        "evaluation and before on_save; the base writes the checkpoint (crash-safe, with its manifest)",
+    "_set_signature_columns_if_needed": "when the first loader is built, before `_signature_columns` is read for "
+                                        "remove_unused_columns",
 }
 """HF methods the Lightning pieces call through the trainer, and where."""
 
@@ -134,7 +138,6 @@ REFUSED: dict[str, str] = {
                               "greater_is_better",
     "store_flos": "total_flos is stored by HFTrainerFlow; override floating_point_ops to count differently",
     "_get_output_dir": _SAVE,
-    "_save_checkpoint": _SAVE,
     "_save_rng_state": _SAVE,
     "_save_optimizer_and_scheduler": _SAVE,
     "_save_scaler": _SAVE,
@@ -144,7 +147,6 @@ REFUSED: dict[str, str] = {
     "_load_callback_state": _LOAD,
     "_issue_warnings_after_load": _LOAD,
     "_remove_unused_columns": _COLUMNS,
-    "_set_signature_columns_if_needed": _COLUMNS,
     "_get_collator_with_removed_columns": _COLUMNS,
     "get_sp_size": _PARALLEL,
     "get_cp_size": _PARALLEL,
