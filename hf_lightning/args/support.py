@@ -1,5 +1,5 @@
 """What hf_lightning does with each `transformers.TrainingArguments` field: the single table behind the checks and
-the README's argument map (pure Python, no imports).
+the README's argument map (pure Python, the standard library only).
 
 Every HF field exists on `hf_lightning.TrainingArguments` with HF's name, type and default, so any HF command line
 parses. A field is either supported (HF's meaning), supported with a documented difference (`DIFFERENCES`), or not
@@ -9,6 +9,7 @@ field and what to use instead (`unsupported_problem`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -141,8 +142,6 @@ def accelerator_config_changes_nothing(value: Any) -> bool:
     if value is None:
         return True
     if isinstance(value, str):
-        import json
-
         try:
             value = json.loads(value)
         except ValueError:
