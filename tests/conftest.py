@@ -195,6 +195,8 @@ SLOW = {
     "test_examples.py::test_the_readme_classification_command_learns",
     "test_readme_examples.py::test_python_blocks_run_as_written",
     "test_gpu.py::test_the_best_model_flow_of_the_gpu_harness_runs_on_the_cpu",
+    # two more sentence-transformers processes (~10 s each); tests/test_private_hooks.py keeps `_load_best_model`
+    "test_sentence_transformers.py::test_load_best_model_at_end_loads_the_best_checkpoint_as_hf",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 
