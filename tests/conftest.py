@@ -82,6 +82,7 @@ TIERS = {
     "test_overrides.py": "parity",
     "test_overrides_loop_parity.py": "parity",
     "test_overrides_parity.py": "parity",
+    "test_trl_parity.py": "parity",
     "test_resume_hf_interchange.py": "parity",
     "test_resume_changed_settings.py": "parity",
     "test_rng_order_parity.py": "parity",
