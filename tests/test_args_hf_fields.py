@@ -243,3 +243,19 @@ def test_valid_dict_fields_as_hfs_and_a_subclass_extends_them():
                       lr_scheduler_kwargs='{"num_cycles": "2"}')
         assert args.model_init_kwargs == {"a": True, "b": 3, "c": 0.5, "d": {"e": False}, "f": "text"}, base
         assert args.lr_scheduler_kwargs == {"num_cycles": 2}, base
+
+
+def test_distributed_state_and_deepspeed_plugin_read_as_hfs(tmp_path):
+    """What library trainers read of HF's arguments at construction (TRL: `args.distributed_state.distributed_type`,
+    `args.deepspeed_plugin.zero_stage`): HF's values on one process; the ZeRO stage of a DeepSpeed config."""
+    hf = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    ours = hf_lightning.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    assert ours.distributed_state.distributed_type == hf.distributed_state.distributed_type == "NO"
+    assert (ours.distributed_state.num_processes, ours.distributed_state.process_index) == \
+        (hf.distributed_state.num_processes, hf.distributed_state.process_index) == (1, 0)
+    assert ours.deepspeed_plugin is None and hf.deepspeed_plugin is None
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    with_deepspeed = hf_lightning.TrainingArguments(output_dir=str(tmp_path), deepspeed=str(config), report_to="none")
+    assert with_deepspeed.deepspeed_plugin.zero_stage == 2
+    assert with_deepspeed.distributed_state.distributed_type == "DEEPSPEED"

@@ -174,6 +174,9 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
     """
 
     module_class: type[TransformerModule] = TransformerModule
+    hub_model_id: str | None = None
+    """HF's `hub_model_id` (the repository `init_hf_repo` creates for `push_to_hub`): always None, there is no hub
+    access here; library model cards read it (TRL's `create_model_card`)."""
 
     def __init__(
         self,
