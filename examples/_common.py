@@ -70,7 +70,7 @@ def resume_point(training_args, last_checkpoint: str | None) -> str | bool | Non
 
 
 def make_tiny_model(kind: str, output_dir: str, num_labels: int = 2) -> str:
-    """Save a tiny random model of `kind` (`classification`, `token-classification`, `causal-lm`, `masked-lm`,
+    """Save a tiny random model of `kind` (`classification`, `token-classification`, `causal-lm`, `llama`, `masked-lm`,
     `seq2seq`, `question-answering`) with the bundled tokenizer into `output_dir`; scripts load it with
     `--model_name_or_path`."""
     import torch
@@ -84,6 +84,8 @@ def make_tiny_model(kind: str, output_dir: str, num_labels: int = 2) -> str:
         BertForTokenClassification,
         GPT2Config,
         GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
         PreTrainedTokenizerFast,
     )
 
@@ -103,6 +105,11 @@ def make_tiny_model(kind: str, output_dir: str, num_labels: int = 2) -> str:
     elif kind == "causal-lm":
         model = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=2, n_positions=128,
                                            bos_token_id=cls, eos_token_id=sep, pad_token_id=pad))
+    elif kind == "llama":  # a Llama-style causal LM (the SFT script's model: HF counts its label tokens right)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                                             max_position_embeddings=128, bos_token_id=cls, eos_token_id=sep,
+                                             pad_token_id=pad))
     elif kind == "seq2seq":
         model = BartForConditionalGeneration(BartConfig(
             vocab_size=vocab, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
@@ -110,8 +117,8 @@ def make_tiny_model(kind: str, output_dir: str, num_labels: int = 2) -> str:
             pad_token_id=pad, bos_token_id=cls, eos_token_id=sep, decoder_start_token_id=sep,
             forced_eos_token_id=sep))
     else:
-        raise ValueError(f"kind={kind!r}: one of classification, token-classification, causal-lm, masked-lm, seq2seq, "
-                         "question-answering")
+        raise ValueError(f"kind={kind!r}: one of classification, token-classification, causal-lm, llama, masked-lm, "
+                         "seq2seq, question-answering")
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     return output_dir

@@ -2,7 +2,8 @@
 
 Lightning-native pieces (`TransformerModule`, `TransformerDataModule`, `HFTrainerFlow`, `HFEarlyStopping`), drop-in
 facades (`Trainer`, `TrainingArguments`, and the `Seq2Seq*` variants that evaluate by generation) with the
-`transformers` signatures.
+`transformers` signatures; `use_as_transformers_trainer()` makes `transformers.Trainer` itself hf_lightning's, for
+library trainers built on it (TRL, sentence-transformers).
 
 Names are imported on first access (PEP 562), so `hf-lightning --help` and `hf_lightning.args` do not load torch
 and Lightning before they are needed.
@@ -26,6 +27,8 @@ _EXPORTS = {
     "TrainingArguments": "hf_lightning.args",
     "TransformerDataModule": "hf_lightning.data.datamodule",
     "TransformerModule": "hf_lightning.module.module",
+    "restore_transformers_trainer": "hf_lightning.trainer.as_transformers",
+    "use_as_transformers_trainer": "hf_lightning.trainer.as_transformers",
 }
 
 __all__ = [*_EXPORTS, "__version__"]
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
     from hf_lightning.seq2seq.module import Seq2SeqTransformerModule
     from hf_lightning.seq2seq.trainer import Seq2SeqTrainer
+    from hf_lightning.trainer.as_transformers import restore_transformers_trainer, use_as_transformers_trainer
     from hf_lightning.trainer.facade import Trainer
 
 

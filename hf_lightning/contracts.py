@@ -238,9 +238,23 @@ class HFDataHooks(Protocol):
         """The evaluation order (a sampler), or None."""
 
 
+class HFColumnHooks(Protocol):
+    """HF's signature columns, which `TransformerDataModule` asks its `columns_owner` for when it removes unused
+    columns (`hf_lightning/trainer/loop_hooks.py` is the `Trainer`'s side)."""
+
+    _signature_columns: list[str] | None
+    """The columns `remove_unused_columns` keeps; None until `_set_signature_columns_if_needed` sets them."""
+
+    def _set_signature_columns_if_needed(self) -> None:
+        """Set `_signature_columns` when it is None."""
+
+
 class HFLoopHooks(Protocol):
     """HF's loop methods `HFTrainerFlow` calls where HF's loop calls them, with the `transformers.Trainer`
     signatures (`hf_lightning/trainer/loop_hooks.py` is the `Trainer`'s side)."""
+
+    _trial: Any
+    """HF's current hyperparameter-search trial (None outside `hyperparameter_search`), passed to `_save_checkpoint`."""
 
     def _maybe_log_save_evaluate(
         self, tr_loss: Any, grad_norm: Any, model: nn.Module, trial: Any, epoch: float,
@@ -264,6 +278,16 @@ class HFLoopHooks(Protocol):
 
     def floating_point_ops(self, inputs: Any) -> int:
         """The FLOPs of one micro-batch (a mapping: the collator's output, as HF passes it)."""
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """Write the checkpoint of the current step (at HF's point: after the update's evaluation, before
+        `on_save`)."""
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """At a resume: the checkpoint folder's model weights into the model (`model`: the sharded one, FSDP)."""
+
+    def _load_best_model(self) -> None:
+        """At the end of training with `load_best_model_at_end`: the best checkpoint's weights into the model."""
 
 
 class TrainingStepOutput(TypedDict):

@@ -39,6 +39,7 @@ import torch
 TIERS = {
     "test_args.py": "unit",
     "test_args_hf_fields.py": "parity",
+    "test_as_transformers.py": "unit",
     "test_args_types.py": "parity",
     "test_callback_contract.py": "unit",
     "test_citations.py": "unit",
@@ -81,6 +82,9 @@ TIERS = {
     "test_overrides.py": "parity",
     "test_overrides_loop_parity.py": "parity",
     "test_overrides_parity.py": "parity",
+    "test_private_hooks.py": "parity",
+    "test_sentence_transformers.py": "parity",
+    "test_trl_parity.py": "parity",
     "test_resume_hf_interchange.py": "parity",
     "test_resume_changed_settings.py": "parity",
     "test_rng_order_parity.py": "parity",
@@ -193,6 +197,8 @@ SLOW = {
     "test_examples.py::test_the_readme_classification_command_learns",
     "test_readme_examples.py::test_python_blocks_run_as_written",
     "test_gpu.py::test_the_best_model_flow_of_the_gpu_harness_runs_on_the_cpu",
+    # two more sentence-transformers processes (~10 s each); tests/test_private_hooks.py keeps `_load_best_model`
+    "test_sentence_transformers.py::test_load_best_model_at_end_loads_the_best_checkpoint_as_hf",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 

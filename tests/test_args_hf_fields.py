@@ -226,3 +226,36 @@ def test_a_json_config_as_scripts_read_it(tmp_path):
     (ours,) = HfArgumentParser(hf_lightning.TrainingArguments).parse_json_file(str(config))
     for name in ("output_dir", "do_train", "do_eval", "eval_strategy", "report_to", "optim", "lr_scheduler_type"):
         assert getattr(ours, name) == _plain(getattr(hf, name)), name
+
+
+def test_valid_dict_fields_as_hfs_and_a_subclass_extends_them():
+    """HF's `_VALID_DICT_FIELDS`: the fields a JSON string starting with `{` may give, parsed into a dict with the
+    `"true"` / number strings typed; a subclass (TRL's `SFTConfig`) adds its own fields to the list."""
+    assert hf_lightning.TrainingArguments._VALID_DICT_FIELDS == transformers.TrainingArguments._VALID_DICT_FIELDS
+    given = '{"a": "true", "b": "3", "c": "0.5", "d": {"e": "False"}, "f": "text"}'
+    for base in (transformers.TrainingArguments, hf_lightning.TrainingArguments):
+        @dataclasses.dataclass
+        class Config(base):  # as TRL's configs: a dict field of its own, given on a command line as JSON
+            model_init_kwargs: dict | str | None = None
+            _VALID_DICT_FIELDS = base._VALID_DICT_FIELDS + ["model_init_kwargs"]
+
+        args = Config(output_dir="unused", report_to="none", model_init_kwargs=given,
+                      lr_scheduler_kwargs='{"num_cycles": "2"}')
+        assert args.model_init_kwargs == {"a": True, "b": 3, "c": 0.5, "d": {"e": False}, "f": "text"}, base
+        assert args.lr_scheduler_kwargs == {"num_cycles": 2}, base
+
+
+def test_distributed_state_and_deepspeed_plugin_read_as_hfs(tmp_path):
+    """What library trainers read of HF's arguments at construction (TRL: `args.distributed_state.distributed_type`,
+    `args.deepspeed_plugin.zero_stage`): HF's values on one process; the ZeRO stage of a DeepSpeed config."""
+    hf = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    ours = hf_lightning.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    assert ours.distributed_state.distributed_type == hf.distributed_state.distributed_type == "NO"
+    assert (ours.distributed_state.num_processes, ours.distributed_state.process_index) == \
+        (hf.distributed_state.num_processes, hf.distributed_state.process_index) == (1, 0)
+    assert ours.deepspeed_plugin is None and hf.deepspeed_plugin is None
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    with_deepspeed = hf_lightning.TrainingArguments(output_dir=str(tmp_path), deepspeed=str(config), report_to="none")
+    assert with_deepspeed.deepspeed_plugin.zero_stage == 2
+    assert with_deepspeed.distributed_state.distributed_type == "DEEPSPEED"

@@ -246,3 +246,13 @@ def test_trainer_max_steps_trains_that_many_updates_and_help_says_where_it_goes(
           "--args.load_best_model_at_end", "false"])
     assert "Training done: 2 updates" in capsys.readouterr().out
     assert json.loads((out / "train_results.json").read_text())["epoch"] < 1
+
+
+@pytest.mark.parametrize("task", ["sft", "dpo"])
+def test_a_library_trainer_task_is_one_error_line_saying_what_runs_it(task, tmp_path, in_repo, capsys):
+    """TRL's trainers are Trainer subclasses whose behaviour is their own methods; the CLI runs task presets, not a
+    Trainer: `task: sft` says so, and names what runs it (use_as_transformers_trainer, examples/run_sft.py)."""
+    line = _error(["fit", "--config", "configs/causal_lm.yaml", "--task", task,
+                   "--args.output_dir", str(tmp_path / "out")], capsys)
+    assert f"task={task!r} is not a CLI task" in line and "TRL's" in line
+    assert "use_as_transformers_trainer()" in line and "examples/run_sft.py" in line

@@ -166,7 +166,8 @@ def test_prepare_is_identity_for_what_lightning_prepared(tmp_path):
     reference = tiny_bert(seed=1)
     assert acc.prepare_model(reference, evaluation_mode=True) is reference  # moved to the device (the CPU)
     loader = DataLoader(list(range(4)), batch_size=2)
-    assert acc.prepare(loader) is loader  # one process: nothing to shard
+    prepared = acc.prepare(loader)  # one process: nothing to shard; `set_epoch` as accelerate's loader has it
+    assert callable(prepared.set_epoch) and [b.tolist() for b in prepared] == [b.tolist() for b in loader]
 
 
 def test_strategy_plugins_say_which_sharded_strategy_runs(tmp_path):
@@ -223,7 +224,32 @@ def test_trainer_attributes_subclasses_read_match_hf(tmp_path):
     assert ours[:len(ours) - 2] == hf[:len(ours) - 2]  # the forward parameters, in order
 
 
-def test_signature_columns_cannot_be_set(tmp_path):
-    trainer = _bert_trainer(tmp_path)
-    with pytest.raises(AttributeError, match="_signature_columns is read-only"):
-        trainer._signature_columns = ["input_ids"]
+def test_signature_columns_override_decides_the_kept_columns_as_in_hf(tmp_path):
+    """TRL's pattern: `_set_signature_columns_if_needed` overridden to set `_signature_columns` itself (here without
+    `attention_mask`); the batches the loss sees have the same columns in both trainers."""
+    from helpers import classification_dataset
+
+    def recording(base):
+        class Columns(base):
+            def _set_signature_columns_if_needed(self):
+                self.__dict__.setdefault("asked", 0)
+                self.asked += 1
+                if self._signature_columns is None:
+                    self._signature_columns = ["input_ids", "label", "labels"]
+
+            def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+                self.__dict__.setdefault("keys", set()).add(tuple(sorted(inputs)))
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        return Columns
+
+    seen = {}
+    for base in (hf_lightning.Trainer, transformers.Trainer):
+        args_cls = hf_lightning.TrainingArguments if base is hf_lightning.Trainer else transformers.TrainingArguments
+        args = args_cls(output_dir=str(tmp_path / base.__module__), max_steps=2, per_device_train_batch_size=2,
+                        report_to="none", disable_tqdm=True, use_cpu=True, save_strategy="no")
+        trainer = recording(base)(model=tiny_bert(), args=args, train_dataset=classification_dataset(n=8))
+        assert trainer._signature_columns is None  # HF's: set at the first loader
+        trainer.train()
+        seen[base] = (trainer.keys, trainer._signature_columns, trainer.asked > 0)
+    assert seen[hf_lightning.Trainer] == seen[transformers.Trainer]
+    assert seen[transformers.Trainer][0] == {("input_ids", "labels")}

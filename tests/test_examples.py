@@ -217,6 +217,55 @@ def test_script_under_two_process_ddp_matches_transformers(models, tmp_path):
     assert state["epoch"] == 2.0 and math.isfinite(state["log_history"][-1]["train_loss"])
 
 
+SFT_ARGS = ["--do_train", "--do_eval", "--max_steps", "4", "--save_steps", "2", "--eval_strategy", "steps",
+            "--eval_steps", "2", "--logging_steps", "1", "--per_device_train_batch_size", "8",
+            "--per_device_eval_batch_size", "8", "--report_to", "none", "--learning_rate", "1e-3", "--seed", "7",
+            "--max_train_samples", "32", "--max_eval_samples", "16", "--max_length", "32", "--use_cpu",
+            "--bf16", "False", "--gradient_checkpointing", "False",  # TRL's defaults, off: a CPU fp32 comparison
+            "--eos_token", "[SEP]",  # the bundled tokenizer has no EOS token; the tiny model's is [SEP]
+            "--train_file", DATA / "sentiment_train.csv", "--validation_file", DATA / "sentiment_validation.csv"]
+
+
+def run_sft(model: str, output_dir: Path, oracle: bool = False, extra: list = ()) -> str:
+    """examples/run_sft.py as a user runs it; `oracle`: the same script with TRL on `transformers.Trainer`."""
+    # PYTHONHASHSEED: TRL's model card lists its tags from a set, in string-hash order, which differs per process
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "HF_HUB_DISABLE_TELEMETRY": "1", "PYTHONHASHSEED": "0"}
+    env.pop("EXAMPLES_TRAINER", None)
+    if oracle:
+        env["EXAMPLES_TRAINER"] = "transformers"
+    command = [sys.executable, str(REPO / "examples" / "run_sft.py"), "--model_name_or_path", model,
+               "--output_dir", str(output_dir), *map(str, SFT_ARGS), *map(str, extra)]
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=output_dir.parent, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return done.stdout + done.stderr
+
+
+def test_sft_script_runs_trl_on_hf_lightning_as_on_transformers(models, tmp_path):
+    """run_sft.py: TRL's `SFTTrainer` built on hf_lightning by its one line writes what the same script writes with
+    TRL on `transformers.Trainer` (results JSON, trainer_state.json, checkpoints, TRL's model card), same values."""
+    # a Llama: transformers 5.24 counts the label tokens of a GPT-2 built from a config one per row too many, which
+    # TRL's loss divides by (README "Differences": causal-LM token counts); for a Llama both count the same
+    model = make_tiny_model("llama", str(tmp_path / "llama"))
+    ours, hf = tmp_path / "ours" / "out", tmp_path / "hf" / "out"  # one name: the model card's title
+    log = run_sft(model, ours)
+    run_sft(model, hf, oracle=True)
+    assert_same_outputs(ours, hf)
+    assert "***** train metrics *****" in log and "***** eval metrics *****" in log
+    assert {"checkpoint-2", "checkpoint-4", "README.md", "eval_results.json"} <= {p.name for p in ours.iterdir()}
+    state = json.loads((ours / "trainer_state.json").read_text())
+    assert any("mean_token_accuracy" in e for e in state["log_history"])  # TRL's own metrics, logged by its `log`
+
+
+def test_sft_script_refuses_do_predict(models, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "run_sft.py"), "--model_name_or_path",
+                           models["clm"], "--output_dir", str(tmp_path / "out"), "--do_predict"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode != 0 and "run_sft.py does not predict" in done.stderr
+
+
 def test_the_readme_classification_command_learns(tmp_path):
     """The README's `run_classification.py` command, as written: its last evaluation beats the majority class of the
     validation data (with HF's default learning rate the tiny random model ended on the majority class, 0.578)."""

@@ -171,6 +171,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.cli.file_checks": 3,
     "hf_lightning.cli.trainer_spellings": 3,
     "hf_lightning.trainer.facade": 3,
+    "hf_lightning.trainer.as_transformers": 3,
     "hf_lightning.trainer.lightning_trainer": 3,
     "hf_lightning.cli.quickstart": 3,
     "hf_lightning.seq2seq": 3,

@@ -18,6 +18,7 @@ from helpers import classification_dataset, tiny_bert
 from hf_lightning.trainer.accelerator import SUPPORTED
 from hf_lightning.trainer.overrides import (
     CALLED_BY_USER,
+    HUB_ONLY,
     REFUSED,
     ROUTED,
     check_overrides,
@@ -32,7 +33,7 @@ def hf_methods(cls: type) -> set[str]:
 
 
 def test_every_hf_trainer_method_is_in_exactly_one_table():
-    tables = [set(ROUTED), set(CALLED_BY_USER), set(REFUSED)]
+    tables = [set(ROUTED), set(CALLED_BY_USER), set(HUB_ONLY), set(REFUSED)]
     assert all(not (a & b) for i, a in enumerate(tables) for b in tables[i + 1:])
     known = set().union(*tables)
     hf = hf_methods(transformers.Trainer) | hf_methods(transformers.Seq2SeqTrainer)
@@ -64,7 +65,7 @@ def _trainer(cls, tmp_path, **kwargs):
 
 def test_refused_overrides_raise_one_error_naming_each(tmp_path):
     class Custom(hf_lightning.Trainer):
-        def _save_checkpoint(self, model, trial):
+        def _save_rng_state(self, output_dir):
             pass
 
         def _inner_training_loop(self, *args, **kwargs):
@@ -76,7 +77,7 @@ def test_refused_overrides_raise_one_error_naming_each(tmp_path):
     with pytest.raises(TypeError) as info:
         _trainer(Custom, tmp_path)
     message = str(info.value)
-    assert "_save_checkpoint: checkpoints are written by HFTrainerFlow" in message
+    assert "_save_rng_state: checkpoints are written by HFTrainerFlow" in message
     assert "_inner_training_loop: HF's own training loop" in message
     assert "my_helper" not in message
 

@@ -389,3 +389,32 @@ def test_get_eval_and_test_dataloader(tmp_path, one_thread):
     hf_out, our_out = hf.predict(lm_dataset(n=9, seed=2)), ours.predict(lm_dataset(n=9, seed=2))
     assert ours.calls == hf.calls and ours.calls["get_test_dataloader"] == 1
     assert our_out.metrics["test_loss"] == pytest.approx(hf_out.metrics["test_loss"], rel=1e-5)
+
+
+# ----- checkpoints -----
+def model_card_then_save(self, model, trial):
+    """TRL's `_save_checkpoint` pattern: write a file into `output_dir` (its model card), then `super()`."""
+    import os
+
+    self.count("_save_checkpoint")
+    folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+    with open(os.path.join(self.args.output_dir, "README.md"), "w") as f:
+        f.write(f"card at step {self.state.global_step}\n")
+    before = os.path.isdir(folder)
+    super(self._base, self)._save_checkpoint(model, trial)
+    written = {name for name in ("trainer_state.json", "model.safetensors", "optimizer.pt", "scheduler.pt")
+               if os.path.isfile(os.path.join(folder, name))}
+    self.__dict__.setdefault("saves", []).append(
+        (self.state.global_step, before, sorted(written), model is self.model, trial, self.state.total_flos > 0))
+
+
+def test_save_checkpoint_override_runs_at_hfs_points_around_the_built_in_save(tmp_path, one_thread):
+    hf, ours = pair(with_base({"_save_checkpoint": model_card_then_save}), tmp_path=tmp_path,
+                    hf_args={"save_strategy": "steps", "save_steps": 2})
+    assert_same_run(hf, ours)
+    full = ["model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"]
+    assert hf.saves == [(2, False, full, True, None, True), (4, False, full, True, None, True),
+                        (6, False, full, True, None, True)]
+    assert ours.saves == hf.saves
+    assert (tmp_path / "ours" / "README.md").read_text() == "card at step 6\n"
+    assert ours.calls["_save_checkpoint"] == 3

@@ -8,6 +8,7 @@ import hf_lightning
 EXPECTED = [
     "HFEarlyStopping", "HFTrainerFlow", "Seq2SeqTrainer", "Seq2SeqTrainingArguments", "Seq2SeqTransformerModule",
     "Trainer", "TrainingArguments", "TrainingPreempted", "TransformerDataModule", "TransformerModule", "__version__",
+    "restore_transformers_trainer", "use_as_transformers_trainer",
 ]
 
 

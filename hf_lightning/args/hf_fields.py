@@ -42,15 +42,32 @@ def _defaults(args: TrainingArguments) -> dict[str, Any]:
     return out
 
 
+def _typed_strings(values: dict[str, Any]) -> dict[str, Any]:
+    """The JSON dict with HF's typing of its string values, nested dicts included: `"true"` / `"false"` become
+    bools, digit strings ints, decimal strings floats (TA:161-176; a command line gives every value as a string)."""
+    for key, value in values.items():
+        if isinstance(value, dict):
+            values[key] = _typed_strings(value)
+        elif isinstance(value, str) and value.lower() in ("true", "false"):
+            values[key] = value.lower() == "true"
+        elif isinstance(value, str) and value.isdigit():
+            values[key] = int(value)
+        elif isinstance(value, str) and value.replace(".", "", 1).isdigit():
+            values[key] = float(value)
+    return values
+
+
 def _parse_json_dict(args: TrainingArguments, name: str, issues: list[str]) -> None:
     """HF parses a dict field given as a string that starts with `{` as JSON (TA:1524-1531)."""
     value = getattr(args, name)
     if not (isinstance(value, str) and value.startswith("{")):
         return
     try:
-        setattr(args, name, json.loads(value))
+        loaded = json.loads(value)
     except json.JSONDecodeError:
         issues.append(f"`{name}`={value!r} is not a JSON object.")
+        return
+    setattr(args, name, _typed_strings(loaded) if isinstance(loaded, dict) else loaded)
 
 
 def normalise_hf_fields(args: TrainingArguments, issues: list[str]) -> None:
@@ -58,7 +75,7 @@ def normalise_hf_fields(args: TrainingArguments, issues: list[str]) -> None:
     if args.output_dir is None:
         args.output_dir = "trainer_output"  # HF 5's default
     args.output_dir = os.path.expanduser(args.output_dir)
-    for name in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
+    for name in type(args)._VALID_DICT_FIELDS:  # a subclass's own dict fields too (TRL's `model_init_kwargs`)
         _parse_json_dict(args, name, issues)
     # `gradient_checkpointing*` are HF's deprecated aliases of `activation_checkpointing*`: the new name wins when set,
     # and afterwards both hold the same value (HF TA:1533-1545, with its FutureWarning)

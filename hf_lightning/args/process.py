@@ -24,14 +24,17 @@ and the call runs it at once.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ProcessLayout", "layout_from_env", "current_layout", "ProcessLayoutMixin", "check_process_group",
-           "launcher_trainer_kwargs"]
+from hf_lightning.args.deepspeed_config import zero_stage
+
+__all__ = ["DeepSpeedPlugin", "DistributedState", "ProcessLayout", "layout_from_env", "current_layout",
+           "ProcessLayoutMixin", "check_process_group", "launcher_trainer_kwargs"]
 
 _TIMEOUT_S = 1800  # HF's `ddp_timeout` default, also Lightning's default process-group timeout
 
@@ -145,10 +148,35 @@ def check_process_group(lightning_kwargs: Mapping[str, Any]) -> None:
         )
 
 
+@dataclass(frozen=True)
+class DistributedState:
+    """What library code reads of HF's `args.distributed_state` (accelerate's `PartialState`, which HF builds by
+    initialising `torch.distributed`): the same values, from the process layout, without initialising anything."""
+
+    distributed_type: str
+    """accelerate's `DistributedType` value: `DEEPSPEED` with `deepspeed`; with several processes `MULTI_GPU` (CUDA)
+    or `MULTI_CPU`; `NO` for one process (TRL compares it with these strings)."""
+    num_processes: int
+    process_index: int
+    local_process_index: int
+
+
+@dataclass(frozen=True)
+class DeepSpeedPlugin:
+    """What library code reads of HF's `args.deepspeed_plugin` (accelerate's `DeepSpeedPlugin`, set when `deepspeed`
+    is): the ZeRO stage and the config."""
+
+    zero_stage: int
+    """`zero_optimization.stage` of the config (-1 without one, as HF)."""
+    hf_ds_config: dict[str, Any]
+    """The DeepSpeed config as given (`deepspeed` itself, or the JSON file it names, read)."""
+
+
 class ProcessLayoutMixin:
     """HF's process-layout properties for a `TrainingArguments` (see the module docstring for when each is known)."""
 
     use_cpu: bool
+    deepspeed: Any
     log_on_each_node: bool
     save_on_each_node: bool
     log_level: str
@@ -191,6 +219,31 @@ class ProcessLayoutMixin:
         if not self.use_cpu and torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
+
+    @property
+    def distributed_state(self) -> DistributedState:
+        """HF's `distributed_state` (see `DistributedState`): read by library trainers at construction (TRL)."""
+        import torch
+
+        layout = current_layout()
+        if self.deepspeed:
+            kind = "DEEPSPEED"
+        elif layout.world_size > 1:
+            kind = "MULTI_GPU" if not self.use_cpu and torch.cuda.is_available() else "MULTI_CPU"
+        else:
+            kind = "NO"
+        return DistributedState(kind, layout.world_size, layout.rank, layout.local_rank)
+
+    @property
+    def deepspeed_plugin(self) -> DeepSpeedPlugin | None:
+        """HF's `deepspeed_plugin`: None without `deepspeed`, else its ZeRO stage and config (`DeepSpeedPlugin`)."""
+        if not self.deepspeed:
+            return None
+        config = self.deepspeed
+        if isinstance(config, str):
+            with open(config) as f:
+                config = json.load(f)
+        return DeepSpeedPlugin(zero_stage(dict(config)), dict(config))
 
     @property
     def parallel_mode(self) -> Any:

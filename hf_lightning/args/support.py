@@ -1,5 +1,5 @@
 """What hf_lightning does with each `transformers.TrainingArguments` field: the single table behind the checks and
-the README's argument map (pure Python, no imports).
+the README's argument map (pure Python, the standard library only).
 
 Every HF field exists on `hf_lightning.TrainingArguments` with HF's name, type and default, so any HF command line
 parses. A field is either supported (HF's meaning), supported with a documented difference (`DIFFERENCES`), or not
@@ -9,10 +9,14 @@ field and what to use instead (`unsupported_problem`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["UNSUPPORTED", "DIFFERENCES", "DEFAULT_DIFFERENCES", "OURS", "SCRIPT_ONLY", "unsupported_problem"]
+__all__ = [
+    "UNSUPPORTED", "DIFFERENCES", "DEFAULT_DIFFERENCES", "OURS", "SCRIPT_ONLY", "accelerator_config_changes_nothing",
+    "unsupported_problem",
+]
 
 _STRATEGY = "a Lightning strategy in `lightning_kwargs[\"strategy\"]` (CLI: `trainer.strategy`)"
 _HUB = "no hub access: save with `trainer.save_model()` and upload with `huggingface_hub` yourself"
@@ -35,7 +39,9 @@ UNSUPPORTED: dict[str, str] = {
     "hub_model_id": _HUB,
     "hub_always_push": _HUB,
     "hub_revision": _HUB,
-    "accelerator_config": "no accelerate: Lightning owns devices; set them in `lightning_kwargs`",
+    "accelerator_config": "no accelerate: Lightning owns devices; set them in `lightning_kwargs` (accepted: only "
+                          "`use_configured_state`, with accelerate's defaults for the other keys, which changes "
+                          "nothing under Lightning)",
     "parallelism_config": _STRATEGY,
     "dataloader_multiprocessing_context": "pass `DataLoader`s with your own `multiprocessing_context` (override "
                                           "`train_dataloader`)",
@@ -117,14 +123,54 @@ SCRIPT_ONLY: dict[str, str] = {
 """Fields with HF's meaning that only scripts (or the arguments' own methods) read: the map's notes for them."""
 
 
+ACCELERATOR_CONFIG_DEFAULTS: dict[str, Any] = {
+    "split_batches": False, "dispatch_batches": None, "even_batches": True, "use_seedable_sampler": True,
+    "non_blocking": False, "gradient_accumulation_kwargs": None,
+}
+"""accelerate's `AcceleratorConfig` defaults (transformers 5.24), which are what a Lightning run does: batch sizes per
+process, each process loading its own shard, the seeded order, eval results without duplicates."""
+
+
+def accelerator_config_changes_nothing(value: Any) -> bool:
+    """Whether an `accelerator_config` value changes nothing under Lightning: None, or a mapping (or an
+    `AcceleratorConfig`, or its JSON text) whose keys are accelerate's defaults except `use_configured_state`.
+
+    `use_configured_state` asks accelerate to reuse an already configured process state instead of building one;
+    there is no accelerate state under Lightning either way (sentence-transformers builds such arguments internally
+    for its model card).
+    """
+    if value is None:
+        return True
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return False  # a file path: its content could set anything
+    if not isinstance(value, Mapping):
+        to_dict = getattr(value, "to_dict", None)
+        if not callable(to_dict):
+            return False
+        value = to_dict()
+    return all(key == "use_configured_state" or (key in ACCELERATOR_CONFIG_DEFAULTS
+                                                 and ACCELERATOR_CONFIG_DEFAULTS[key] == setting)
+               for key, setting in value.items())
+
+
+_NEUTRAL = {"accelerator_config": accelerator_config_changes_nothing}
+"""Unsupported fields whose value may differ from the default when it changes nothing (the rule, per field)."""
+
+
 def unsupported_problem(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> str | None:
     """One message naming every `UNSUPPORTED` field whose value differs from its default, or None.
+
+    A value `_NEUTRAL`'s rule finds changes nothing is accepted (`accelerator_config={"use_configured_state": True}`).
 
     Args:
         values: field name -> value as set (missing names count as default).
         defaults: field name -> default value.
     """
-    changed = [name for name in UNSUPPORTED if name in values and values[name] != defaults[name]]
+    changed = [name for name in UNSUPPORTED if name in values and values[name] != defaults[name]
+               and not (name in _NEUTRAL and _NEUTRAL[name](values[name]))]
     if not changed:
         return None
     lines = [f"`{name}`={values[name]!r}: {UNSUPPORTED[name]}" for name in changed]

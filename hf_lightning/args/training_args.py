@@ -56,6 +56,14 @@ class TrainingArguments(ProcessLayoutMixin):
         ValueError: listing every invalid field, its value and what is allowed, and every unsupported field set.
     """
 
+    # HF's list of the fields a JSON string starting with `{` may give (parsed into a dict, its `"true"` / number
+    # strings typed, in `__post_init__`); a subclass extends it for its own fields (TRL's `SFTConfig`). A comment, not
+    # a docstring: the CLI reads attribute docstrings as field descriptions. Not annotated: not a dataclass field.
+    _VALID_DICT_FIELDS = [
+        "accelerator_config", "fsdp_config", "deepspeed", "activation_checkpointing_kwargs",
+        "gradient_checkpointing_kwargs", "lr_scheduler_kwargs",
+    ]
+
     # --- Output ---
     output_dir: str | None = None
     """Where checkpoints (`checkpoint-<step>/`) and logs go. Defaults to `trainer_output`."""

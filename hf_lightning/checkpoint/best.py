@@ -85,13 +85,37 @@ class BestModelTracker:
             DamagedCheckpointError: a file of the best checkpoint is damaged or altered since its save (named, with
                 the previous good checkpoint).
         """
+        if self.best_to_load(state) is not None:
+            self.load_best_weights(model, state, strategy)
+
+    def best_to_load(self, state: TrainerState) -> str | None:
+        """The verified best checkpoint folder when `load_best_model_at_end` loads one now (HF: with the option and
+        a `best_model_checkpoint`, T:2024-2025), else None.
+
+        Raises:
+            DamagedCheckpointError: a file of the best checkpoint is damaged or altered since its save.
+        """
         folder = state.best_model_checkpoint
         if not self.rule.load_at_end or folder is None:
-            return
-        logger.info(f"Loading best model from {folder} (score: {state.best_metric}).")  # T:3745
+            return None
         problems = checkpoint_problems(folder)
         if problems:
             raise checkpoint_error(folder, problems, what="load_best_model_at_end")
+        return str(folder)
+
+    def load_best_weights(self, model: nn.Module, state: TrainerState, strategy: pl.strategies.Strategy | None = None
+                          ) -> None:
+        """HF's `_load_best_model` body: the weights of `state.best_model_checkpoint` (verified by `best_to_load`)
+        into `model`.
+
+        Raises:
+            ValueError: the state names no best checkpoint.
+        """
+        folder = state.best_model_checkpoint
+        if folder is None:
+            raise ValueError("load_best_model_at_end: no best checkpoint recorded yet (state.best_model_checkpoint "
+                             "is None)")
+        logger.info(f"Loading best model from {folder} (score: {state.best_metric}).")  # T:3745
         if load_engine_state(strategy, folder):
             # DeepSpeed, as HF (`deepspeed_load_checkpoint`): the engine's checkpoint puts the best weights into every
             # rank's partitions and fp32 master weights (and the optimizer state with them)

@@ -13,12 +13,14 @@
 Every "when" and "which" comes from the plan (`plan.SavePolicy`, `plan.BestRule`), none from the arguments.
 `write_model_files` is the seam where a facade writes a checkpoint's model files itself (an overridden
 `Trainer.save_model`, or HF's private `_save`): given a folder, it writes the model files into it on every process;
-`saved_args` is what `training_args.bin` holds (the arguments object the user passed).
+`saved_args` is what `training_args.bin` holds (the arguments object the user passed); `load_model_files` /
+`load_best_model` are where a facade loads a resumed or the best checkpoint's model files itself (HF's private
+`_load_from_checkpoint` / `_load_best_model`, overridden by sentence-transformers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
@@ -32,6 +34,7 @@ from hf_lightning.checkpoint.position import nothing_left_to_train
 from hf_lightning.checkpoint.restore import (
     CallbackList,
     CheckpointRestorer,
+    ModelFilesLoader,
     RestoredState,
     say_nothing_left,
     say_replaced,
@@ -65,6 +68,10 @@ class Checkpoints:
         self.saver = CheckpointSaver(args, self.policy, processing_class)
         self.best = BestModelTracker(best_rule(args), self.policy)
         self.restorer: CheckpointRestorer | None = None
+        self.load_model_files: ModelFilesLoader | None = None
+        """Loads a resumed checkpoint's model files (a facade's overridden `_load_from_checkpoint`); None: built in."""
+        self.load_best_model: Callable[[], None] | None = None
+        """Loads the best checkpoint at the end (a facade's overridden `_load_best_model`); None: built in."""
 
     @property
     def write_model_files(self) -> ModelFilesWriter | None:
@@ -116,7 +123,7 @@ class Checkpoints:
         if not path:
             say_replaced(trainer, self.args, None, self.policy.saves)
             return None
-        restorer = CheckpointRestorer(path, self.args, self.policy)
+        restorer = CheckpointRestorer(path, self.args, self.policy, self.load_model_files)
         restorer.on_fit_start(trainer, pl_module, plan.updates_per_epoch if plan is not None and plan.sized else None)
         position = restorer.position
         if plan is not None and position is not None and nothing_left_to_train(
@@ -153,10 +160,18 @@ class Checkpoints:
         self.best.step_plateau_scheduler(trainer, metrics)
 
     def finish(self, trainer: pl.Trainer, model: nn.Module, state: TrainerState) -> None:
-        """At the end of training: the best checkpoint's weights into `model` (`load_best_model_at_end`), then HF's
-        `save_total_limit == 1` cleanup."""
-        self.best.load_best(model, state, trainer.strategy)
+        """At the end of training: the best checkpoint's weights into `model` (`load_best_model_at_end`; through
+        `load_best_model` when a facade set one), then HF's `save_total_limit == 1` cleanup."""
+        if self.best.best_to_load(state) is not None:  # verified first, whoever loads it
+            if self.load_best_model is not None:
+                self.load_best_model()
+            else:
+                self.best.load_best_weights(model, state, trainer.strategy)
         self.saver.finish(trainer, state)
+
+    def load_best_now(self, trainer: pl.Trainer, model: nn.Module, state: TrainerState) -> None:
+        """The built-in `_load_best_model`: the (verified) best checkpoint's weights into `model`."""
+        self.best.load_best_weights(model, state, trainer.strategy)
 
     def end_run(self, trainer: pl.Trainer | None = None) -> None:
         """Give `output_dir` back (after `fit`, or after an exception); waits for a save in flight first."""

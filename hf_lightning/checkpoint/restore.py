@@ -56,8 +56,8 @@ from hf_lightning.contracts import FlowDataModule, ResumableTrainStream, flow_mo
 from hf_lightning.flow.messages import logger as hf_logger
 from hf_lightning.plan import SavePolicy, TrainingPlan, resume_intervals, save_policy
 
-__all__ = ["CallbackList", "CheckpointRestorer", "RestoredState", "load_weights", "read_file", "read_weights",
-           "say_nothing_left", "say_replaced", "weight_mismatches"]
+__all__ = ["CallbackList", "CheckpointRestorer", "ModelFilesLoader", "RestoredState", "load_weights", "read_file",
+           "read_weights", "say_nothing_left", "say_replaced", "weight_mismatches"]
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +213,10 @@ class RestoredState:
     control: TrainerControl
 
 
+ModelFilesLoader = Callable[[str, "nn.Module | None"], None]
+"""Loads a checkpoint folder's model files into the model (`None`: the trainer's own; the sharded model under FSDP)."""
+
+
 class CheckpointRestorer:
     """Restores one checkpoint into a starting Lightning run (see the module docstring for the order).
 
@@ -222,10 +226,13 @@ class CheckpointRestorer:
         policy: this run's save policy (default: from `args`).
     """
 
-    def __init__(self, path: str, args: TrainingArguments, policy: SavePolicy | None = None) -> None:
+    def __init__(self, path: str, args: TrainingArguments, policy: SavePolicy | None = None,
+                 load_model: ModelFilesLoader | None = None) -> None:
         self.path = path
         self.args = args
         self.policy = policy if policy is not None else save_policy(args)
+        self.load_model = load_model
+        """Loads the folder's model files (a facade's overridden `_load_from_checkpoint`); None: built in."""
         self.files: CheckpointFiles | None = None
         self.position: ResumePosition | None = None
         self.nothing_left = False
@@ -248,8 +255,12 @@ class CheckpointRestorer:
             if not load_engine_state(strategy, files.path):
                 raise ValueError(f"Can't find a valid checkpoint at {files.path} (DeepSpeed resumes from a checkpoint "
                                  "written under DeepSpeed: `global_step<N>/` and `latest`).")
-        else:
+        elif self.load_model is None:
             load_weights(model, files.weights, strategy=strategy)
+        elif optimizer_shard_owner(strategy, model) is not None:  # FSDP: HF passes the wrapped model (T:1815)
+            self.load_model(str(files.path), model)
+        else:  # HF's call before the model is prepared (T:1564); an override loads its own format
+            self.load_model(str(files.path), None)
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
         optimizer = getattr(optimizer, "optimizer", optimizer)
         owner = optimizer_shard_owner(strategy, model)

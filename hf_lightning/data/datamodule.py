@@ -31,7 +31,7 @@ from typing_extensions import override
 
 from hf_lightning._lightning_compat import uses_distributed_sampler
 from hf_lightning.args import TrainingArguments
-from hf_lightning.contracts import HFDataHooks
+from hf_lightning.contracts import HFColumnHooks, HFDataHooks
 from hf_lightning.data.collate import (
     ColumnFilter,
     default_collator,
@@ -99,6 +99,9 @@ class TransformerDataModule(pl.LightningDataModule):
         processing_class: tokenizer or processor; selects `DataCollatorWithPadding`.
         loader_owner: the owner of HF's dataloader methods (an `hf_lightning.Trainer`, whose subclass may override
             them); None: this data module.
+        columns_owner: the owner of HF's `_set_signature_columns_if_needed` / `_signature_columns` (an
+            `hf_lightning.Trainer`, whose subclass may override them, as TRL's `SFTTrainer` does); None: the model's
+            `forward` parameters and the label names.
 
     Attributes:
         eval_loader_args: per eval dataset name, what `get_eval_dataloader` receives (HF passes the dataset given to
@@ -119,6 +122,7 @@ class TransformerDataModule(pl.LightningDataModule):
         data_collator: Any = None,
         processing_class: Any = None,
         loader_owner: HFDataHooks | None = None,
+        columns_owner: HFColumnHooks | None = None,
     ) -> None:
         super().__init__()
         self.args = args if args is not None else TrainingArguments()
@@ -134,6 +138,7 @@ class TransformerDataModule(pl.LightningDataModule):
         self.loop_loader: Any = None
         """The loader of a running `evaluation_loop` call: the validation loader while set."""
         self.signature_model: nn.Module | None = None
+        self.columns_owner = columns_owner
         self._allowed_columns: list[str] | None = None
         self._label_names: list[str] = []
         self._fit_loader: Any = None
@@ -226,9 +231,20 @@ class TransformerDataModule(pl.LightningDataModule):
             module = self.trainer.lightning_module
         model = getattr(module, "model", None) or self.signature_model
         if self.args.remove_unused_columns and model is not None:
-            label_names = self.args.label_names or find_label_names(model)
-            self._allowed_columns = signature_columns(model, label_names)
+            label_names = getattr(module, "label_names", None)  # the trainer's `label_names`, if it was set
+            if label_names is None:
+                label_names = self.args.label_names or find_label_names(model)
+            self._allowed_columns = self._owner_columns() or signature_columns(model, label_names)
             self._label_names = list(label_names)
+
+    def _owner_columns(self) -> list[str] | None:
+        """The owner's `_signature_columns` after its `_set_signature_columns_if_needed` (HF's point: the first
+        loader), or None without an owner."""
+        owner = self.columns_owner
+        if owner is None:
+            return None
+        owner._set_signature_columns_if_needed()
+        return None if owner._signature_columns is None else list(owner._signature_columns)
 
     def check_training_labels(self, dataset: Any = None, module: Any = None) -> None:
         """A training dataset whose label column `remove_unused_columns` would drop is one error before training

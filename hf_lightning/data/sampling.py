@@ -34,8 +34,8 @@ from torch.utils.data import Sampler
 from hf_lightning.data.length_grouping import draw_grouping_state, length_grouped_order
 
 __all__ = [
-    "ContiguousShardSampler", "EpochSampler", "GroupingDraw", "OrderBatchSampler", "WindowBatchSampler",
-    "dataset_length", "epoch_order", "shard_batches", "split_by_node",
+    "BatchShard", "ContiguousShardSampler", "EpochSampler", "GroupingDraw", "OrderBatchSampler", "WindowBatchSampler",
+    "batch_shard_problem", "dataset_length", "epoch_order", "shard_batches", "split_by_node",
 ]
 
 
@@ -124,6 +124,53 @@ def shard_batches(
             mine.append(batch)
         cursor, batch, idx = end, [], idx + 1
     return mine
+
+
+def batch_shard_problem(num_batches: int, last_batch_full: bool, world_size: int, even_batches: bool) -> str | None:
+    """Why a loader of `num_batches` batches cannot be sharded over `world_size` processes exactly as accelerate's
+    `BatchSamplerShard` does without what hf_lightning does not do, or None.
+
+    Batch `i` goes to rank `i % world_size` (accelerate, `split_batches=False`). accelerate completes an uneven last
+    round with repeated samples from the start (`even_batches=True`), which its `gather_for_metrics` drops, or leaves
+    some ranks a batch short (`even_batches=False`), so the ranks run different numbers of steps; hf_lightning does
+    neither, so both are refused with what to change.
+    """
+    if num_batches % world_size == 0 and (last_batch_full or not even_batches):
+        return None
+    if num_batches % world_size:
+        why = (f"its {num_batches} batches do not split evenly over {world_size} processes (accelerate would "
+               + ("repeat batches from the start" if even_batches else "give some processes one batch fewer") + ")")
+    else:
+        why = "its last batch is short and even_batches=True (accelerate would complete it with repeated samples)"
+    return (f"accelerator.prepare(DataLoader): {why}; hf_lightning shards a prepared loader only when every process "
+            f"gets the same number of batches and no sample is repeated. Use a dataset size that is a multiple of "
+            f"{world_size} x the batch size, or dataloader_drop_last=True.")
+
+
+class BatchShard(Sampler[list[int]]):
+    """This process's batches of `batch_sampler`: batch `i` goes to rank `i % world_size`, accelerate's
+    `BatchSamplerShard` where it repeats no sample and gives every rank as many batches (`batch_shard_problem`).
+
+    `batch_sampler` keeps accelerate's attribute name, so the epoch reaches it as it does through accelerate's
+    wrapper (`windows.set_loader_epoch`); `set_epoch` forwards it too.
+    """
+
+    def __init__(self, batch_sampler: Iterable[list[int]], world_size: int, rank: int) -> None:
+        self.batch_sampler = batch_sampler
+        self.world_size, self.rank = world_size, rank
+
+    def set_epoch(self, epoch: int) -> None:
+        set_epoch = getattr(self.batch_sampler, "set_epoch", None)
+        if callable(set_epoch):
+            set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for index, batch in enumerate(self.batch_sampler):
+            if index % self.world_size == self.rank:
+                yield list(batch)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler) // self.world_size  # type: ignore[arg-type]
 
 
 class WindowBatchSampler(Sampler[list[int]]):

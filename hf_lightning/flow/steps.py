@@ -1,11 +1,12 @@
 """`HFLoopSteps`: the HF Trainer's per-update steps (log, evaluate, save) and the loop methods they call.
 
 It holds `Trainer._maybe_log_save_evaluate` (T:2238-2286), `Trainer.log` (T:4189-4211), `Trainer._evaluate`
-(T:3302-3339), `floating_point_ops` and `num_examples`. When the flow belongs to an `hf_lightning.Trainer` (`owner`),
-a method its class overrides is called on it instead, where HF's loop calls it; its base method calls back into the
-built-in here, so `super()` reaches it. A method the class does not override runs here directly (the owner's base
-would only call back), except the evaluation itself: `owner.evaluate` runs HF's `evaluate()` dataset by dataset,
-with the owner's loaders. Without an owner (the CLI, a hand-built `lightning.Trainer`) every built-in runs here.
+(T:3302-3339), `_save_checkpoint` (T:3363), `_load_best_model`, `floating_point_ops` and `num_examples`. When the flow
+belongs to an `hf_lightning.Trainer` (`owner`), a method its class overrides is called on it instead, where HF's loop
+calls it; its base method calls back into the built-in here, so `super()` reaches it. A method the class does not
+override runs here directly (the owner's base would only call back), except the evaluation itself: `owner.evaluate` runs
+HF's `evaluate()` dataset by dataset, with the owner's loaders. Without an owner (the CLI, a hand-built
+`lightning.Trainer`) every built-in runs here.
 
 `HFRun` is HF's side of the run as the flow's parts share it: the arguments, the `TrainerState` and `TrainerControl`
 (each replaced as HF replaces them: a resumed run's state, a callback's returned control) and the callbacks.
@@ -40,7 +41,8 @@ from hf_lightning.plan import TrainingPlan, saves_now
 
 __all__ = ["HFLoopSteps", "HFRun", "LOOP_METHODS"]
 
-LOOP_METHODS = frozenset({"_maybe_log_save_evaluate", "log", "_evaluate", "num_examples", "floating_point_ops"})
+LOOP_METHODS = frozenset({"_maybe_log_save_evaluate", "log", "_evaluate", "num_examples", "floating_point_ops",
+                          "_save_checkpoint"})
 """The HF loop methods an owner's override replaces (`HFLoopHooks`); `evaluate` is always the owner's."""
 
 
@@ -272,12 +274,31 @@ class HFLoopSteps:
             self.save(trainer, pl_module)
 
     def save(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """HF's `_save_checkpoint` then `on_save`: this update's checkpoint, with the FLOPs counted so far."""
+        """HF's `_save_checkpoint(model, trial)` (T:3363) then `on_save`: this update's checkpoint. A library's
+        override (TRL's writes its model card, then calls `super()`) runs at HF's point; the built-in writes it."""
+        if (owner := self._override("_save_checkpoint")) is not None:
+            owner._save_checkpoint(flow_model(pl_module), owner._trial)
+        else:
+            self.save_checkpoint_now()
+        self.hf.event("on_save")
+
+    def save_checkpoint_now(self) -> None:
+        """The built-in `_save_checkpoint`: store the FLOPs, write `checkpoint-<global_step>` (crash-safe, with its
+        manifest), move the best pointer, rotate (`checkpoint/write.py`).
+
+        Raises:
+            RuntimeError: no fit is running (HF's `_save_checkpoint` runs only inside its training loop too).
+        """
+        trainer, pl_module = self._run()
         state = self.hf.state
         self.flos.store(state, trainer)
         self.checkpoints.save(trainer, pl_module, state, [*self.hf.handler.callbacks, self.hf.control],
-                        epoch_ending=self.hf.control.should_epoch_stop, skip_callbacks=(self._flow,))
-        self.hf.event("on_save")
+                              epoch_ending=self.hf.control.should_epoch_stop, skip_callbacks=(self._flow,))
+
+    def load_best_now(self) -> None:
+        """The built-in `_load_best_model` of the running fit: the (verified) best checkpoint's weights."""
+        trainer, pl_module = self._run()
+        self.checkpoints.load_best_now(trainer, flow_model(pl_module), self.hf.state)
 
     def _log_training(self, trainer: pl.Trainer, grad_norm: float | None, learning_rate: float | None) -> None:
         """The training-loss entry (T:2250-2274): `loss`, `grad_norm` of the last update, LR of the update just done."""
@@ -297,7 +318,9 @@ class HFLoopSteps:
     def evaluate_step(self, trainer: pl.Trainer, during_training: bool) -> bool:
         """`Trainer._evaluate` (the owner's override when there is one) + `_determine_best_metric`; True on a new
         best."""
-        if not datamodule_of(trainer).eval_datasets:
+        # with an owner, its `evaluate` decides, as HF's (whose `get_eval_dataloader` raises without an eval dataset;
+        # sentence-transformers' returns an empty loader when it has an evaluator instead)
+        if self.owner is None and not datamodule_of(trainer).eval_datasets:
             raise ValueError(
                 "Trainer: evaluation requires an eval_dataset. `control.should_evaluate` was set at step "
                 f"{self.hf.state.global_step} but no eval_dataset was given."

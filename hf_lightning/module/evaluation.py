@@ -155,14 +155,19 @@ def hf_prediction_step(
     prediction_loss_only: bool,
     ignore_keys: list[str] | None,
     device: Any = None,
+    can_return: bool | None = None,
 ) -> tuple[torch.Tensor | None, Any, Any]:
     """`Trainer.prediction_step`: loss (if labels), logits without `loss` and ignored keys, labels.
 
     The HF hooks it calls (`_prepare_inputs`, `_get_num_items_in_batch`, `compute_loss_context_manager`,
-    `compute_loss`) are `hooks`' (the module's owner), in HF's order (T:3193-3300).
+    `compute_loss`) are `hooks`' (the module's owner), in HF's order (T:3193-3300). `can_return` is HF's
+    `self.can_return_loss` (a batch without labels gets its loss computed); None: from the model's `forward`.
     """
+    if can_return is None:
+        can_return = bool(can_return_loss(type(model)))
     try:
-        return _prediction_step(hooks, label_names, model, inputs, prediction_loss_only, ignore_keys, device)
+        return _prediction_step(hooks, label_names, model, inputs, prediction_loss_only, ignore_keys, device,
+                                can_return)
     except Exception as err:  # any model may run without its main input (HF's does not check it): name it only
         note_missing_main_input(err, model, inputs)  # when the model's own error is what the user sees
         raise
@@ -170,12 +175,12 @@ def hf_prediction_step(
 
 def _prediction_step(
     hooks: PredictionHooks, label_names: list[str], model: torch.nn.Module, inputs: dict[str, Any],
-    prediction_loss_only: bool, ignore_keys: list[str] | None, device: Any,
+    prediction_loss_only: bool, ignore_keys: list[str] | None, device: Any, can_return: bool,
 ) -> tuple[torch.Tensor | None, Any, Any]:
     has_labels = bool(label_names) and all(inputs.get(k) is not None for k in label_names)
     return_loss = inputs.get("return_loss")
     if return_loss is None:
-        return_loss = can_return_loss(type(model))
+        return_loss = can_return
     loss_without_labels = not label_names and return_loss
     inputs = hooks._prepare_inputs(inputs)
     if ignore_keys is None:

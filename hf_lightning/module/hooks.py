@@ -94,6 +94,8 @@ class HFHooksModule(pl.LightningModule):
     compute_loss_func: Callable[..., torch.Tensor] | None
     label_smoother: Callable[..., torch.Tensor] | None
     label_names: list[str]
+    can_return_loss: bool
+    """HF's `can_return_loss`: evaluation computes the loss of a batch without labels (see `hf_prediction_step`)."""
     shift_labels: bool
     model_accepts_loss_kwargs: bool
     loss_is_scaled_for_ga: bool | None
@@ -335,7 +337,7 @@ class HFHooksModule(pl.LightningModule):
     ) -> tuple[torch.Tensor | None, Any, Any]:
         """HF's `Trainer.prediction_step` (T:3193-3300): returns `(loss, logits, labels)`."""
         return hf_prediction_step(self.hooks, self.label_names, model, inputs, prediction_loss_only, ignore_keys,
-                                  self.device)
+                                  self.device, can_return=self.can_return_loss)
 
     # ----- optimizer and scheduler -----
     def get_decay_parameter_names(self, model: nn.Module) -> list[str]:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
+from transformers.utils import can_return_loss
 from typing_extensions import override
 
 from hf_lightning._lightning_compat import attached_trainer, callbacks_of, grad_scaler, optimizer_unscales_itself
@@ -115,6 +116,7 @@ class TransformerModule(HFHooksModule):
         self.shift_labels = loss_shifts_labels(model)
         """Whether the model's loss predicts `labels[..., 1:]` (label tokens are counted accordingly)."""
         self.label_names = self.args.label_names if self.args.label_names is not None else find_label_names(model)
+        self.can_return_loss = bool(can_return_loss(type(without_compile(model))))  # HF's, T:533
         self.label_smoother = label_smoother(self.model, self.args.label_smoothing_factor)
         config = getattr(model, "config", None)  # any nn.Module is accepted; only HF models have a config
         if config is not None and hasattr(config, "use_cache"):

@@ -15,7 +15,10 @@ from hf_lightning.tasks.task import Task, register_task, registered_tasks
 
 _TASKS = registered_tasks()
 
-__all__ = ["Task", "register_task", "get_task", "task_names", "resolve", "args_for_task", "GENERATION_ARGS"]
+__all__ = [
+    "LIBRARY_TRAINER_TASKS", "Task", "register_task", "get_task", "task_names", "resolve", "args_for_task",
+    "GENERATION_ARGS",
+]
 
 GENERATION_ARGS = "hf_lightning.seq2seq.args.Seq2SeqTrainingArguments"
 """The widest `args` class: the CLI parser accepts its fields for every task (`args_for_task` narrows them)."""
@@ -26,12 +29,32 @@ def task_names() -> list[str]:
     return sorted(_TASKS)
 
 
+LIBRARY_TRAINER_TASKS = {
+    "sft": "TRL's SFTTrainer", "dpo": "TRL's DPOTrainer", "grpo": "TRL's GRPOTrainer", "reward": "TRL's RewardTrainer",
+    "sentence_transformers": "sentence-transformers' SentenceTransformerTrainer",
+}
+"""Task names that mean a library's `transformers.Trainer` subclass, which the CLI cannot run (see `get_task`)."""
+
+_LIBRARY_TRAINER_HELP = (
+    "the hf-lightning CLI builds its run from a task preset (a TransformerModule, a data module and the flow), while "
+    "{what}'s behaviour is its Trainer subclass's own code (its dataset preparation in __init__, compute_loss, log, "
+    "_save_checkpoint), which only runs when that class is the trainer. Run it from Python with "
+    "`hf_lightning.use_as_transformers_trainer()` before importing the library (examples/run_sft.py; Lightning "
+    "options through `use_as_transformers_trainer(lightning_kwargs=...)` or torchrun), README \"TRL and "
+    "sentence-transformers trainers\"; for plain causal-LM fine-tuning on text the CLI has task: causal_lm."
+)
+
+
 def get_task(name: str) -> Task:
     """The task called `name`.
 
     Raises:
-        ValueError: unknown name (the message lists the registered ones).
+        ValueError: unknown name (the message lists the registered ones); a library trainer's name (`sft`, `dpo`...)
+            says why the CLI cannot run it and what runs it instead.
     """
+    if name not in _TASKS and name in LIBRARY_TRAINER_TASKS:
+        raise ValueError(f"task={name!r} is not a CLI task: "
+                         + _LIBRARY_TRAINER_HELP.format(what=LIBRARY_TRAINER_TASKS[name]))
     if name not in _TASKS:
         raise ValueError(f"task={name!r} is not a registered task; allowed: {', '.join(sorted(_TASKS))}.")
     return _TASKS[name]

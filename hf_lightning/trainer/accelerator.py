@@ -16,9 +16,12 @@ from typing import Any, Protocol
 import lightning.pytorch as pl
 import torch
 from torch import nn
+from torch.utils.data import DataLoader
 
 from hf_lightning._lightning_compat import grad_scaler
 from hf_lightning.args import TrainingArguments
+from hf_lightning.data.sampling import BatchShard, batch_shard_problem, dataset_length
+from hf_lightning.data.windows import EpochLoader
 from hf_lightning.model_wrappers import without_compile
 from hf_lightning.module.module import TransformerModule
 
@@ -32,6 +35,9 @@ SUPPORTED = (
     "state", "sync_gradients", "unwrap_model", "use_distributed", "wait_for_everyone",
 )
 """The accelerate `Accelerator` members `LightningAccelerator` provides."""
+
+_EVEN_BATCHES = "_accelerator_even_batches"
+"""The owner's attribute holding a value given to `accelerator.even_batches`."""
 
 
 def _all_tensors(data: Any) -> bool:
@@ -326,10 +332,18 @@ class LightningAccelerator:
 
     @property
     def even_batches(self) -> bool:
-        """False: hf_lightning's eval shards are contiguous blocks that may differ by one batch and never repeat a
-        sample (accelerate's default `True` pads the last batches with repeated samples, then drops them in
-        `gather_for_metrics`). Training shards are even either way."""
-        return False
+        """False unless set: hf_lightning's eval shards are contiguous blocks that may differ by one batch and never
+        repeat a sample (accelerate's default `True` pads the last batches with repeated samples, then drops them in
+        `gather_for_metrics`: the same results). Training shards are even either way.
+
+        Setting it (sentence-transformers sets False before preparing its train loader, True for its eval loaders) is
+        honoured by `prepare(DataLoader)`: a loader that would need accelerate's padding (True) or leave a process a
+        batch short (False) is refused there, by name; one that needs neither is sharded as accelerate does."""
+        return bool(getattr(self._owner, _EVEN_BATCHES, False))
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        setattr(self._owner, _EVEN_BATCHES, bool(value))  # the accelerator object is made anew at every access
 
     @property
     def parallelism_config(self) -> None:
@@ -352,11 +366,11 @@ class LightningAccelerator:
 
     def prepare(self, *objects: Any, device_placement: list[bool] | None = None) -> Any:
         """Identity for what Lightning already prepared: models go through `prepare_model`, optimizers and
-        schedulers come back as they are (Lightning's strategy wraps and steps the trainer's own).
+        schedulers come back as they are (Lightning's strategy wraps and steps the trainer's own); a `DataLoader`
+        becomes this process's shard with accelerate's `set_epoch` (`_prepare_loader`).
 
         Raises:
-            NotImplementedError: a `DataLoader` under several processes (accelerate would shard it here; pass it
-                to `trainer.evaluation_loop`, which shards it exactly, or build it with `get_eval_dataloader`).
+            ValueError, NotImplementedError: a `DataLoader` that cannot be sharded exactly (`_prepare_loader`).
         """
         prepared = [self._prepare_one(obj) for obj in objects]
         return prepared[0] if len(prepared) == 1 else tuple(prepared)
@@ -364,13 +378,48 @@ class LightningAccelerator:
     def _prepare_one(self, obj: Any) -> Any:
         if isinstance(obj, nn.Module):
             return self.prepare_model(obj)
-        if isinstance(obj, torch.utils.data.DataLoader) and self.num_processes > 1:
-            raise NotImplementedError(
-                "accelerator.prepare(DataLoader) under several processes: hf_lightning does not re-shard a loader "
-                "here. Pass it to `trainer.evaluation_loop(loader, ...)` (sharded exactly there), or build it with "
-                "`trainer.get_eval_dataloader()` / `get_test_dataloader()`."
-            )
+        if isinstance(obj, DataLoader):
+            return self._prepare_loader(obj)
         return obj
+
+    def _prepare_loader(self, loader: DataLoader) -> DataLoader:
+        """A plain map-style `DataLoader` as accelerate's `DataLoaderShard`: `set_epoch` reaches its batch sampler
+        every epoch (`EpochLoader`), and under several processes it yields this process's batches (`BatchShard`,
+        batch `i` on rank `i % num_processes`). Anything else comes back as it is on one process.
+
+        Raises:
+            ValueError: several processes and batches that accelerate would pad or leave uneven
+                (`sampling.batch_shard_problem`, which names `even_batches` and what to change).
+            NotImplementedError: several processes and a loader that cannot be sharded by batch (an iterable dataset,
+                a `DataLoader` subclass).
+        """
+        world = self.num_processes
+        batch_sampler: Any = loader.batch_sampler
+        plain = type(loader) is DataLoader and not isinstance(loader.dataset, torch.utils.data.IterableDataset) \
+            and batch_sampler is not None
+        if not plain:
+            if world > 1:
+                raise NotImplementedError(
+                    f"accelerator.prepare({type(loader).__name__}) under several processes: hf_lightning shards a "
+                    "plain map-style DataLoader by batch, not this one. Pass it to `trainer.evaluation_loop(loader, "
+                    "...)` (sharded exactly there), or build it with `trainer.get_eval_dataloader()` / "
+                    "`get_test_dataloader()`."
+                )
+            return loader
+        if world > 1:
+            size = getattr(batch_sampler, "batch_size", None)
+            rows = dataset_length(loader.dataset)
+            full = bool(getattr(batch_sampler, "drop_last", False)) or size is None or (rows or 0) % size == 0
+            problem = batch_shard_problem(len(batch_sampler), full, world, self.even_batches)
+            if problem is not None:
+                raise ValueError(problem)
+            batch_sampler = BatchShard(batch_sampler, world, self.process_index)
+        return EpochLoader(
+            loader.dataset, batch_sampler=batch_sampler, collate_fn=loader.collate_fn, num_workers=loader.num_workers,
+            pin_memory=loader.pin_memory, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+            multiprocessing_context=loader.multiprocessing_context, generator=loader.generator,
+            prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers,
+        )
 
     def prepare_model(self, model: nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
                       ) -> nn.Module:

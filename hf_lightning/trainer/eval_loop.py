@@ -26,6 +26,7 @@ from transformers.trainer_utils import EvalLoopOutput, PredictionOutput, speed_m
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.data.datamodule import TransformerDataModule
+from hf_lightning.data.windows import is_sized
 from hf_lightning.flow.flow import HFTrainerFlow
 from hf_lightning.flow.hf_callbacks import HFCallbackHandler
 from hf_lightning.module.evaluation import EvalRequest
@@ -79,6 +80,13 @@ class EvalLoopHooks:
             HF's `EvalLoopOutput`; its metrics hold `compute_metrics`' (the trainer's `compute_metrics` at this
             call) and `<prefix>_loss`, without speed metrics, as HF's.
         """
+        if is_sized(dataloader) and len(dataloader) == 0:  # e.g. sentence-transformers' loader when its evaluator
+            # does the evaluation: HF's loop still makes the loader's iterator, which draws a base seed from the
+            # global torch RNG (Lightning would skip the loader), so later dropout masks stay HF's
+            for _ in dataloader:
+                pass
+            nothing: Any = None
+            return EvalLoopOutput(predictions=nothing, label_ids=None, metrics={}, num_samples=0)
         loss_only = bool(self.args.prediction_loss_only) if prediction_loss_only is None else bool(prediction_loss_only)
         request = EvalRequest(metric_key_prefix, ignore_keys, description=description, prediction_loss_only=loss_only)
         module = self.module
@@ -93,8 +101,8 @@ class EvalLoopHooks:
             module.compute_metrics = saved
         result = output.results.get("")
         if result is None:  # no batch at all (an empty loader)
-            nothing: Any = None  # HF's loop returns None predictions and labels when it kept none
-            return EvalLoopOutput(predictions=nothing, label_ids=None, metrics={}, num_samples=0)
+            # HF's loop returns None predictions and labels when it kept none
+            return EvalLoopOutput(predictions=None, label_ids=None, metrics={}, num_samples=0)  # type: ignore[arg-type]
         speed = {f"{metric_key_prefix}_{suffix}" for suffix in SPEED_SUFFIXES}
         metrics = {key: value for key, value in result.metrics.items() if key not in speed}
         return EvalLoopOutput(predictions=result.predictions, label_ids=result.label_ids, metrics=metrics,

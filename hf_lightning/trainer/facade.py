@@ -16,6 +16,7 @@ import json
 import os
 from collections.abc import Callable, Mapping
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -30,8 +31,10 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
 from hf_lightning.checkpoint.checks import output_dir_problem
-from hf_lightning.checkpoint.final_model import save_final_model
+from hf_lightning.checkpoint.distributed import full_model_state_dict
+from hf_lightning.checkpoint.final_model import TRAINING_ARGS_NAME
 from hf_lightning.checkpoint.find import resolve_resume
+from hf_lightning.checkpoint.io import save_model_files, torch_save
 from hf_lightning.checkpoint.sharded import gather_full_weights
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.data.sampling import dataset_length
@@ -41,6 +44,7 @@ from hf_lightning.module.metrics import is_streaming_metric
 from hf_lightning.module.module import TransformerModule
 from hf_lightning.plan import unreachable_best_metric
 from hf_lightning.run_options.seeding import seed_as_hf
+from hf_lightning.trainer.as_transformers import default_lightning_kwargs
 from hf_lightning.trainer.data_hooks import DataHooks
 from hf_lightning.trainer.eval_loop import LOOP_OVERRIDES, EvalLoopHooks
 from hf_lightning.trainer.hp_search import HyperparameterSearchMixin
@@ -57,6 +61,9 @@ from hf_lightning.trainer.script_api import PassedArguments, ScriptApiMixin
 from hf_lightning.trainer.step_hooks import StepHooks
 
 __all__ = ["Trainer"]
+
+MODEL_FILE_WRITERS = frozenset({"save_model", "_save"})
+"""Overrides that write each checkpoint's model files (through `save_model(folder, _internal_call=True)`, as HF)."""
 
 
 def _deepspeed_config(args: TrainingArguments, lightning_kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -154,7 +161,9 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         optimizers: a user `(optimizer, scheduler)` pair.
         optimizer_cls_and_kwargs: `(optimizer class, kwargs)` used instead of `args.optim` (with HF's groups).
         preprocess_logits_for_metrics: `fn(logits, labels) -> tensor`, per eval batch.
-        lightning_kwargs: forwarded to `lightning.Trainer` (accelerator, devices, strategy, precision, logger...).
+        lightning_kwargs: forwarded to `lightning.Trainer` (accelerator, devices, strategy, precision, logger...);
+            None: those given to `use_as_transformers_trainer` (a library trainer's constructor has no such
+            parameter), else none.
         eval_loss_weighting: "samples" (HF's `eval_loss`) or "tokens" (mean over every label token; README
             "Evaluation and prediction").
 
@@ -167,6 +176,9 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
     """
 
     module_class: type[TransformerModule] = TransformerModule
+    hub_model_id: str | None = None
+    """HF's `hub_model_id` (the repository `init_hf_repo` creates for `push_to_hub`): always None, there is no hub
+    access here; library model cards read it (TRL's `create_model_card`)."""
 
     def __init__(
         self,
@@ -187,15 +199,18 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         eval_loss_weighting: str = "samples",
     ) -> None:
         self.args = self._resolve_args(args)
-        self.lightning_kwargs = dict(lightning_kwargs or {})
+        # a library trainer's constructor (TRL's) has no `lightning_kwargs`: the ones given to
+        # `use_as_transformers_trainer` stand in
+        self.lightning_kwargs = dict(default_lightning_kwargs() if lightning_kwargs is None else lightning_kwargs)
         # every override checked before anything is built: one error naming all that cannot be honoured
         check_overrides(type(self), deepspeed_refusals(_deepspeed_config(self.args, self.lightning_kwargs)))
         self._overridden = frozenset(overridden_methods(type(self)))
-        if self.args.save_async and "save_model" in self._overridden:
+        own_save = sorted(self._overridden & MODEL_FILE_WRITERS)
+        if self.args.save_async and own_save:
             # an override writes from the live model on the training thread; a background save writes CPU copies
-            raise ValueError("save_async=True cannot be combined with an overridden save_model: each checkpoint's "
-                             "model files are written by your save_model while training waits, so the save would not "
-                             "run in the background. Use save_async=False, or remove the save_model override.")
+            raise ValueError(f"save_async=True cannot be combined with an overridden {' / '.join(own_save)}: each "
+                             "checkpoint's model files are written by your override while training waits, so the save "
+                             "would not run in the background. Use save_async=False, or remove the override.")
         hf_logging.set_verbosity(self.args.get_process_log_level())  # as HF's Trainer.__init__ does
         seed_as_hf(self.args)  # `enable_full_determinism` with `full_determinism`, as HF
         if (problem := output_dir_problem(self.args.resolved_output_dir)) is not None:
@@ -218,6 +233,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         self.datamodule = TransformerDataModule(
             train_dataset=train_dataset, eval_dataset=eval_dataset, args=self.args,
             data_collator=data_collator, processing_class=processing_class, loader_owner=self,
+            columns_owner=self,
         )
         self._eval_dataset = eval_dataset
         hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
@@ -235,8 +251,14 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         self.flow = build_flow(self.args, [*hf_callbacks, *console], processing_class, owner=self,
                                overridden=self._overridden,
                                resume_hint="trainer.train(resume_from_checkpoint={path!r})")
-        if "save_model" in self._overridden:
-            self.flow.checkpoints.write_model_files = lambda folder: self.save_model(folder, _internal_call=True)
+        checkpoints = self.flow.checkpoints
+        if own_save:  # HF's `_save_checkpoint` calls `save_model(folder, _internal_call=True)`, which calls `_save`
+            checkpoints.write_model_files = lambda folder: self.save_model(folder, _internal_call=True)
+        if "_load_from_checkpoint" in self._overridden:  # HF's call at a resume, after the folder is verified
+            checkpoints.load_model_files = lambda folder, model: (
+                self._load_from_checkpoint(folder) if model is None else self._load_from_checkpoint(folder, model))
+        if "_load_best_model" in self._overridden:  # HF's call at the end of train(), after the folder is verified
+            checkpoints.load_best_model = self._load_best_model
         self.lightning_trainer: pl.Trainer | None = None
         self.module = self._build_module(model, optimizers)
         loss_only = self.module.prediction_loss_only(is_prediction=False)
@@ -263,6 +285,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             **self._module_kwargs,
         )
         module.eval_loss_weighting = self.eval_loss_weighting
+        for name, value in vars(self).get("_set_attributes", {}).items():  # HF computes these once (step_hooks.py)
+            setattr(module, name, value)
         module.attach_hooks(self, self._overridden)
         self.datamodule.signature_model = model
         return module
@@ -371,10 +395,11 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             for name, named in dataset.items():
                 metrics.update(self.evaluate(named if override else name, ignore_keys, f"{metric_key_prefix}_{name}"))
             return metrics
+        if self._overridden & LOOP_OVERRIDES:  # HF's evaluate() body around the overridden loop; as in HF, the
+            # loader decides whether evaluating without a dataset is an error (sentence-transformers' evaluator runs)
+            return self._evaluate_through_loop(eval_dataset, ignore_keys, metric_key_prefix)
         if dataset is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
-        if self._overridden & LOOP_OVERRIDES:  # HF's evaluate() body around the overridden loop
-            return self._evaluate_through_loop(eval_dataset, ignore_keys, metric_key_prefix)
         if isinstance(dataset, str):
             dataset = self.datamodule.get_eval_dataset(dataset)
         request = EvalRequest(metric_key_prefix, ignore_keys)
@@ -397,16 +422,27 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         return PredictionOutput(predictions=result.predictions, label_ids=result.label_ids, metrics=result.metrics)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Write the model (and tokenizer, `training_args.bin`) to `output_dir` (default: `args.output_dir`); also
-        called for each checkpoint's model files (`_internal_call=True`) when a subclass overrides it.
+        """Write the model (and tokenizer, `training_args.bin`) to `output_dir` (default: `args.output_dir`) through
+        `self._save`, as HF's; also called for each checkpoint's model files (`_internal_call=True`) when a subclass
+        overrides it or `_save`.
 
-        Under FSDP2 call it on every process (the full weights are gathered); the global-zero process writes.
+        Under FSDP / ZeRO-3 call it on every process (the full weights are gathered); the global-zero process calls
+        `_save` with them.
         """
         trainer = self.lightning_trainer
         folder = output_dir or self.args.resolved_output_dir
-        is_zero = trainer is None or trainer.is_global_zero
-        if is_zero:
-            logger.info(f"Saving model checkpoint to {folder}")
-        gather = partial(gather_full_weights, trainer.strategy) if trainer is not None else None  # FSDP, ZeRO-3
-        save_final_model(self.model, folder, self.processing_class, self.passed_args, is_global_zero=is_zero,
-                         gather=gather)
+        gather = partial(gather_full_weights, trainer.strategy) if trainer is not None else full_model_state_dict
+        full_state = gather(self.model)  # a collective under FSDP / ZeRO-3; None for a plain model
+        if trainer is None or trainer.is_global_zero:
+            self._save(folder, state_dict=full_state)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, Any] | None = None) -> None:
+        """HF's `_save`: the model's `save_pretrained` files (with `state_dict` when given: the gathered weights of a
+        sharded model), the processing class and `training_args.bin`, into `output_dir` (default
+        `args.output_dir`). Called by `save_model` on the global-zero process only (HF calls it on every process,
+        whose others return at once); an override (sentence-transformers' writes its own layout) writes every
+        checkpoint's model files too, into the temporary folder that is renamed once the checkpoint is complete."""
+        folder = Path(output_dir if output_dir is not None else self.args.resolved_output_dir)
+        logger.info(f"Saving model checkpoint to {folder}")
+        save_model_files(self.model, folder, self.processing_class, state_dict=state_dict)
+        torch_save(self.passed_args, folder / TRAINING_ARGS_NAME)

@@ -1,5 +1,6 @@
 """The `transformers.Trainer` loop methods of `hf_lightning.Trainer` (`log`, `_evaluate`, `_maybe_log_save_evaluate`,
-`floating_point_ops`), and the loop's attributes (`state`, `control`, `callback_handler`, `is_in_train`,
+`_save_checkpoint`, `_set_signature_columns_if_needed`, `floating_point_ops`, `_load_from_checkpoint`,
+`_load_best_model`), and the loop's attributes (`state`, `control`, `callback_handler`, `is_in_train`,
 `model_wrapped`, `accelerator`).
 
 `HFTrainerFlow` calls a subclass's override of these methods where HF's loop calls them (`HFLoopSteps`, given the
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
@@ -18,6 +20,8 @@ from torch import nn
 from transformers import TrainerControl, TrainerState
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.checkpoint.restore import load_weights
+from hf_lightning.checkpoint.weight_files import weights_file
 from hf_lightning.data.collate import signature_columns
 from hf_lightning.flow.flow import HFTrainerFlow
 from hf_lightning.flow.hf_callbacks import HFCallbackHandler
@@ -90,18 +94,15 @@ class LoopHooks:
         ModelParallel strategy in `lightning_kwargs`)."""
         return self.accelerator.strategy_kind()[0] == "fsdp"
 
-    @property
-    def _signature_columns(self) -> list[str]:
-        """HF's `_signature_columns`: the columns kept by `remove_unused_columns` (the model's `forward` parameters,
-        `label`, `label_ids` and the label names). Computed on read (HF fills it at the first dataloader)."""
-        return signature_columns(self.model, list(self.module.label_names))
+    _signature_columns: list[str] | None = None
+    """HF's `_signature_columns`: the columns `remove_unused_columns` keeps; None until the first loader is built,
+    which calls `_set_signature_columns_if_needed` (a subclass may override it, or set the list, as TRL's does)."""
 
-    @_signature_columns.setter
-    def _signature_columns(self, value: Any) -> None:
-        raise AttributeError(
-            "hf_lightning.Trainer._signature_columns is read-only: the kept columns follow the model's forward. Set "
-            "remove_unused_columns=False and drop columns in your collator or get_train_dataloader instead."
-        )
+    def _set_signature_columns_if_needed(self) -> None:
+        """HF's `_set_signature_columns_if_needed`: when `_signature_columns` is None, set it to the model's `forward`
+        parameters (inside PEFT / compile wrappers), `label`, `label_ids` and the label names."""
+        if self._signature_columns is None:
+            self._signature_columns = signature_columns(self.model, list(self.module.label_names))
 
     @property
     def _globalstep_last_logged(self) -> int:
@@ -133,6 +134,37 @@ class LoopHooks:
         if not skip_scheduler:
             self.flow.steps.step_plateau_scheduler(metrics)
         return metrics
+
+    def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
+        """HF's `_save_checkpoint` at every checkpoint save during `train()`: `checkpoint-<global_step>` with the
+        model files (through `save_model` when overridden), optimizer, scheduler, RNG and trainer state, written
+        crash-safe with its manifest, then the best pointer and rotation (`model` and `trial` are HF's; the flow's
+        model is what is saved).
+
+        Raises:
+            RuntimeError: called outside `train()`.
+        """
+        self.flow.steps.save_checkpoint_now()
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: nn.Module | None = None) -> None:
+        """HF's `_load_from_checkpoint`: the weights of a checkpoint folder into `model` (default `self.model`; the
+        sharded model under FSDP, whose full weights are scattered), shapes checked first; a PEFT adapter into the
+        PEFT model. Called at every resume (after the folder is verified) and by a `_load_best_model` override.
+
+        Raises:
+            ValueError: the folder has no weights file (HF's words), or weights of another model (named).
+        """
+        weights = weights_file(Path(resume_from_checkpoint))
+        if weights is None:
+            raise ValueError(f"Can't find a valid checkpoint at {resume_from_checkpoint}")
+        trainer = self.lightning_trainer
+        load_weights(self.module.model if model is None else model, weights,
+                     strategy=trainer.strategy if trainer is not None else None)
+
+    def _load_best_model(self) -> None:
+        """HF's `_load_best_model`: the best checkpoint's weights (`state.best_model_checkpoint`, verified before
+        this call) into the model, at the end of `train()` with `load_best_model_at_end`."""
+        self.flow.steps.load_best_now()
 
     def floating_point_ops(self, inputs: dict[str, Any]) -> int:
         """HF's `floating_point_ops`: `6 * tokens * non-embedding parameters` of one micro-batch (0 if unknown)."""

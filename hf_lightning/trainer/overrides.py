@@ -6,6 +6,8 @@ tables complete against the installed class) is in exactly one table:
 - `ROUTED`: the Lightning pieces call the trainer's method where HF's loop calls it, with HF's signature, so an
   override (pasted from a `transformers.Trainer` subclass) runs at HF's points and `super()` reaches the built-in;
 - `CALLED_BY_USER`: neither HF's loop nor ours calls it; the user's code does, so an override is the user's own;
+- `HUB_ONLY`: HF calls it only when the Hub is asked for (`push_to_hub=True`), which hf_lightning refuses (no Hub
+  access): an override is accepted and, as in an HF run without the Hub, never called;
 - `REFUSED`: HF internals with no counterpart in a Lightning run; overriding one raises at construction, with what
   to override instead.
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 __all__ = [
-    "CALLED_BY_USER", "METRIC_SOURCES", "REFUSED", "ROUTED", "check_overrides", "deepspeed_refusals",
+    "CALLED_BY_USER", "HUB_ONLY", "METRIC_SOURCES", "REFUSED", "ROUTED", "check_overrides", "deepspeed_refusals",
     "overridden_methods", "refused_overrides",
 ]
 
@@ -57,7 +59,20 @@ ROUTED: dict[str, str] = {
     "floating_point_ops": "once per micro-batch, for total_flos",
     "save_model": "for the model files of every checkpoint (with _internal_call=True, into the checkpoint folder "
                   "being written) and by the user",
+    "_save": "by save_model (so for every checkpoint's model files too, into the temporary folder renamed once "
+             "complete), on the global-zero process only, with the gathered full weights as state_dict under FSDP / "
+             "ZeRO-3 (None otherwise); the built-in writes save_pretrained's files, the processing class and "
+             "training_args.bin",
+    "_load_from_checkpoint": "once per resumed train(), for the model weights, after the checkpoint folder is "
+                             "verified (HF's call: one argument; under FSDP with the sharded model as `model`); not "
+                             "under DeepSpeed, as HF (the engine's checkpoint)",
+    "_load_best_model": "at the end of train() with load_best_model_at_end, after the train summary is logged and the "
+                        "best checkpoint's files are verified",
     "call_model_init": "by train() when a model_init is given",
+    "_save_checkpoint": "at every checkpoint save during train(), with HF's (model, trial), after the update's "
+                        "evaluation and before on_save; the base writes the checkpoint (crash-safe, with its manifest)",
+    "_set_signature_columns_if_needed": "when the first loader is built, before `_signature_columns` is read for "
+                                        "remove_unused_columns",
 }
 """HF methods the Lightning pieces call through the trainer, and where."""
 
@@ -77,13 +92,20 @@ CALLED_BY_USER: dict[str, str] = {
 }
 """HF methods that only user code calls: an override changes nothing but the user's own calls."""
 
+HUB_ONLY: dict[str, str] = {
+    "_push_from_checkpoint": "HF calls it after a checkpoint save only with push_to_hub=True, which hf_lightning "
+                             "refuses (no Hub access): never called, as in an HF run without the Hub",
+}
+"""HF methods HF calls only when the Hub is asked for: an override is accepted (sentence-transformers has one)."""
+
 _LOOP = ("HF's own training loop; hf_lightning runs Lightning's fit loop (one Lightning batch per update). Override "
          "training_step, compute_loss or get_train_dataloader, or use a TrainerCallback")
 _WRAP = ("model wrapping and placement belong to the Lightning strategy; pass `lightning_kwargs` (strategy, devices, "
          "precision)")
-_SAVE = ("checkpoints are written by HFTrainerFlow's CheckpointSaver; override save_model (called for each "
-         "checkpoint's model files) or use TrainerCallback.on_save")
-_LOAD = "resume and best-model loading are checkpoint/restore.py and checkpoint/best.py; there is no hook for them"
+_SAVE = ("checkpoints are written by HFTrainerFlow's CheckpointSaver; override save_model or _save (called for "
+         "each checkpoint's model files) or use TrainerCallback.on_save")
+_LOAD = ("resume and best-model loading are checkpoint/restore.py and checkpoint/best.py; override "
+         "_load_from_checkpoint (the model weights at resume) or _load_best_model (load_best_model_at_end) instead")
 _COLUMNS = ("column removal is TransformerDataModule's; set remove_unused_columns=False and drop columns in your "
             "collator or get_train_dataloader")
 _PARALLEL = "tensor, context and sequence parallelism are not supported; hf_lightning's built-ins never call it"
@@ -116,26 +138,20 @@ REFUSED: dict[str, str] = {
                               "greater_is_better",
     "store_flos": "total_flos is stored by HFTrainerFlow; override floating_point_ops to count differently",
     "_get_output_dir": _SAVE,
-    "_save_checkpoint": _SAVE,
     "_save_rng_state": _SAVE,
     "_save_optimizer_and_scheduler": _SAVE,
     "_save_scaler": _SAVE,
-    "_save": _SAVE,
-    "_load_from_checkpoint": _LOAD,
-    "_load_best_model": _LOAD,
     "_load_rng_state": _LOAD,
     "_load_optimizer_and_scheduler": _LOAD,
     "_load_scaler": _LOAD,
     "_load_callback_state": _LOAD,
     "_issue_warnings_after_load": _LOAD,
     "_remove_unused_columns": _COLUMNS,
-    "_set_signature_columns_if_needed": _COLUMNS,
     "_get_collator_with_removed_columns": _COLUMNS,
     "get_sp_size": _PARALLEL,
     "get_cp_size": _PARALLEL,
     "get_tp_size": _PARALLEL,
     "init_hf_repo": "there is no Hugging Face Hub access (push_to_hub is refused)",
-    "_push_from_checkpoint": "there is no Hugging Face Hub access (push_to_hub is refused)",
     "_finish_current_push": "there is no Hugging Face Hub access (push_to_hub is refused)",
     "_hp_search_setup": _HP,
     "_report_to_hp_search": _HP,

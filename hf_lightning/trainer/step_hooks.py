@@ -6,7 +6,10 @@ override runs in their place and its `super()` call reaches the built-in behavio
 
 The attributes pasted override bodies read (`self.optimizer`, `self.lr_scheduler`, `self.model_accepts_loss_kwargs`,
 `self.label_smoother`, `self.label_names`, `self.compute_loss_func`, `self.current_gradient_accumulation_steps`,
-`self.can_return_loss`, ...) are the module's, read and written through.
+`self.can_return_loss`, ...) are the module's, read and written through. `model_accepts_loss_kwargs`, `label_names` and
+`can_return_loss` are computed once from the model, as HF's `__init__` does, and a value the trainer is given (e.g.
+sentence-transformers sets `can_return_loss = True`) is what the loops read; it stays when the module is rebuilt for
+another model (`model_init`, `trainer.model = ...`), as HF never recomputes them.
 """
 
 from __future__ import annotations
@@ -17,12 +20,14 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers.utils import can_return_loss
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.module.module import TransformerModule
 
-__all__ = ["StepHooks"]
+__all__ = ["StepHooks", "STICKY_ATTRIBUTES"]
+
+STICKY_ATTRIBUTES = ("model_accepts_loss_kwargs", "label_names", "can_return_loss")
+"""Module attributes HF computes once in `Trainer.__init__`: a value set on the trainer survives a module rebuild."""
 
 
 def _module_attribute(name: str, doc: str) -> property:
@@ -34,6 +39,8 @@ def _module_attribute(name: str, doc: str) -> property:
     def set_(self: StepHooks, value: Any) -> None:
         if "module" in vars(self):  # set before `Trainer.__init__` ran: its own value replaces it, as in HF
             setattr(self.module, name, value)
+            if name in STICKY_ATTRIBUTES:  # kept for a rebuilt module (`Trainer._build_module`)
+                vars(self).setdefault("_set_attributes", {})[name] = value
 
     return property(get, set_, doc=doc)
 
@@ -55,7 +62,11 @@ class StepHooks:
     model_accepts_loss_kwargs = _module_attribute("model_accepts_loss_kwargs", "HF's: whether the model's forward "
                                                                               "takes loss kwargs.")
     label_smoother = _module_attribute("label_smoother", "HF's `LabelSmoother`, or None.")
-    label_names = _module_attribute("label_names", "The label columns (HF's `label_names`).")
+    label_names = _module_attribute("label_names", "The label columns (HF's `label_names`): what evaluation reads the "
+                                                   "labels from and what `remove_unused_columns` keeps.")
+    can_return_loss = _module_attribute("can_return_loss", "HF's `can_return_loss`: whether evaluation computes the "
+                                                           "loss of a batch without labels (default: the model's "
+                                                           "forward has `return_loss=True`).")
     compute_loss_func = _module_attribute("compute_loss_func", "The constructor's `compute_loss_func`.")
     optimizer_cls_and_kwargs = _module_attribute("optimizer_cls_and_kwargs",
                                                  "The constructor's `optimizer_cls_and_kwargs`.")
@@ -64,11 +75,6 @@ class StepHooks:
     def current_gradient_accumulation_steps(self) -> int:
         """The micro-batches of the update running now (HF's; the last update of an epoch may be shorter)."""
         return self.module.micro_batches_in_update
-
-    @property
-    def can_return_loss(self) -> bool:
-        """HF's `can_return_loss`: whether the model's forward has a `return_loss` argument defaulting to True."""
-        return bool(can_return_loss(type(self.module.model)))
 
     # ----- the loss -----
     def compute_loss(
