@@ -18,12 +18,29 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
-
-from hf_lightning.args import TrainingArguments
+from typing import Any, Protocol
 
 __all__ = ["DeepSpeedFill", "fill_process_stage", "fill_finalize_stage", "for_lightning", "zero_stage",
            "mismatch_error"]
+
+
+class FillSource(Protocol):
+    """The training arguments `DeepSpeedFill.from_args` reads (ours: `TrainingArguments`; a Protocol, since
+    `TrainingArguments` imports this module while it is built)."""
+
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    max_grad_norm: float
+    learning_rate: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_epsilon: float
+    weight_decay: float
+    fp16: bool
+    fp16_full_eval: bool
+    bf16: bool
+    bf16_full_eval: bool
+    auto_find_batch_size: bool
 
 
 @dataclass(frozen=True)
@@ -46,7 +63,7 @@ class DeepSpeedFill:
     auto_find_batch_size: bool = False
 
     @classmethod
-    def from_args(cls, args: TrainingArguments, world_size: int) -> DeepSpeedFill:
+    def from_args(cls, args: FillSource, world_size: int) -> DeepSpeedFill:
         return cls(
             per_device_train_batch_size=args.per_device_train_batch_size,
             gradient_accumulation_steps=args.gradient_accumulation_steps, world_size=world_size,
