@@ -70,6 +70,17 @@ def run_cli(argv: list[str] | None = None) -> Any:
         allowed = check_config_code(argv[1:])
     except ConfigCodeError as err:
         fail(err, prog=f"hf-lightning {argv[0]}" if argv else "hf-lightning")
+    from hf_lightning.cli.library_config import is_library_config, read_library_config
+
+    if argv and argv[0] in ("fit", "validate", "predict") and is_library_config(argv[1:]):
+        # a config naming a library trainer (TRL's SFTTrainer): checked here, before torch is imported
+        try:
+            config = read_library_config(argv[0], argv[1:])
+        except (ValueError, OSError) as err:
+            fail(err, prog=f"hf-lightning {argv[0]}")
+        from hf_lightning.cli.library_run import run_library_config
+
+        return run_library_config(config)
     precheck(argv[1:], subcommand=argv[0] if argv else "fit")
     enforce_in_parser(allowed)
     from hf_lightning.cli.lightning_cli import HFLightningCLI
