@@ -179,14 +179,17 @@ def build_library_run(config: LibraryConfig) -> LibraryRun:
     tokenizer = load_tokenizer(config.data, config.model)
     model = build_model(config.model, get_task(_MODEL_TASK), tokenizer, None, config.allow_code_from)
     callbacks = build_hf_callbacks(config.hf_callbacks, config.allow_code_from)
+    # validate: TRL's SFTTrainer refuses to be built without a train dataset; the evaluation rows stand in (only
+    # tokenized, never trained on: `evaluate()` reads the eval dataset alone)
+    train = raw.get("train") if config.subcommand == "fit" else raw.get("validation")
     try:
-        trainer = trainer_cls(model=model, args=args, train_dataset=raw.get("train"),
+        trainer = trainer_cls(model=model, args=args, train_dataset=train,
                               eval_dataset=raw.get("validation"), processing_class=tokenizer,
                               callbacks=callbacks or None)
     except ValueError as err:
         raise ValueError(str(err).replace("lightning_kwargs", "trainer options").replace(
             "TrainingArguments.", "args.")) from None
-    train, evaluation = raw.get("train"), raw.get("validation")
+    evaluation = raw.get("validation")
     return LibraryRun(config=config, trainer=trainer, args=args, resume=resume,
                       train_rows=None if train is None else len(train),
                       eval_rows=None if evaluation is None else len(evaluation), model_folder=model_folder)
