@@ -245,10 +245,14 @@ def _validate(run: LibraryRun) -> None:
 
 
 def _print_config(config: LibraryConfig, args: Any) -> None:
+    values = args.to_dict()
+    for name in values:  # `to_dict` hides every `*_token` (HF's); only hub_token is a secret, TRL's eos_token is not
+        if name.endswith("_token") and name != "hub_token":
+            values[name] = getattr(args, name)
     document = {
         "trainer_class": config.trainer_class, "args_class": config.args_class,
         "allow_code_from": config.allow_code_from,
-        "args": json.loads(json.dumps(args.to_dict(), default=str)),
+        "args": json.loads(json.dumps(values, default=str)),
         "model": dataclasses.asdict(config.model), "data": dataclasses.asdict(config.data),
         "trainer": config.trainer, "hf_callbacks": config.hf_callbacks,
     }
