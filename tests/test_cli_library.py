@@ -70,7 +70,7 @@ def _cli_overrides(model: str, out: Path) -> list[str]:
     argv = ["--config", "configs/sft.yaml", "--model.model_name_or_path", model, "--data.tokenizer_file", "null",
             "--args.output_dir", str(out)]
     for key, value in SETTINGS.items():
-        argv += [f"--args.{key}", json.dumps(value)]  # YAML values: `"[SEP]"` a string, not a list
+        argv += [f"--args.{key}", "null" if value is None else str(value)]  # `[SEP]`: the text, for a str field
     for key, value in {**DATA_FILES, **SAMPLES}.items():
         argv += [f"--data.{key}", str(value)]
     return argv

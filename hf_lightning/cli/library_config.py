@@ -73,6 +73,9 @@ class LibraryConfig:
     hf_callbacks: list[Any] = field(default_factory=list)
     ckpt_path: str | None = None
     print_config: bool = False
+    command_line: dict[str, str] = field(default_factory=dict)
+    """`--<section>.<key>` values as typed (`args.eos_token` -> `[SEP]`): a string field keeps the text YAML would
+    read as something else (see `library_run._training_arguments`)."""
 
 
 def _value(text: str) -> Any:
@@ -99,8 +102,9 @@ def _set(config: dict[str, Any], key: str, value: Any) -> None:
     node[last] = value
 
 
-def _read(argv: Sequence[str]) -> tuple[dict[str, Any], bool]:
-    """The merged config of every `--config` and `--key value` in order, and whether `--print_config` was given.
+def _read(argv: Sequence[str], command_line: dict[str, str] | None = None) -> tuple[dict[str, Any], bool]:
+    """The merged config of every `--config` and `--key value` in order, and whether `--print_config` was given;
+    `command_line` receives each `--key value`'s text as typed.
 
     Raises:
         ValueError: an option that is not a config key, or a config file that is not a mapping.
@@ -134,6 +138,8 @@ def _read(argv: Sequence[str]) -> tuple[dict[str, Any], bool]:
             config.setdefault("allow_code_from", []).append(_value(text))
         elif key.split(".")[0] in _TOP_KEYS:
             _set(config, key, _value(text))
+            if command_line is not None:
+                command_line[key] = text
         else:
             raise ValueError(f"unknown option --{key}; a library-trainer config takes --config and the keys "
                              f"{', '.join(_TOP_KEYS)} (sections as --args.<name>, --trainer.<name>...).")
@@ -226,7 +232,8 @@ def read_library_config(subcommand: str, argv: Sequence[str]) -> LibraryConfig:
         ValueError: the first mistake, in one line naming the key, its value and what is allowed
             (`ConfigCodeError` for a class from a package the config does not allow).
     """
-    config, print_config = _read(argv)
+    command_line: dict[str, str] = {}
+    config, print_config = _read(argv, command_line)
     if (problem := unknown_keys("the config", config, _TOP_KEYS)) is not None:
         raise ValueError(problem + " A library-trainer config has " + ", ".join(_TOP_KEYS) + ".")
     trainer_class, args_class = _class_paths(config)
@@ -256,5 +263,6 @@ def read_library_config(subcommand: str, argv: Sequence[str]) -> LibraryConfig:
     return LibraryConfig(subcommand=subcommand, trainer_class=trainer_class, args_class=args_class,
                          args=sections["args"], model=model, data=data, trainer=sections["trainer"],
                          allow_code_from=[str(a) for a in allowed], hf_callbacks=hf_callbacks,
-                         ckpt_path=None if ckpt_path is None else str(ckpt_path), print_config=print_config)
+                         ckpt_path=None if ckpt_path is None else str(ckpt_path), print_config=print_config,
+                         command_line=command_line)
 

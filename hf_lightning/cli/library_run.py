@@ -52,6 +52,8 @@ _CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError, ImportError, Attribu
                   MisconfigurationException)
 _CONSTRUCTOR = ("model", "args", "train_dataset", "eval_dataset", "processing_class", "callbacks")
 """The keywords the CLI builds a library trainer with (`transformers.Trainer`'s)."""
+_STRING_TYPES = ("str", "str | None", "Optional[str]", "typing.Optional[str]", "<class 'str'>")
+"""How a string field's type reads in a dataclass (`from __future__ import annotations` keeps it as text)."""
 _MODEL_TASK = "causal_lm"
 """The preset whose Auto class (`AutoModelForCausalLM`) builds the model unless `model.auto_class` names another."""
 
@@ -104,6 +106,12 @@ def _training_arguments(config: LibraryConfig, args_cls: type) -> Any:
     fields = [f for f in dataclasses.fields(args_cls) if f.init]
     defaults = {f.name: f.default for f in fields}
     _, values = move_lightning_spellings(user_set(config.trainer), config.args, defaults)
+    types = {f.name: str(f.type) for f in fields}
+    for key, value in values.items():
+        text = config.command_line.get(f"args.{key}")
+        # `--args.eos_token [SEP]`: YAML reads a list, the field wants the text (jsonargparse's reading of a str)
+        if text is not None and not isinstance(value, str) and types.get(key) in _STRING_TYPES:
+            values[key] = text
     if (problem := unknown_keys("args", values, [f.name for f in fields])) is not None:
         raise ValueError(f"{problem} `args` takes the fields of {config.args_class} (HF TrainingArguments and the "
                          "library's own).")
