@@ -228,3 +228,14 @@ def test_the_shipped_sft_config_learns_its_task(tmp_path):
     words = [w for row in rows for w in row["completion"].split()]
     majority = max(words.count(w) for w in set(words)) / len(words)
     assert last["eval_mean_token_accuracy"] > 0.8 > 2 * majority, (last, majority)
+
+
+def test_help_of_a_library_config_lists_its_arguments_class_fields():
+    """`fit --config configs/sft.yaml --help`: the options are SFTConfig's (TRL's own fields beside HF's), not the
+    task presets' TrainingArguments."""
+    shown = _ok(_cli("fit", "--config", "configs/sft.yaml", "--help"))
+    assert "Runs trl.SFTTrainer" in shown
+    for option in ("--args.packing", "--args.dataset_text_field", "--args.learning_rate",
+                   "--model.model_name_or_path"):
+        assert option in shown, option
+    assert "--task" not in shown

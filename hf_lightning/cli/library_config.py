@@ -73,6 +73,7 @@ class LibraryConfig:
     hf_callbacks: list[Any] = field(default_factory=list)
     ckpt_path: str | None = None
     print_config: bool = False
+    help: bool = False
     command_line: dict[str, str] = field(default_factory=dict)
     """`--<section>.<key>` values as typed (`args.eos_token` -> `[SEP]`): a string field keeps the text YAML would
     read as something else (see `library_run._training_arguments`)."""
@@ -117,6 +118,9 @@ def _read(argv: Sequence[str], command_line: dict[str, str] | None = None) -> tu
         i += 1
         if token.startswith("--print_config"):
             print_config = True
+            continue
+        if token in ("-h", "--help"):
+            config["help"] = True
             continue
         if not token.startswith("-"):
             raise ValueError(f"unexpected argument {token!r}: options are --config FILE and --<key> VALUE.")
@@ -234,6 +238,7 @@ def read_library_config(subcommand: str, argv: Sequence[str]) -> LibraryConfig:
     """
     command_line: dict[str, str] = {}
     config, print_config = _read(argv, command_line)
+    show_help = bool(config.pop("help", False))
     if (problem := unknown_keys("the config", config, _TOP_KEYS)) is not None:
         raise ValueError(problem + " A library-trainer config has " + ", ".join(_TOP_KEYS) + ".")
     trainer_class, args_class = _class_paths(config)
@@ -248,7 +253,7 @@ def read_library_config(subcommand: str, argv: Sequence[str]) -> LibraryConfig:
     if not isinstance(hf_callbacks, list):
         raise ValueError(f"hf_callbacks={hf_callbacks!r}: a list of TrainerCallback class paths.")
     ckpt_path = config.get("ckpt_path")
-    if not print_config:
+    if not (print_config or show_help):
         if (problem := _stage_problem(subcommand, data)) is not None:
             raise ValueError(problem)
         check_files(data)
@@ -264,5 +269,5 @@ def read_library_config(subcommand: str, argv: Sequence[str]) -> LibraryConfig:
                          args=sections["args"], model=model, data=data, trainer=sections["trainer"],
                          allow_code_from=[str(a) for a in allowed], hf_callbacks=hf_callbacks,
                          ckpt_path=None if ckpt_path is None else str(ckpt_path), print_config=print_config,
-                         command_line=command_line)
+                         help=show_help, command_line=command_line)
 

@@ -43,6 +43,7 @@ from hf_lightning.run_options.seeding import seed_as_hf
 from hf_lightning.tasks.hf_callbacks import build_hf_callbacks
 from hf_lightning.tasks.loading import build_model, load_split, load_tokenizer, splits_for_stage
 from hf_lightning.tasks.registry import get_task
+from hf_lightning.tasks.specs import DataSpec, ModelSpec
 from hf_lightning.trainer.as_transformers import use_as_transformers_trainer
 from hf_lightning.trainer.facade import Trainer
 
@@ -267,10 +268,31 @@ def _print_config(config: LibraryConfig, args: Any) -> None:
     sys.stdout.write(yaml.safe_dump(document, sort_keys=False))
 
 
+def _print_help(config: LibraryConfig, args_cls: type) -> None:
+    parser = jsonargparse.ArgumentParser(
+        prog=f"hf-lightning {config.subcommand} --config <library-trainer config>",
+        description=f"Runs {config.trainer_class} (built on hf_lightning.Trainer) from the config: `args` are "
+                    f"{config.args_class} fields, `model` / `data` as in the other configs, `trainer` the "
+                    "lightning.Trainer options given to it as lightning_kwargs (configs/README.md).")
+    parser.add_class_arguments(args_cls, "args", instantiate=False, fail_untyped=False)
+    parser.add_class_arguments(ModelSpec, "model", instantiate=False)
+    parser.add_class_arguments(DataSpec, "data", instantiate=False)
+    parser.print_help()
+
+
 def run_library_config(config: LibraryConfig) -> LibraryRun | None:
     """Run `fit` or `validate` of a checked library-trainer config; `--print_config` prints the complete config
-    (every field of the arguments class) instead. Config mistakes end with one `error:` line (exit status 2)."""
+    (every field of the arguments class) and `--help` the options, instead. Config mistakes end with one `error:`
+    line (exit status 2)."""
     prog = f"hf-lightning {config.subcommand}"
+    if config.help:
+        use_as_transformers_trainer()
+        try:
+            args_cls, _ = _classes(config)
+        except _CONFIG_ERRORS as err:
+            fail(err, prog=prog)
+        _print_help(config, args_cls)
+        return None
     if config.print_config:
         use_as_transformers_trainer()
         try:
