@@ -239,3 +239,25 @@ def test_help_of_a_library_config_lists_its_arguments_class_fields():
                    "--model.model_name_or_path"):
         assert option in shown, option
     assert "--task" not in shown
+
+
+def test_processes_lightning_would_start_are_refused_with_the_torchrun_line(tmp_path):
+    """`--trainer.devices 2` from one process: Lightning's launcher would start the second process when fit begins,
+    and TRL's constructor there (accelerate's PartialState, no RANK) cannot join; one line gives the torchrun command
+    that runs it (each process builds the trainer) before anything trains."""
+    line, _, _ = _probe(tmp_path, "fit", "--config", "configs/sft.yaml", "--args.output_dir", str(tmp_path / "out"),
+                        "--trainer.devices", "2", "--trainer.strategy", "ddp")
+    assert "trainer.devices=2 asks Lightning to start 2 processes from this one" in line
+    assert "torchrun --nproc_per_node 2 -m hf_lightning fit --config ... --trainer.devices 2" in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("trainer", "gpus", "expected"), [
+    ({"accelerator": "cpu", "devices": 1}, 0, 1), ({"devices": 2}, 0, 2), ({"devices": "2"}, 0, 2),
+    ({"devices": [0, 1]}, 2, 2), ({}, 0, 1), ({}, 4, 4), ({"accelerator": "cpu"}, 4, 1), ({"devices": -1}, 8, 8),
+    ({"devices": 2, "num_nodes": 3}, 2, 6),
+])
+def test_processes_lightning_starts_reads_the_trainer_options_as_lightning(trainer, gpus, expected):
+    from hf_lightning.cli.library_config import processes_lightning_starts
+
+    assert processes_lightning_starts(trainer, gpus) == expected

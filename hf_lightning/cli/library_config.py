@@ -33,7 +33,10 @@ from hf_lightning.cli.file_checks import folder_problem
 from hf_lightning.tasks.loading import check_files
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 
-__all__ = ["LIBRARY_TASKS", "LibraryConfig", "is_library_config", "read_library_config", "unknown_keys"]
+__all__ = [
+    "LIBRARY_TASKS", "LibraryConfig", "is_library_config", "processes_lightning_starts", "read_library_config",
+    "unknown_keys",
+]
 
 LIBRARY_TASKS = {"sft": ("trl.SFTTrainer", "trl.SFTConfig")}
 """`task:` names the CLI runs with a library trainer: `(trainer_class, args_class)` they stand for."""
@@ -209,6 +212,24 @@ def _class_paths(config: dict[str, Any]) -> tuple[str, str]:
         raise ValueError(f"trainer_class={trainer_class!r} needs args_class: the dataclass of its arguments, whose "
                          "fields the `args:` keys are (e.g. args_class: trl.SFTConfig).")
     return trainer_class, args_class
+
+
+def processes_lightning_starts(trainer: dict[str, Any], gpus: int) -> int:
+    """How many processes Lightning's own launcher would run for these `trainer:` options on a machine with `gpus`
+    GPUs (1 when it starts none), by Lightning's reading of `devices` / `num_nodes` / `accelerator`."""
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
+    accelerator = str(trainer.get("accelerator", "auto"))
+    if isinstance(devices, str) and devices.lstrip("-").isdigit():
+        devices = int(devices)
+    if isinstance(devices, (list, tuple)):
+        count = len(devices)
+    elif isinstance(devices, int) and devices != -1:
+        count = devices
+    elif accelerator == "cpu" or gpus == 0:  # "auto" / -1 on CPU: one process
+        count = 1
+    else:
+        count = gpus
+    return max(count, 1) * max(int(nodes or 1), 1)
 
 
 def _stage_problem(subcommand: str, data: DataSpec) -> str | None:

@@ -25,15 +25,17 @@ from typing import Any, NoReturn
 
 import jsonargparse
 import lightning
+import torch
 import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.process import current_layout
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.find import resolve_resume
 from hf_lightning.checkpoint.run_lock import OutputDirLocked
 from hf_lightning.cli.config_code import enforce_in_parser
-from hf_lightning.cli.library_config import LibraryConfig, unknown_keys
+from hf_lightning.cli.library_config import LibraryConfig, processes_lightning_starts, unknown_keys
 from hf_lightning.cli.precheck import fail
 from hf_lightning.cli.summary import fit_summary, logger_paths
 from hf_lightning.cli.trainer_spellings import LIGHTNING_TO_HF, move_lightning_spellings, user_set
@@ -144,6 +146,33 @@ def _lightning_kwargs(config: LibraryConfig) -> dict[str, Any]:
     return {key: parsed["trainer"][key] for key in given}
 
 
+def _check_launch(config: LibraryConfig) -> None:
+    """Several processes must be started by a launcher (torchrun, srun), not by Lightning from this one.
+
+    Lightning's own launcher starts the other processes when `fit` begins, and they run this command again: TRL's
+    constructor prepares its datasets under accelerate's `PartialState`, which in such a process (LOCAL_RANK and
+    WORLD_SIZE set, no RANK) tries to join a process group the first process has not opened (measured: the second
+    process fails with "environment variable RANK expected"). Under torchrun every process builds the trainer
+    together, as TRL expects.
+
+    Raises:
+        ValueError: the `trainer:` options ask Lightning to start the processes, naming them and the torchrun line.
+    """
+    if current_layout().world_size > 1:
+        return  # a launcher started every process
+    count = processes_lightning_starts(config.trainer, torch.cuda.device_count())
+    if count <= 1:
+        return
+    given = ", ".join(f"trainer.{k}={config.trainer[k]!r}" for k in ("accelerator", "devices", "num_nodes")
+                      if k in config.trainer) or "trainer.devices='auto' (every GPU)"
+    raise ValueError(
+        f"{given} asks Lightning to start {count} processes from this one, which a library trainer cannot join (its "
+        "constructor prepares the datasets with accelerate in every process); start them with torchrun instead, "
+        f"e.g. `torchrun --nproc_per_node {count} -m hf_lightning {config.subcommand} --config ... --trainer.devices "
+        f"{count} --trainer.strategy ddp` (every process builds the trainer, then they join one DDP run)."
+    )
+
+
 def _model_folder(config: LibraryConfig) -> str | None:
     """`validate --ckpt_path <folder>`: the folder is the model to evaluate (as the preset route)."""
     ckpt = config.ckpt_path
@@ -171,6 +200,7 @@ def build_library_run(config: LibraryConfig) -> LibraryRun:
         lightning_kwargs = _lightning_kwargs(config)
     except ValueError as err:
         raise ValueError(f"in `trainer`: {err}") from None
+    _check_launch(config)
     use_as_transformers_trainer(lightning_kwargs=lightning_kwargs)  # the library's constructor has no such parameter
     model_folder = _model_folder(config)
     resume = resolve_resume(args, config.ckpt_path) if config.subcommand == "fit" else None
