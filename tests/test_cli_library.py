@@ -76,15 +76,17 @@ def _cli_overrides(model: str, out: Path) -> list[str]:
     return argv
 
 
-def _run_sft_oracle(model: str, out: Path) -> subprocess.Popen:
-    """examples/run_sft.py on TRL's own base (`transformers.Trainer`), the same settings."""
+def _run_sft_oracle(model: str, out: Path, launcher: tuple[str, ...] = ()) -> subprocess.Popen:
+    """examples/run_sft.py on TRL's own base (`transformers.Trainer`), the same settings; `launcher`: torchrun's
+    command (then through tests/scripts/oracle_clean_exit.py, see its docstring)."""
     flags = ["--do_train", "--do_eval", "--model_name_or_path", model, "--output_dir", str(out)]
     for key, value in {**SETTINGS, **DATA_FILES, **SAMPLES}.items():
         if value is not None:
             flags += [f"--{key}", str(value)]
     out.parent.mkdir(parents=True, exist_ok=True)
     env = {**_env(), "EXAMPLES_TRAINER": "transformers"}
-    return subprocess.Popen([sys.executable, str(REPO / "examples" / "run_sft.py"), *flags], cwd=out.parent, env=env,
+    script = [*launcher, str(REPO / "tests" / "scripts" / "oracle_clean_exit.py")] if launcher else [sys.executable]
+    return subprocess.Popen([*script, str(REPO / "examples" / "run_sft.py"), *flags], cwd=out.parent, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -111,10 +113,7 @@ def runs(tmp_path_factory):
     return {"model": model, "cli": cli, "hf": hf, "printed": printed}
 
 
-def test_sft_config_fit_ends_as_run_sft_on_transformers(runs):
-    """Same log history (losses, grad norms, learning rates, TRL's entropy / token accuracy / num_tokens, the
-    evaluations), the same checkpoints with the same weights, the same final model."""
-    cli, hf = runs["cli"], runs["hf"]
+def _assert_same_run(cli: Path, hf: Path) -> None:
     got, want = (json.loads((d / "trainer_state.json").read_text()) for d in (cli, hf))
     ours, theirs = _without_timings(got["log_history"]), _without_timings(want["log_history"])
     assert [sorted(e) for e in ours] == [sorted(e) for e in theirs] and ours
@@ -131,6 +130,13 @@ def test_sft_config_fit_ends_as_run_sft_on_transformers(runs):
     assert train == pytest.approx({k: v for k, v in json.loads((hf / "train_results.json").read_text()).items()
                                    if not k.endswith(TIMING)}, rel=1e-6)
     assert (cli / "README.md").is_file()  # TRL's model card (its `_save_checkpoint` / `create_model_card`)
+
+
+def test_sft_config_fit_ends_as_run_sft_on_transformers(runs):
+    """Same log history (losses, grad norms, learning rates, TRL's entropy / token accuracy / num_tokens, the
+    evaluations), the same checkpoints with the same weights, the same final model."""
+    cli = runs["cli"]
+    _assert_same_run(cli, runs["hf"])
     assert "Training done: 4 updates" in runs["printed"] and f"Model and tokenizer: {cli}" in runs["printed"]
 
 
@@ -261,3 +267,20 @@ def test_processes_lightning_starts_reads_the_trainer_options_as_lightning(train
     from hf_lightning.cli.library_config import processes_lightning_starts
 
     assert processes_lightning_starts(trainer, gpus) == expected
+
+
+@pytest.mark.distributed
+def test_sft_config_under_torchrun_equals_run_sft_on_two_hf_processes(tmp_path):
+    """`torchrun --nproc_per_node 2 -m hf_lightning fit --config configs/sft.yaml --trainer.devices 2 --trainer.strategy
+    ddp` (gloo): every process builds TRL's trainer, then one DDP run, equal to run_sft.py on two transformers.Trainer
+    processes."""
+    model = make_tiny_model("llama", str(tmp_path / "llama"))
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2")
+    cli, hf = tmp_path / "cli" / "out", tmp_path / "hf" / "out"
+    _ok(_run_sft_oracle(model, hf, launcher))  # one after the other: 2 processes each on a 2-core machine
+    command = [*launcher, "-m", "hf_lightning", "fit", *_cli_overrides(model, cli), "--trainer.devices", "2",
+               "--trainer.strategy", "ddp"]
+    printed = _ok(subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True))
+    assert printed.count("Training done: 4 updates") == 1  # the summary from the first process only
+    _assert_same_run(cli, hf)
