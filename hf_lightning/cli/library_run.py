@@ -51,8 +51,8 @@ from hf_lightning.trainer.facade import Trainer
 
 __all__ = ["LibraryRun", "build_library_run", "run_library_config"]
 
-_CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError, ImportError, AttributeError,
-                  MisconfigurationException)
+_CONFIG_ERRORS = (ValueError, TypeError, FileNotFoundError, MisconfigurationException)
+"""Errors raised while building a run that are config mistakes (one line); others keep their traceback."""
 _CONSTRUCTOR = ("model", "args", "train_dataset", "eval_dataset", "processing_class", "callbacks")
 """The keywords the CLI builds a library trainer with (`transformers.Trainer`'s)."""
 _STRING_TYPES = ("str", "str | None", "Optional[str]", "typing.Optional[str]", "<class 'str'>")
@@ -189,7 +189,7 @@ def build_library_run(config: LibraryConfig) -> LibraryRun:
     """Everything up to a built library trainer (see the module docstring).
 
     Raises:
-        ValueError / TypeError / FileNotFoundError / ImportError: a config mistake, naming the key.
+        ValueError / TypeError / FileNotFoundError: a config mistake, naming the key.
     """
     use_as_transformers_trainer()  # before the library is imported: its trainer subclasses hf_lightning's
     args_cls, trainer_cls = _classes(config)
