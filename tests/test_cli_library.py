@@ -284,3 +284,23 @@ def test_sft_config_under_torchrun_equals_run_sft_on_two_hf_processes(tmp_path):
                                    text=True))
     assert printed.count("Training done: 4 updates") == 1  # the summary from the first process only
     _assert_same_run(cli, hf)
+
+
+def test_fit_resumed_from_a_checkpoint_ends_as_the_uninterrupted_run(runs, tmp_path):
+    """`fit --ckpt_path <output_dir>/checkpoint-2` into a new folder: updates 3-4 and the final weights are those of
+    the run that was not stopped (hf_lightning's exact resume, under TRL's trainer)."""
+    out = tmp_path / "resumed"
+    _ok(_cli("fit", *_cli_overrides(runs["model"], out), "--ckpt_path", runs["cli"] / "checkpoint-2"))
+    _assert_same_weights(out, runs["cli"])
+    _assert_same_weights(out / "checkpoint-4", runs["cli"] / "checkpoint-4")
+    whole = json.loads((runs["cli"] / "trainer_state.json").read_text())["log_history"]
+    resumed = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    # TRL's own token counter starts again at 0 on a resumed run (TRL does not checkpoint it, on HF's base too)
+    counters = ("num_tokens", "eval_num_tokens")
+    after = [{k: v for k, v in e.items() if k not in counters} for e in _without_timings(resumed)
+             if e["step"] > 2 and "train_loss" not in e]
+    before = [{k: v for k, v in e.items() if k not in counters} for e in _without_timings(whole)
+              if e["step"] > 2 and "train_loss" not in e]
+    assert after and len(after) == len(before)
+    for entry, expected in zip(after, before):
+        assert entry == pytest.approx(expected, rel=1e-6, abs=1e-9), expected["step"]

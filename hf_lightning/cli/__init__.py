@@ -15,6 +15,10 @@ A config has these sections::
     peft: {...}                    # optional: a LoRA adapter, peft.LoraConfig fields (tasks/peft_config.py)
     eval_loss_weighting: samples   # optional: HF's eval_loss ("samples") or the per-token mean ("tokens")
 
+A config may instead name a library's `transformers.Trainer` subclass (`trainer_class: trl.SFTTrainer`,
+`args_class: trl.SFTConfig`, or `task: sft`): `library_config` checks it before torch is imported and
+`library_run` runs it on hf_lightning (`use_as_transformers_trainer`, then `train()` / `evaluate()`).
+
 - `precheck`: the `task` / `args` / `model` / `data` sections checked before Lightning is imported.
 - A pre-empted `fit` (SIGTERM, SIGUSR1) ends with status 143 / 138 (`hf_lightning.TrainingPreempted`), Ctrl-C with
   130; both print one line naming the last complete checkpoint and the `--ckpt_path` that resumes it.
