@@ -248,11 +248,19 @@ def test_trainer_max_steps_trains_that_many_updates_and_help_says_where_it_goes(
     assert json.loads((out / "train_results.json").read_text())["epoch"] < 1
 
 
-@pytest.mark.parametrize("task", ["sft", "dpo"])
-def test_a_library_trainer_task_is_one_error_line_saying_what_runs_it(task, tmp_path, in_repo, capsys):
-    """TRL's trainers are Trainer subclasses whose behaviour is their own methods; the CLI runs task presets, not a
-    Trainer: `task: sft` says so, and names what runs it (use_as_transformers_trainer, examples/run_sft.py)."""
-    line = _error(["fit", "--config", "configs/causal_lm.yaml", "--task", task,
+def test_a_library_trainer_task_is_one_error_line_saying_how_the_cli_runs_one(tmp_path, in_repo, capsys):
+    """TRL's trainers are Trainer subclasses whose behaviour is their own methods, not a task preset: `task: dpo`
+    says how the CLI runs a library trainer (a config naming it, configs/sft.yaml) and what else runs it."""
+    line = _error(["fit", "--config", "configs/causal_lm.yaml", "--task", "dpo",
                    "--args.output_dir", str(tmp_path / "out")], capsys)
-    assert f"task={task!r} is not a CLI task" in line and "TRL's" in line
+    assert "task='dpo' is not a CLI task" in line and "TRL's DPOTrainer" in line
+    assert "`trainer_class` and `args_class`" in line and "configs/sft.yaml" in line
     assert "use_as_transformers_trainer()" in line and "examples/run_sft.py" in line
+
+
+def test_task_sft_runs_trls_sft_trainer_whose_config_has_no_preset_preprocessing(tmp_path, in_repo, capsys):
+    """`task: sft` is the short form of `trainer_class: trl.SFTTrainer` (tests/test_cli_library.py runs it): a preset
+    config's preprocessing key is refused by name, saying what replaces it, before anything is imported."""
+    line = _error(["fit", "--config", "configs/causal_lm.yaml", "--task", "sft", "--allow_code_from", "[trl]",
+                   "--args.output_dir", str(tmp_path / "out")], capsys)
+    assert "data.block_size=64 is task-preset preprocessing" in line and "args.max_length" in line

@@ -180,7 +180,9 @@ def test_library_classes_and_plain_values_pass():
 
 @pytest.mark.parametrize("config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")))
 def test_the_shipped_configs_pass(config):
-    assert check_config_code(["--config", str(REPO / "configs" / config)]) == []
+    # configs/sft.yaml imports TRL's classes, and says so (cli/library_config.py)
+    expected = ["trl"] if config == "sft.yaml" else []
+    assert check_config_code(["--config", str(REPO / "configs" / config)]) == expected
 
 
 def test_allow_code_from_lets_the_users_module_in_and_runs_it(tmp_path):

@@ -170,6 +170,8 @@ LAYERS: dict[str, int] = {
     "hf_lightning.cli.verify": 3,
     "hf_lightning.cli.file_checks": 3,
     "hf_lightning.cli.trainer_spellings": 3,
+    "hf_lightning.cli.library_config": 3,
+    "hf_lightning.cli.library_run": 3,
     "hf_lightning.trainer.facade": 3,
     "hf_lightning.trainer.as_transformers": 3,
     "hf_lightning.trainer.lightning_trainer": 3,

@@ -15,6 +15,10 @@ A config has these sections::
     peft: {...}                    # optional: a LoRA adapter, peft.LoraConfig fields (tasks/peft_config.py)
     eval_loss_weighting: samples   # optional: HF's eval_loss ("samples") or the per-token mean ("tokens")
 
+A config may instead name a library's `transformers.Trainer` subclass (`trainer_class: trl.SFTTrainer`,
+`args_class: trl.SFTConfig`, or `task: sft`): `library_config` checks it before torch is imported and
+`library_run` runs it on hf_lightning (`use_as_transformers_trainer`, then `train()` / `evaluate()`).
+
 - `precheck`: the `task` / `args` / `model` / `data` sections checked before Lightning is imported.
 - A pre-empted `fit` (SIGTERM, SIGUSR1) ends with status 143 / 138 (`hf_lightning.TrainingPreempted`), Ctrl-C with
   130; both print one line naming the last complete checkpoint and the `--ckpt_path` that resumes it.
@@ -70,6 +74,17 @@ def run_cli(argv: list[str] | None = None) -> Any:
         allowed = check_config_code(argv[1:])
     except ConfigCodeError as err:
         fail(err, prog=f"hf-lightning {argv[0]}" if argv else "hf-lightning")
+    from hf_lightning.cli.library_config import is_library_config, read_library_config
+
+    if argv and argv[0] in ("fit", "validate", "predict") and is_library_config(argv[1:]):
+        # a config naming a library trainer (TRL's SFTTrainer): checked here, before torch is imported
+        try:
+            config = read_library_config(argv[0], argv[1:])
+        except (ValueError, OSError) as err:
+            fail(err, prog=f"hf-lightning {argv[0]}")
+        from hf_lightning.cli.library_run import run_library_config
+
+        return run_library_config(config)
     precheck(argv[1:], subcommand=argv[0] if argv else "fit")
     enforce_in_parser(allowed)
     from hf_lightning.cli.lightning_cli import HFLightningCLI

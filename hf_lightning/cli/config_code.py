@@ -32,7 +32,7 @@ from typing import Any
 import jsonargparse
 import yaml
 
-__all__ = ["LIBRARY_PACKAGES", "ConfigCodeError", "check_config_code", "enforce_in_parser"]
+__all__ = ["LIBRARY_PACKAGES", "ConfigCodeError", "check_code_path", "check_config_code", "enforce_in_parser"]
 
 LIBRARY_PACKAGES = ("lightning", "pytorch_lightning", "lightning_fabric", "torch", "torchmetrics", "transformers",
                     "peft", "hf_lightning")
@@ -239,6 +239,16 @@ def check_config_code(argv: Sequence[str]) -> list[str]:
     for document, base in documents:
         checker.walk(document, "", code=False, base=base)
     return checker.allowed
+
+
+def check_code_path(key: str, path: str, allowed: Sequence[str]) -> None:
+    """Refuse one class path a config names outside the code walk (a library-trainer config's `trainer_class`,
+    `args_class`) by the same rules: from `LIBRARY_PACKAGES` or a prefix in `allowed`, and a class.
+
+    Raises:
+        ConfigCodeError: naming `key`, the value and the `allow_code_from` entry that would allow it.
+    """
+    _Checker(_allow_list([({"allow_code_from": list(allowed)}, None)], [])).check(key, path)
 
 
 def enforce_in_parser(allowed: Sequence[str]) -> None:

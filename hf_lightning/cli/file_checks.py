@@ -28,7 +28,7 @@ from hf_lightning.tasks.loading import check_files, split_source, splits_for_sta
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 from hf_lightning.tasks.task import Task
 
-__all__ = ["check_config_files", "file_columns", "stage_data_problem"]
+__all__ = ["check_config_files", "file_columns", "folder_problem", "stage_data_problem"]
 
 _JSON_LINES_READ = 1000  # JSON lines rows may differ in keys; `datasets` unites them, so read the first rows' union
 _LOCAL_PATH_PREFIXES = (".", "/", "~")
@@ -91,7 +91,7 @@ def _looks_local(value: str) -> bool:
     return value.startswith(_LOCAL_PATH_PREFIXES) or value.count("/") > 1 or os.sep in value.replace("/", "")
 
 
-def _folder_problem(key: str, value: str | None, needs: str | None = None) -> str | None:
+def folder_problem(key: str, value: str | None, needs: str | None = None) -> str | None:
     """A local folder option: missing (with the closest existing folder) or without the file `needs`; else None."""
     if value is None:
         return None
@@ -132,10 +132,10 @@ def check_config_files(
     if model is not None:
         subfolder = str(model.from_pretrained_kwargs.get("subfolder") or "")
         needs = os.path.join(subfolder, "config.json") if subfolder else "config.json"
-        if (problem := _folder_problem("model.model_name_or_path", model.model_name_or_path, needs)) is not None:
+        if (problem := folder_problem("model.model_name_or_path", model.model_name_or_path, needs)) is not None:
             return problem
     for key in ("tokenizer_name_or_path", "dataset_name"):
-        if (problem := _folder_problem(f"data.{key}", getattr(data, key))) is not None:
+        if (problem := folder_problem(f"data.{key}", getattr(data, key))) is not None:
             return problem
     if data.tokenizer_file is not None and not os.path.isfile(os.path.expanduser(data.tokenizer_file)):
         return f"data.tokenizer_file={data.tokenizer_file!r}: no such file."

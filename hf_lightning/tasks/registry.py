@@ -33,15 +33,16 @@ LIBRARY_TRAINER_TASKS = {
     "sft": "TRL's SFTTrainer", "dpo": "TRL's DPOTrainer", "grpo": "TRL's GRPOTrainer", "reward": "TRL's RewardTrainer",
     "sentence_transformers": "sentence-transformers' SentenceTransformerTrainer",
 }
-"""Task names that mean a library's `transformers.Trainer` subclass, which the CLI cannot run (see `get_task`)."""
+"""Task names that mean a library's `transformers.Trainer` subclass, which the CLI runs only from a config naming
+it (`cli/library_config.py`; `sft` is routed there before `get_task` is asked)."""
 
 _LIBRARY_TRAINER_HELP = (
-    "the hf-lightning CLI builds its run from a task preset (a TransformerModule, a data module and the flow), while "
-    "{what}'s behaviour is its Trainer subclass's own code (its dataset preparation in __init__, compute_loss, log, "
-    "_save_checkpoint), which only runs when that class is the trainer. Run it from Python with "
-    "`hf_lightning.use_as_transformers_trainer()` before importing the library (examples/run_sft.py; Lightning "
-    "options through `use_as_transformers_trainer(lightning_kwargs=...)` or torchrun), README \"TRL and "
-    "sentence-transformers trainers\"; for plain causal-LM fine-tuning on text the CLI has task: causal_lm."
+    "the CLI runs a library trainer from a config that names it, `trainer_class` and `args_class` "
+    "(configs/sft.yaml runs TRL's SFTTrainer; `task: sft` is its short form), built as transformers.Trainer is "
+    "(model, args, train_dataset, eval_dataset, processing_class) from the config's model and data. For {what}, name "
+    "it there the same way, or, where its constructor needs more (a reward function, a SentenceTransformer model), "
+    "run it from Python with `hf_lightning.use_as_transformers_trainer()` before importing the library "
+    "(examples/run_sft.py; README \"TRL and sentence-transformers trainers\")."
 )
 
 
@@ -49,8 +50,8 @@ def get_task(name: str) -> Task:
     """The task called `name`.
 
     Raises:
-        ValueError: unknown name (the message lists the registered ones); a library trainer's name (`sft`, `dpo`...)
-            says why the CLI cannot run it and what runs it instead.
+        ValueError: unknown name (the message lists the registered ones); a library trainer's name (`dpo`...)
+            says how the CLI runs a library trainer and what runs it instead.
     """
     if name not in _TASKS and name in LIBRARY_TRAINER_TASKS:
         raise ValueError(f"task={name!r} is not a CLI task: "

@@ -96,7 +96,8 @@ def _package_objects() -> list[ModuleType]:
     """Every `transformers` package object alive: the one in `sys.modules` first, then any earlier one a module still
     holds (`import transformers` ran before the package object was replaced; it may have cached the real classes)."""
     current = sys.modules["transformers"]
-    earlier = [obj for obj in gc.get_objects() if isinstance(obj, ModuleType) and obj is not current
+    # `type()`, not `isinstance`: isinstance reads `__class__`, which some deprecated objects warn on (torch's)
+    earlier = [obj for obj in gc.get_objects() if issubclass(type(obj), ModuleType) and obj is not current
                and getattr(obj, "__name__", None) == "transformers"]
     return [current, *earlier]
 

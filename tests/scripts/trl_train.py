@@ -4,7 +4,7 @@
 
 The spec: `base` ("ours": `hf_lightning.use_as_transformers_trainer()` before importing trl; "hf": transformers'
 own), `root` (each run writes to `<root>/<kind>`), `kinds` (of sft, sft_packing, sft_eval, sft_peft, dpo), and
-optional `resume` (each kind again, resumed from `<root>/<kind>/checkpoint-3` into `<root>/<kind>-resumed`),
+optional `args` (settings of every run), `resume` (each kind again, resumed from `<root>/<kind>/checkpoint-3` into `<root>/<kind>-resumed`),
 `lightning_kwargs` (ours only). Prints one line `RESULT <json>` on the global-zero process: per kind (and resumed
 kind) the log history, the checkpoint folders written, whether TRL's model card was written, or the error. Run by
 tests/test_trl_parity.py, once per base, so each process has one `transformers.Trainer` (the swap is process-wide).
@@ -39,19 +39,23 @@ def sentences(n: int, seed: int, low: int = 3, high: int = 12) -> list[str]:
 
 
 def common_args(kind: str, output_dir: str) -> dict:
-    """Small, deterministic settings; TRL's own defaults otherwise (bf16 is TRL's default, off here: CPU parity)."""
+    """Small, deterministic settings; TRL's own defaults otherwise (bf16 is TRL's default, off here: CPU parity;
+    gradient checkpointing, TRL's default, stays on for the plain run)."""
     args = dict(
         output_dir=output_dir, max_steps=6, per_device_train_batch_size=4,
         gradient_accumulation_steps=2, learning_rate=1e-3, logging_steps=1, save_steps=3,
         save_strategy="steps", seed=3, report_to="none", disable_tqdm=True, bf16=False, use_cpu=True,
         gradient_checkpointing=False, max_length=24, dataloader_num_workers=0,
     )
+    if kind == "sft":  # TRL's default: activation (gradient) checkpointing on
+        args.pop("gradient_checkpointing")
     if kind == "sft_eval":
         args.update(eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4)
     if kind == "sft_packing":
         args.update(packing=True, max_length=16)
     if kind == "sft_peft":
         args.update(learning_rate=5e-3)
+    args.update(spec.get("args") or {})  # the spec's own settings win
     return args
 
 
