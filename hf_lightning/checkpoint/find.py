@@ -16,6 +16,7 @@ finish, half-deleted folders and the user's own `checkpoint-final` are neither r
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from hf_lightning.checkpoint.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FI
 
 __all__ = ["CheckpointFiles", "CheckpointNotFoundError", "check_checkpoint", "last_checkpoint",
            "list_checkpoint_steps", "replaced_checkpoints_notice", "resolve_checkpoint", "resolve_resume",
-           "resume_folder"]
+           "resume_folder", "trained_epoch"]
 
 
 def list_checkpoint_steps(folder: str | Path) -> dict[int, Path]:
@@ -223,3 +224,12 @@ def resume_folder(args: TrainingArguments, resume_from_checkpoint: str | bool | 
     if resume_from_checkpoint is True:
         return str(_latest(args.resolved_output_dir))
     return str(Path(resume_from_checkpoint))
+
+
+def trained_epoch(folder: str | None) -> float | None:
+    """The epoch a checkpoint or model folder was saved at (its `trainer_state.json`), else None."""
+    state = Path(folder) / TRAINER_STATE_NAME if folder else None
+    if state is None or not state.is_file():
+        return None
+    epoch = json.loads(state.read_text()).get("epoch")
+    return float(epoch) if epoch is not None else None

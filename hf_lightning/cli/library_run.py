@@ -32,7 +32,7 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.process import current_layout
 from hf_lightning.checkpoint.checks import output_dir_problem
-from hf_lightning.checkpoint.find import resolve_resume
+from hf_lightning.checkpoint.find import resolve_resume, trained_epoch
 from hf_lightning.checkpoint.run_lock import OutputDirLocked
 from hf_lightning.cli.config_code import enforce_in_parser
 from hf_lightning.cli.library_config import LibraryConfig, processes_lightning_starts, unknown_keys
@@ -258,14 +258,6 @@ def _fit(run: LibraryRun) -> None:
                           logs=logger_paths(trainer.lightning_trainer)))
 
 
-def _trained_epoch(folder: str | None) -> float | None:
-    state = os.path.join(folder, "trainer_state.json") if folder else None
-    if state is None or not os.path.isfile(state):
-        return None
-    with open(state) as f:
-        epoch = json.load(f).get("epoch")
-    return float(epoch) if epoch is not None else None
-
 
 def _validate(run: LibraryRun) -> None:
     try:
@@ -274,7 +266,7 @@ def _validate(run: LibraryRun) -> None:
         _one_line(run, err)
     metrics["eval_samples"] = run.eval_rows
     # HF's `epoch` is the evaluating trainer's (0: it trained nothing); here it is the evaluated model's
-    if (epoch := _trained_epoch(run.model_folder)) is not None:
+    if (epoch := trained_epoch(run.model_folder)) is not None:
         metrics["epoch"] = epoch
     else:
         metrics.pop("epoch", None)

@@ -23,7 +23,7 @@ from typing_extensions import override
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.final_model import save_final_model
-from hf_lightning.checkpoint.find import resolve_resume
+from hf_lightning.checkpoint.find import resolve_resume, trained_epoch
 from hf_lightning.checkpoint.run_lock import OutputDirLocked
 from hf_lightning.checkpoint.sharded import gather_full_weights
 from hf_lightning.checkpoint.weight_files import is_adapter_file, weights_file
@@ -72,15 +72,6 @@ def _check_sources(model_spec: ModelSpec, data_spec: DataSpec) -> None:
     if name is not None and looks_like_path(name) and not os.path.isdir(os.path.expanduser(name)):
         raise FileNotFoundError(missing_local_folder("data.dataset_name", name))
 
-
-def _trained_epoch(folder: str | None) -> float | None:
-    """The epoch a checkpoint folder was saved at (its `trainer_state.json`), else None."""
-    state = os.path.join(folder, "trainer_state.json") if folder else None
-    if state is None or not os.path.isfile(state):
-        return None
-    with open(state) as f:
-        epoch = json.load(f).get("epoch")
-    return float(epoch) if epoch is not None else None
 
 
 class _OneLineErrorParser(LightningArgumentParser):
@@ -310,7 +301,7 @@ class HFLightningCLI(LightningCLI):
         except BadRowError as err:
             self._one_process_error(err)
         # HF's `epoch` is the evaluating trainer's (0: it trained nothing); here it is the evaluated model's
-        epoch = _trained_epoch(self._model_folder)
+        epoch = trained_epoch(self._model_folder)
         if epoch is not None:
             metrics["epoch"] = epoch
         elif self._model_folder is not None:
