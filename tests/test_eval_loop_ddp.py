@@ -68,9 +68,10 @@ def test_accelerator_collectives_on_two_processes(runs):
         assert surface["reduce_sum"] == [3.0] and surface["reduce_mean"] == [1.5]
         assert surface["split_batches"] is False and surface["even_batches"] is False
         assert surface["device"] == "cpu"
-        # what accelerate would shard or wrap here is refused by name, never returned unsharded / unwrapped
-        assert surface["refusals"] == ["accelerator.prepare(DataLoader) under several processes",
-                                       "accelerator.prepare_model"]
+        # a data loader is sharded as accelerate shards it (batch i to rank i % 2); wrapping a model is Lightning's and
+        # is refused by name, never returned unwrapped
+        assert surface["prepared"] == [[rank * 2, rank * 2 + 1]]
+        assert surface["refusals"] == ["accelerator.prepare_model"]
     # rank 0 held 1 row, rank 1 two: rank 0's is padded to 2 rows with -1; rank 1's is unchanged
     assert ranks[0]["surface"]["padded"] == [[0.0, 0.0], [-1.0, -1.0]]
     assert ranks[1]["surface"]["padded"] == [[1.0, 1.0], [1.0, 1.0]]

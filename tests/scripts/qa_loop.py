@@ -190,15 +190,16 @@ def accelerate_surface(trainer: Any) -> dict[str, Any]:
     row = torch.full((rank + 1, 2), float(rank))  # rank r: r + 1 rows, so shapes differ across processes
     padded = acc.pad_across_processes(row, dim=0, pad_index=-1)
     acc.wait_for_everyone()
+    # 4 rows in batches of 2 over 2 processes: accelerate gives each rank one batch (rank r: batch r)
+    prepared = [batch.tolist() for batch in acc.prepare(torch.utils.data.DataLoader(list(range(4)), batch_size=2))]
     refusals = []
-    for attempt in (lambda: acc.prepare(torch.utils.data.DataLoader(list(range(4)), batch_size=2)),
-                    lambda: acc.prepare_model(torch.nn.Linear(2, 2))):
+    for attempt in (lambda: acc.prepare_model(torch.nn.Linear(2, 2)),):
         try:
             attempt()
         except NotImplementedError as refused:
             refusals.append(str(refused).split(":")[0])
     return {
-        "refusals": refusals,
+        "refusals": refusals, "prepared": prepared,
         "process_index": rank, "num_processes": acc.num_processes, "is_main_process": acc.is_main_process,
         "is_local_main_process": acc.is_local_main_process, "use_distributed": acc.use_distributed,
         "gather": acc.gather(torch.tensor([rank, 10 + rank])).tolist(),
