@@ -31,10 +31,17 @@ in the library changes); tests/test_threads.py records it explicitly (`warnings.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
+
+# Every child process a test starts (library scripts, examples, torchrun) imports this checkout's hf_lightning first,
+# whether or not it is installed, and whichever checkout an installed copy points at.
+_REPO = str(Path(__file__).resolve().parents[1])
+os.environ["PYTHONPATH"] = os.pathsep.join([_REPO, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                                     if p and p != _REPO)])
 
 TIERS = {
     "test_args.py": "unit",
