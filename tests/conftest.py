@@ -9,7 +9,7 @@ Every test gets one tier marker from its file (`TIERS`), plus `distributed` / `s
 - `distributed`: spawns 2 real processes (gloo on CPU); a test is marked by `DISTRIBUTED` or by its decorator.
 - `slow`: the long end-to-end runs (notebooks, quickstart, processes killed mid-save, the heaviest script and fault
   runs), by `SLOW`. What is neither slow nor distributed is the fast tier; aim for under 3 minutes on 2 idle
-  cores with `-n 2` (pytest-xdist; 3 min 56 s measured with 1,311 tests): a new test that takes more than a few seconds goes to `SLOW` when a quicker test of
+  cores with `-n 2` (pytest-xdist; 7 min 27 s measured with 1,395 tests): a new test that takes more than a few seconds goes to `SLOW` when a quicker test of
   the same behaviour stays in the fast tier.
 - `gpu`: needs a CUDA device (skipped without one).
 
