@@ -211,6 +211,11 @@ SLOW = {
 """Files, or `file::test` names, of the long end-to-end runs."""
 
 
+PROCESSES_GROUP = "processes"
+"""The xdist group of the multi-process tests: under `-n 2 --dist loadgroup` they all run on one worker, in order,
+while the other worker runs the single-process tests."""
+
+
 def _matches(item: pytest.Item, names: set[str]) -> bool:
     file = Path(str(item.fspath)).name
     return file in names or f"{file}::{item.originalname}" in names  # type: ignore[attr-defined]
@@ -223,6 +228,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(getattr(pytest.mark, tier))
         if _matches(item, DISTRIBUTED) and tier != "distributed":
             item.add_marker(pytest.mark.distributed)
+        if item.get_closest_marker("distributed") is not None:
+            # one xdist worker runs every multi-process test, one after another (`--dist loadgroup`, what .ci/run
+            # uses): two 2-process launches at once would put 4 processes on CI's 2 cores
+            item.add_marker(pytest.mark.xdist_group(PROCESSES_GROUP))
         if _matches(item, SLOW):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
@@ -250,3 +259,21 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def ddp_train_runs(tmp_path_factory) -> dict[str, dict]:
+    """tests/scripts/ddp_train.py on 2 processes in every mode the distributed tests read (test_ddp.py,
+    test_tokens_seen_ddp.py), in ONE launch: the processes' start-up and imports are paid once. `hf-ddp` runs first,
+    since the process group is created by the first run (with its `ddp_timeout`). Returns mode -> the run's JSON."""
+    import json
+    import subprocess
+    import sys
+
+    modes = ["hf-ddp", "ddp", "hf-fsdp2", "tokens"]
+    out = tmp_path_factory.mktemp("ddp_train") / "out.json"
+    script = Path(__file__).parent / "scripts" / "ddp_train.py"
+    done = subprocess.run([sys.executable, str(script), str(out), "2", "4", ",".join(modes)], cwd=out.parent,
+                          capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return {mode: json.loads((out.parent / f"out-{mode}.json").read_text()) for mode in modes}
