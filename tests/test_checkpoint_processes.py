@@ -25,11 +25,11 @@ def _script_module():
     return load_script("checkpoint_train")
 
 
-def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def _run(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
                                                                         os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=timeout)
 
 
 def _losses(history: list[dict], after: int = 0) -> list[tuple]:
@@ -76,15 +76,40 @@ STRATEGIES = {"ddp": "DDPStrategy", "hf-ddp": "DDPStrategy", "fsdp2": "HFFSDP2St
               "fsdp2-plain": "ModelParallelStrategy", "fsdp2-subclass": "ModelParallelStrategy", "ddp-async": "DDPStrategy"}
 
 
+NONFINITE = ["ddp", "fsdp2"]
+SCENARIOS = [f"resume:{name}" for name in STRATEGIES] + [f"nonfinite:{name}" for name in NONFINITE]
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """Every 2-process scenario of this file in ONE launch (tests/scripts/checkpoint_train.py `many`): the processes'
+    start-up, imports and process group are paid once, not once per scenario. Each test checks its own scenario's
+    folder; a scenario that raised left its traceback there (`_scenario` fails the test with it)."""
+    out = tmp_path_factory.mktemp("two_processes")
+    # 8 scenarios (16 runs of 6 updates) on a loaded 2-core machine: a generous bound, still below the tests' limit
+    proc = _run("many", str(out), *SCENARIOS, cwd=out, timeout=1500)
+    return out, proc
+
+
+def _scenario(two_processes: tuple[Path, subprocess.CompletedProcess], name: str) -> Path:
+    out, proc = two_processes
+    folder = out / name
+    errors = sorted(folder.glob("error.*")) if folder.is_dir() else []
+    assert folder.is_dir() and not errors, ([e.read_text()[-3000:] for e in errors], proc.returncode,
+                                            proc.stderr[-4000:])
+    return folder
+
+
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_two_process_save_and_exact_resume(tmp_path, strategy):
+def test_two_process_save_and_exact_resume(two_processes, strategy):
     """Under DDP (ours or from HF's `ddp_*`) and FSDP2 (from HF's `fsdp`, a plain `ModelParallelStrategy` sharded by
     the default policy, or a user's own `configure_model`): HF-layout checkpoints with the gathered full weights, and
     an exact resume from a mid-epoch checkpoint."""
-    result = tmp_path / "result.json"
-    proc = _run("resume", str(tmp_path), strategy, str(result), cwd=tmp_path)
+    tmp_path = _scenario(two_processes, f"resume-{strategy}")
+    proc = two_processes[1]
     assert proc.returncode == 0, proc.stderr[-4000:]
-    data = json.loads(result.read_text())
+    data = json.loads((tmp_path / "result.json").read_text())
     sharded = strategy.startswith("fsdp2")
     assert data["world_size"] == 2 and data["sharded"] == sharded and data["strategy"] == STRATEGIES[strategy]
     full, resumed = data["full"], data["resumed"]
@@ -120,12 +145,13 @@ def test_two_process_save_and_exact_resume(tmp_path, strategy):
     assert any(name.startswith("optimizer_sharded/") for name in listed) == sharded
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_a_nan_in_one_ranks_shard_stops_every_rank_before_the_save(tmp_path, strategy):
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("strategy", NONFINITE)
+def test_a_nan_in_one_ranks_shard_stops_every_rank_before_the_save(two_processes, strategy):
     """Rank 1 alone holds a NaN (in its FSDP2 shard) at the save of update 4: one sum over the processes makes every
     rank refuse the save naming the same parameter (without it, rank 0 would enter the save's collectives alone)."""
-    result = tmp_path / "result.json"
-    proc = _run("nonfinite", str(tmp_path), strategy, str(result), cwd=tmp_path)
+    tmp_path = _scenario(two_processes, f"nonfinite-{strategy}")
+    proc = two_processes[1]
     outcomes = [json.loads((tmp_path / f"result.json.{rank}").read_text()) for rank in (0, 1)]
     assert all(o["error"] == "NonFiniteWeightsError" for o in outcomes), (outcomes, proc.stderr[-3000:])
     assert [o["sharded"] for o in outcomes] == [strategy == "fsdp2"] * 2

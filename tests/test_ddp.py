@@ -43,14 +43,15 @@ def _assert_same_run(single: dict, ddp: dict) -> None:
 
 
 @pytest.mark.distributed
-def test_ddp_matches_single_process(tmp_path: Path, single: dict) -> None:
-    _assert_same_run(single, _run(tmp_path, devices=2, batch=4))
+def test_ddp_matches_single_process(single: dict, ddp_train_runs: dict[str, dict]) -> None:
+    _assert_same_run(single, ddp_train_runs["ddp"])
 
 
 @pytest.mark.distributed
-def test_hf_ddp_arguments_reach_the_ddp_strategy_lightning_chooses(tmp_path: Path, single: dict) -> None:
+def test_hf_ddp_arguments_reach_the_ddp_strategy_lightning_chooses(single: dict, ddp_train_runs: dict[str, dict]
+                                                                   ) -> None:
     """No strategy given, 2 devices: Lightning's own DDPStrategy, with HF's `ddp_*` options (and the same run)."""
-    ddp = _run(tmp_path, devices=2, batch=4, mode="hf-ddp")
+    ddp = ddp_train_runs["hf-ddp"]
     assert ddp["strategy"] == "DDPStrategy"
     assert ddp["ddp_kwargs"] == {"find_unused_parameters": False, "bucket_cap_mb": 1, "broadcast_buffers": False,
                                  "static_graph": True}
@@ -59,11 +60,11 @@ def test_hf_ddp_arguments_reach_the_ddp_strategy_lightning_chooses(tmp_path: Pat
 
 
 @pytest.mark.distributed
-def test_hf_fsdp_argument_shards_per_layer_with_fsdp2_and_matches_single_process(tmp_path: Path, single: dict
-                                                                                  ) -> None:
+def test_hf_fsdp_argument_shards_per_layer_with_fsdp2_and_matches_single_process(
+        single: dict, ddp_train_runs: dict[str, dict]) -> None:
     """`fsdp="full_shard auto_wrap"`: FSDP2 through ModelParallelStrategy, every BertLayer and the root sharded by
     the default policy (no `configure_model` of the user's); the updates and metrics are the single process's."""
-    fsdp = _run(tmp_path, devices=2, batch=4, mode="hf-fsdp2")
+    fsdp = ddp_train_runs["hf-fsdp2"]
     assert fsdp["strategy"] == "HFFSDP2Strategy"
     assert fsdp["sharded"] == ["FSDPBertForSequenceClassification", "FSDPBertLayer"]
     _assert_same_run(single, fsdp)

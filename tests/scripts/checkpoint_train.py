@@ -26,6 +26,11 @@ Usage:
       (after_third/: its updates must reach the model). Rank 0 writes the best and last folders to RESULT_JSON.
       A "-async" suffix ("ddp-async", "fsdp2-async", "gpu-fsdp1-async"...) adds `save_async=True`; under a sharded
       strategy the run writes the error it gets (no checkpoint, no resume) to RESULT_JSON instead.
+  python checkpoint_train.py many OUT_DIR SCENARIO [SCENARIO ...]
+      Several 2-process scenarios in ONE launch (the processes, imports and process group are shared; a launch costs
+      more than a scenario): each SCENARIO is "resume:STRATEGY" or "nonfinite:STRATEGY", run in turn in
+      OUT_DIR/<kind>-<strategy>/ with RESULT_JSON "result.json" there. A scenario that raises writes its traceback
+      to "error.<rank>" in its folder and the next one runs.
   python checkpoint_train.py nonfinite OUT_DIR STRATEGY RESULT_JSON
       On 2 CPU processes (STRATEGY as above, without "-async"): right before the save at update 4, rank 1 alone puts
       a NaN into its local part (its shard under FSDP2) of `transformer.h.1.mlp.c_fc.weight`. Every rank writes the
@@ -248,6 +253,22 @@ def best(out_dir: str, strategy_name: str, result_json: str) -> None:
             json.dump({"best": best_folder, "last": os.path.join(out_dir, "run", "checkpoint-6")}, f)
 
 
+def many(out_dir: str, scenarios: list[str]) -> None:
+    """See the module docstring (`many`)."""
+    import traceback
+
+    for scenario in scenarios:
+        kind, strategy_name = scenario.split(":")
+        folder = os.path.join(out_dir, f"{kind}-{strategy_name}")
+        os.makedirs(folder, exist_ok=True)
+        try:
+            {"resume": resume, "nonfinite": nonfinite}[kind](folder, strategy_name, os.path.join(folder, "result.json"))
+        except Exception:  # noqa: BLE001 - the test of this scenario reports it; the others still run
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            with open(os.path.join(folder, f"error.{rank}"), "w") as f:
+                f.write(traceback.format_exc())
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     if sys.argv[1].startswith("gpu") or any(a.startswith("gpu-") for a in sys.argv[2:]):
@@ -256,6 +277,8 @@ if __name__ == "__main__":
         kill(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "nonfinite":
         nonfinite(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "many":
+        many(sys.argv[2], sys.argv[3:])
     elif sys.argv[1] == "best":
         best(sys.argv[2], sys.argv[3], sys.argv[4])
     else:

@@ -1,7 +1,9 @@
 """Train a tiny BERT with `hf_lightning.Trainer` on 1 or 2 CPU processes and dump the log history as JSON.
 
 Run by tests/test_ddp.py as a subprocess (Lightning's `ddp` launcher re-executes this script for rank 1).
-Usage: python ddp_train.py OUT_JSON DEVICES PER_DEVICE_BATCH [MODE]
+Usage: python ddp_train.py OUT_JSON DEVICES PER_DEVICE_BATCH [MODE[,MODE...]]
+Several modes, comma-separated, run one after another in ONE launch (the processes and the process group are shared:
+a launch costs more than a run); each writes OUT_JSON with `-MODE` before its suffix (`out.json` -> `out-ddp.json`).
 MODE: `ddp` (default: `lightning_kwargs={"strategy": "ddp"}`), `hf-ddp` (no strategy given: Lightning chooses DDP and
 gets HF's `ddp_*` options), `hf-fsdp2` (`fsdp="full_shard auto_wrap"`: FSDP2 with the default per-layer sharding),
 `tokens` (`ddp` with `include_num_input_tokens_seen="all"` and `include_throughput=True`).
@@ -18,9 +20,7 @@ from helpers import classification_dataset, tiny_bert  # noqa: E402
 import hf_lightning  # noqa: E402
 
 
-def main() -> None:
-    out_json, devices, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    mode = sys.argv[4] if len(sys.argv) > 4 else "ddp"
+def main(out_json: str, devices: int, batch: int, mode: str) -> None:
     strategy_args = {
         "ddp": {},
         "tokens": {"include_num_input_tokens_seen": "all", "include_throughput": True},
@@ -29,7 +29,7 @@ def main() -> None:
         "hf-fsdp2": {"fsdp": "full_shard auto_wrap", "fsdp_config": {"transformer_layer_cls_to_wrap": ["BertLayer"]}},
     }[mode]
     args = hf_lightning.TrainingArguments(
-        output_dir=os.path.join(os.path.dirname(out_json), f"run{devices}"), per_device_train_batch_size=batch,
+        output_dir=os.path.join(os.path.dirname(out_json), f"run{devices}-{mode}"), per_device_train_batch_size=batch,
         per_device_eval_batch_size=4, learning_rate=1e-3, max_steps=6, logging_steps=1, eval_strategy="steps",
         eval_steps=3, save_strategy="no", gradient_accumulation_steps=2, disable_tqdm=True, report_to="none",
         optim="adamw_torch", max_grad_norm=1.0, **strategy_args,
@@ -61,4 +61,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    modes = (sys.argv[4] if len(sys.argv) > 4 else "ddp").split(",")
+    for name in modes:
+        stem, suffix = os.path.splitext(sys.argv[1])
+        main(sys.argv[1] if len(modes) == 1 else f"{stem}-{name}{suffix}", int(sys.argv[2]), int(sys.argv[3]), name)
