@@ -157,3 +157,17 @@ def test_every_output_folder_of_the_readme_is_git_ignored():
     for folder in sorted(folders):
         ignored = subprocess.run(["git", "check-ignore", "-q", f"{folder}/x"], cwd=README.parent, timeout=60)
         assert ignored.returncode == 0, f"{folder}/ (an output_dir in README.md) is not in .gitignore"
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    """CI (`.ci/run`) calls the README's check and test commands, exactly as written there."""
+    text = README.read_text()
+    block = text.split("Run the checks and the whole test suite", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    ci = (README.parent / ".ci" / "run").read_text().splitlines()
+    pytest_lines = [line for line in block.splitlines() if line.startswith("python -m pytest")]
+    assert len(pytest_lines) == 1, block
+    assert pytest_lines[0] in ci, f".ci/run does not run the README's test command {pytest_lines[0]!r}"
+    # the checks before it: the same install (CI's pip is quiet), lint and type commands
+    quiet = [line.replace("pip install -q ", "pip install ") for line in ci]
+    for command in block.splitlines()[0].split(" && ")[2:]:
+        assert command in quiet, f".ci/run does not run the README's {command!r}"
