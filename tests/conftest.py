@@ -6,7 +6,10 @@ Every test gets one tier marker from its file (`TIERS`), plus `distributed` / `s
 - `parity`: the same run through hf_lightning and through the real `transformers.Trainer` (the oracle), or a pure
   rule against HF's own implementation of it.
 - `e2e`: whole runs through the public entry points (facade, CLI, notebooks, quickstart, resume, checkpoints).
-- `distributed`: spawns 2 real processes (gloo on CPU); a test is marked by `DISTRIBUTED` or by its decorator.
+- `distributed`: spawns 2 real processes (gloo on CPU); a test is marked by `DISTRIBUTED` or by its decorator. These
+  tests are one xdist group (`PROCESSES_GROUP`): under `--dist loadgroup` one worker runs them one after another. A
+  new multi-process scenario joins an existing launch where one fits (`ddp_train_runs` below, checkpoint_train.py
+  `many`): a launch's start-up (2 interpreters importing torch, transformers and Lightning) costs more than a tiny run.
 - `slow`: the long end-to-end runs (notebooks, quickstart, processes killed mid-save, the heaviest script and fault
   runs), by `SLOW`. What is neither slow nor distributed is the fast tier; aim for under 3 minutes on 2 idle
   cores with `-n 2` (pytest-xdist; 7 min 27 s measured with 1,395 tests): a new test that takes more than a few seconds goes to `SLOW` when a quicker test of
@@ -15,7 +18,7 @@ Every test gets one tier marker from its file (`TIERS`), plus `distributed` / `s
 
 How to run (README "Tests"):
 
-    python -m pytest -q                                        # everything (what .ci/run runs)
+    python -m pytest -q -n 2 --dist loadgroup --durations=25    # everything (what .ci/run runs)
     python -m pytest -m "not slow and not distributed" -n 2 -q  # the fast tier (about 4 min on 2 idle cores)
     python -m pytest -m unit -q                                # one tier
     python -m pytest -m slow -q                                # only the long runs
