@@ -81,6 +81,7 @@ TIERS = {
     "test_grad_accumulation.py": "parity",
     "test_hp_search.py": "parity",
     "test_fp16_on_cpu.py": "parity",
+    "test_fsdp2_precision.py": "parity",
     "test_length_grouping.py": "parity",
     "test_module.py": "parity",
     "test_numerics.py": "parity",
