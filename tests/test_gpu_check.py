@@ -36,7 +36,7 @@ def test_the_gpu_check_dry_runs_without_the_wheels(tmp_path):
     assert "python -m pytest -m gpu -k not zero and not deepspeed" in log  # the command a GPU run would use
     bench = result["bench"]
     assert bench["tiny_cpu"] is True
-    assert [c["case"] for c in bench["cases"]] == ["gpt2", "llama1b-lora"]  # both families and PEFT, tiny
+    assert [c["case"] for c in bench["cases"]] == ["gpt2", "llama1b-lora", "gpt2-fsdp2"]  # families, PEFT, FSDP2
 
 
 def test_the_gpu_check_refuses_versions_other_than_the_tested_ones(tmp_path):
