@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -16,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_the_gpu_check_dry_runs_without_the_wheels(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path / "out"), "HF_LIGHTNING_GPU_WHEELS": str(tmp_path / "no_wheels"),
+           "PYTHON": sys.executable,  # the interpreter (and so the versions) the tests run with
            "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(["bash", str(REPO / "bench" / "gpu" / "check.sh"), "--dry-run"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -42,6 +44,7 @@ def test_the_gpu_check_dry_runs_without_the_wheels(tmp_path):
 def test_the_gpu_check_refuses_versions_other_than_the_tested_ones(tmp_path):
     """The GPU image's transformers 5.17.0 (simulated): the check verifies before any test or bench and refuses."""
     env = {**os.environ, "OUT": str(tmp_path / "out"), "HF_LIGHTNING_GPU_WHEELS": str(tmp_path / "no_wheels"),
+           "PYTHON": sys.executable,  # the interpreter (and so the versions) the tests run with
            "HF_LIGHTNING_GPU_FAKE_VERSIONS": "transformers=5.17.0,tokenizers=0.23.2"}
     proc = subprocess.run(["bash", str(REPO / "bench" / "gpu" / "check.sh"), "--dry-run"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
