@@ -56,6 +56,8 @@ def test_sharded_mixed_precision_on_two_ranks_resumes_exactly(twins: Path, scena
     assert data["scaler"] is (precision == "16-mixed")
     full, resumed = _losses(data["full"]), _losses(data["resumed"], after=4)
     assert [e[0] for e in full] == [1, 2, 3, 4, 5, 6] and resumed == full[4:]
+    files = set(os.listdir(twins / scenario / "full" / "checkpoint-4"))
+    assert "optimizer_sharded" in files and ("scaler.pt" in files) is (precision == "16-mixed")  # the scaler's state
     for step in (4, 6):
         saved = load_file(str(twins / scenario / "full" / f"checkpoint-{step}" / "model.safetensors"))
         assert {str(t.dtype) for t in saved.values()} == {"torch.float32"}  # the fp32 masters, gathered
