@@ -12,7 +12,9 @@ checkpoints must be HF-layout folders with the full weights, loadable by `from_p
 - bf16 (`bf16=True`).
 - FSDP1 (`fsdp="full_shard auto_wrap"`, `fsdp_config={"version": 1}`): `HFFSDPStrategy` (Lightning's FSDPStrategy,
   the update outside the root's forward).
-- FSDP2 (`fsdp="full_shard auto_wrap"`): HF's default version, sharded per layer by the default policy.
+- FSDP2 (`fsdp="full_shard auto_wrap"`): HF's default version, sharded per layer by the default policy; with bf16
+  and fp16 (accelerate's `MixedPrecisionPolicy`, fp16 with the grad scaler); FSDP1 and ZeRO-3 with bf16.
+- On one GPU these run on 1 rank: their 2-rank CPU twins (collectives, sharding) are tests/test_sharded_twins.py.
 - DeepSpeed ZeRO-2 / ZeRO-3 (`deepspeed=` a config with HF's "auto" values): the engine's checkpoint
   (`global_step<N>/`, `latest`) next to the gathered weights; with an `optimizer` section (HF's scheduler on the
   engine's basic optimizer), with `optimizer` and `scheduler` sections (both DeepSpeed's), with a `scheduler`
@@ -46,6 +48,12 @@ SCENARIOS = {
                             "files": {"latest", "global_step4"}},
     "gpu-zero2-hf-optimizer": {"strategy": {"HFDeepSpeedStrategy"}, "precision": "32-true",
                                "files": {"latest", "global_step4"}},
+    "gpu-fsdp2-bf16": {"strategy": {"HFFSDP2Strategy"}, "precision": "bf16-mixed", "files": {"optimizer_sharded"}},
+    "gpu-fsdp2-fp16": {"strategy": {"HFFSDP2Strategy"}, "precision": "16-mixed",
+                       "files": {"optimizer_sharded", "scaler.pt"}},
+    "gpu-fsdp1-bf16": {"strategy": {"HFFSDPStrategy"}, "precision": "bf16-mixed", "files": {"optimizer_sharded"}},
+    "gpu-zero3-bf16": {"strategy": {"HFDeepSpeedStrategy"}, "precision": "bf16-mixed",
+                       "files": {"latest", "global_step4"}},
 }
 
 TOLERANCE = {"32-true": 1e-5, "16-mixed": 2.0 ** -10, "bf16-mixed": 2.0 ** -7}

@@ -148,6 +148,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.module.hooks": 2,
     "hf_lightning.checkpoint.sharded": 2,
     "hf_lightning.parallel.lockstep": 2,
+    "hf_lightning.parallel.precision": 2,
     "hf_lightning.parallel.runtime": 2,
     "hf_lightning.parallel.strategies": 2,
     "hf_lightning.checkpoint.restore": 2,

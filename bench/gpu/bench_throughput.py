@@ -6,6 +6,11 @@ Cases (models built from configs, seeded, identical weights for the three runner
 - `llama1b`: a ~1.1B Llama (TinyLlama's shape: 22 layers, 2048 wide, 32 heads / 4 KV heads, MLP 5632, vocabulary
   32000), batch 8 x 1024 tokens, SDPA attention.
 - `llama1b-lora`: the same with LoRA (r 16, alpha 32, q/k/v/o projections; PEFT), batch 8 x 1024.
+- `gpt2-fsdp2`: GPT-2 124M under FSDP2 (`fsdp="full_shard auto_wrap"`, one process: world size 1), bf16 with HF's
+  `MixedPrecisionPolicy` (parameters gathered, gradients reduced and outputs cast in bf16, fp32 masters): ours
+  (`HFFSDP2Strategy`), HF's through accelerate (`fsdp2_prepare_model`), the loop with `fully_shard` per block and the
+  root and the same policy. Last: it sets a one-process torch.distributed environment (RANK=0, WORLD_SIZE=1...) that
+  would make the other cases distributed.
 
 Every runner: bf16 autocast over fp32 weights (HF's `bf16=True`; Lightning's `bf16-mixed`; `torch.autocast` in the
 loop), fused AdamW (HF's default `adamw_torch_fused`), linear schedule, clipping at 1.0, no logging, saving or
@@ -59,6 +64,7 @@ class Case:
     steps: int
     warmup: int
     config: dict[str, Any]
+    fsdp: bool = False
 
 
 CASES = {
@@ -70,6 +76,8 @@ CASES = {
     "llama1b-lora": Case("llama1b-lora", "llama", True, 8, 20, 5,
                          dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
                               intermediate_size=5632, vocab_size=32000, max_position_embeddings=SEQ)),
+    "gpt2-fsdp2": Case("gpt2-fsdp2", "gpt2", False, 8, 40, 10,
+                       dict(n_embd=768, n_layer=12, n_head=12, n_positions=SEQ, vocab_size=50257), fsdp=True),
 }
 TINY = {  # --tiny-cpu: the same code paths on the CPU in seconds
     "gpt2": dict(n_embd=32, n_layer=2, n_head=2, n_positions=64, vocab_size=128),
@@ -135,7 +143,8 @@ def flops_per_token(model: torch.nn.Module, case: Case, tiny: bool) -> float:
 
 
 def _args(case: Case, steps: int, output_dir: str, tiny: bool) -> dict[str, Any]:
-    return dict(output_dir=output_dir, max_steps=steps, per_device_train_batch_size=2 if tiny else case.batch,
+    fsdp = {"fsdp": "full_shard auto_wrap"} if case.fsdp else {}
+    return dict(**fsdp, output_dir=output_dir, max_steps=steps, per_device_train_batch_size=2 if tiny else case.batch,
                 seed=SEED, bf16=not tiny, use_cpu=tiny, save_strategy="no", logging_strategy="no", eval_strategy="no",
                 report_to="none", disable_tqdm=True, learning_rate=1e-4, max_grad_norm=1.0, optim="adamw_torch_fused")
 
@@ -166,6 +175,16 @@ def run_raw(case, model, rows, steps, timer, output_dir, tiny):
 
     device = "cpu" if tiny else "cuda"
     model.to(device).train()
+    if case.fsdp:  # as accelerate's fsdp2_prepare_model: each block, then the root, HF's bf16 policy
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        low = torch.float32 if tiny else torch.bfloat16
+        policy = MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low, output_dtype=low)
+        mesh = init_device_mesh(device, (1,))
+        for block in model.transformer.h:
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-4, fused=True)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, steps)
@@ -196,6 +215,8 @@ def run_one(name: str, case: Case, steps: int, warmup: int, tiny: bool, peak: fl
 
     gc.collect()
     device = "cpu" if tiny else "cuda"
+    if case.fsdp:
+        _one_process_group(tiny)
     if not tiny:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -216,6 +237,17 @@ def run_one(name: str, case: Case, steps: int, warmup: int, tiny: bool, peak: fl
               "mfu": None if peak is None else tokens * per_token / peak, "flops_per_token": per_token}
     del model
     return result
+
+
+def _one_process_group(tiny: bool) -> None:
+    """A one-process torch.distributed environment and process group, as torchrun would give (FSDP2 needs one)."""
+    import torch.distributed as dist
+
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29561"), ("RANK", "0"), ("WORLD_SIZE", "1"),
+                       ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")):
+        os.environ.setdefault(key, value)
+    if not dist.is_initialized():
+        dist.init_process_group("gloo" if tiny else "nccl")
 
 
 def _median(values: list[float]) -> float:
@@ -262,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     summaries = []
     names = list(CASES) if opts.case == "all" else [opts.case]
     if tiny and opts.case == "all":
-        names = ["gpt2", "llama1b-lora"]  # both model families and PEFT: the code paths, in half the time
+        names = ["gpt2", "llama1b-lora", "gpt2-fsdp2"]  # both families, PEFT, FSDP2: the code paths, in less time
     for name in names:
         case = CASES[name]
         steps = 3 if tiny else (opts.steps or case.steps)

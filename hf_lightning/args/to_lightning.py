@@ -83,7 +83,46 @@ def lightning_trainer_kwargs(
             f"{', '.join(strategy_fields_set(args))} (README, 'Swapping strategies').", UserWarning, stacklevel=3,
         )
     kwargs.update(user)
+    _precision_for_strategy(args, user, kwargs)
     return kwargs
+
+
+def _strategy_family(strategy: Any) -> str:
+    """"fsdp2", "fsdp1", "deepspeed" or "other", for a `StrategyRequest` or a Lightning strategy (name or object)."""
+    from hf_lightning.args.parallel import StrategyRequest
+
+    if isinstance(strategy, StrategyRequest):
+        if strategy.deepspeed is not None:
+            return "deepspeed"
+        if strategy.fsdp is not None:
+            return "fsdp2" if strategy.fsdp.version == 2 else "fsdp1"
+        return "other"
+    if isinstance(strategy, str):
+        return "fsdp1" if strategy.startswith("fsdp") else "deepspeed" if strategy.startswith("deepspeed") else "other"
+    from hf_lightning.parallel.lockstep import strategy_kind
+
+    return strategy_kind(strategy)
+
+
+def _precision_for_strategy(args: TrainingArguments, user: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """Check the precision x strategy pair now (`parallel.precision.check_precision_pair`), and give FSDP2's
+    "16-mixed" to Lightning as a plugin (float16 autocast and grad scaler): Lightning refuses the string with a
+    `ModelParallelStrategy`, and HF runs fp16 under FSDP2 (`parallel/precision.py`)."""
+    from lightning.pytorch.plugins.precision import Precision
+
+    from hf_lightning.parallel.precision import check_precision_pair, fp16_plugin, unified_precision
+
+    plugins = kwargs.get("plugins") or []
+    plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    if any(isinstance(p, Precision) for p in plugins) or "precision" not in kwargs:
+        return  # a precision plugin of the user's own: theirs (Lightning checks it)
+    family = _strategy_family(kwargs.get("strategy"))
+    precision = unified_precision(kwargs["precision"])
+    on_cpu = _runs_on_cpu(args, user)
+    check_precision_pair(precision, family, on_cpu)
+    if family == "fsdp2" and precision == "16-mixed":
+        del kwargs["precision"]
+        kwargs["plugins"] = [*plugins, fp16_plugin("cpu" if on_cpu else "cuda")]
 
 
 def _runs_on_cpu(args: TrainingArguments, user: dict[str, Any]) -> bool:

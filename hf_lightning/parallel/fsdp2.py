@@ -12,6 +12,8 @@ the same modules:
 - `activation_checkpointing` wraps the matched layers in torch's `checkpoint_wrapper` before sharding (the RNG
   state is preserved, so dropout is identical in the recomputation; accelerate turns that off for speed).
 - `cpu_ram_efficient_loading`: rank 0's weights are broadcast into every rank's shards after sharding.
+- mixed precision (`bf16` / `fp16`): accelerate's `MixedPrecisionPolicy` on every group, float32 master weights
+  (`parallel/precision.py`).
 
 `generate` is registered as an FSDP forward method of the root (`register_fsdp_forward_method`): an
 encoder-decoder's `generate` calls the encoder directly, outside the root's `forward`, and would meet the root's
@@ -26,11 +28,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from hf_lightning.args.parallel import FSDPSettings
 
-__all__ = ["layer_classes", "wrap_policy", "shard_model"]
+__all__ = ["layer_classes", "wrap_policy", "shard_model", "fsdp2_policy", "upcast_trainable_to_fp32"]
+
+
+def fsdp2_policy(dtype: torch.dtype) -> Any:
+    """Accelerate's FSDP2 `MixedPrecisionPolicy` for `dtype`: parameters, gradient reduction and the root's outputs in
+    it (accelerate `FullyShardedDataParallelPlugin.set_mixed_precision`, `fsdp_version=2`)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+
+
+def upcast_trainable_to_fp32(model: torch.nn.Module) -> list[str]:
+    """Trainable parameters of another dtype become float32 (the master weights), as accelerate does before
+    `fully_shard` under mixed precision; returns their names."""
+    names = []
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad and parameter.dtype != torch.float32:
+            parameter.data = parameter.data.to(torch.float32)
+            names.append(name)
+    return names
 
 
 def layer_classes(model: nn.Module, names: tuple[str, ...] | list[str] | None) -> tuple[type[nn.Module], ...]:
@@ -81,8 +103,12 @@ def _apply_activation_checkpointing(model: nn.Module, policy: Callable[[nn.Modul
             model.set_submodule(name, checkpoint_wrapper(module))
 
 
-def shard_model(model: nn.Module, mesh: Any, settings: FSDPSettings) -> None:
+def shard_model(model: nn.Module, mesh: Any, settings: FSDPSettings,
+                compute_dtype: torch.dtype | None = None) -> None:
     """Shard `model` in place with FSDP2 over `mesh` (a 1-D data-parallel `DeviceMesh`), as the module docstring says.
+
+    `compute_dtype` (bfloat16 / float16 under mixed precision): every group gets accelerate's `MixedPrecisionPolicy`
+    for it, and trainable parameters are float32 masters (`parallel/precision.py`).
 
     Raises:
         ValueError: `activation_checkpointing` with `NO_WRAP` (no layer to checkpoint), or an unknown layer class.
@@ -92,6 +118,9 @@ def shard_model(model: nn.Module, mesh: Any, settings: FSDPSettings) -> None:
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": settings.reshard_after_forward}
     if settings.cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
+    if compute_dtype is not None:
+        upcast_trainable_to_fp32(model)  # before the full state is read: the broadcast must match the shards' dtype
+        kwargs["mp_policy"] = fsdp2_policy(compute_dtype)
     full_state = model.state_dict() if settings.cpu_ram_efficient_loading else None
     policy = wrap_policy(model, settings)
     if settings.activation_checkpointing:

@@ -1,7 +1,8 @@
 """What one optimizer update does differently under each strategy (called by `TransformerModule`).
 
 - `configure_model_for_strategy`: under a `ModelParallelStrategy` (ours from `fsdp=...`, or a plain one the user
-  chose), shard the model with FSDP2 per layer (`parallel/fsdp2.py`): no `configure_model` of one's own is needed.
+  chose), shard the model with FSDP2 per layer (`parallel/fsdp2.py`), with HF's mixed-precision policy for the run's
+  precision (`parallel/precision.py`): no `configure_model` of one's own is needed.
 - `micro_batch_context`: the gradient sync of a micro-batch. DDP / FSDP skip it on every micro-batch but the last
   (`block_backward_sync`); DeepSpeed is told the accumulation boundary instead, as accelerate does for HF
   (`engine.set_gradient_accumulation_boundary`), because its engine reduces and steps by that flag. DDP with
@@ -45,6 +46,7 @@ from transformers.optimization import GreedyLR
 from hf_lightning.args.parallel import FSDPSettings
 from hf_lightning.checkpoint.distributed import is_sharded
 from hf_lightning.parallel.fsdp2 import shard_model
+from hf_lightning.parallel.precision import policy_dtype
 from hf_lightning.parallel.strategies import HFFSDP2Strategy, HFFSDPStrategy
 
 __all__ = ["configure_model_for_strategy", "micro_batch_context", "clip_by_strategy", "deepspeed_step_report",
@@ -70,7 +72,8 @@ def configure_model_for_strategy(module: pl.LightningModule, model: nn.Module) -
         )
     # ours carries HF's fsdp_config; a plain ModelParallelStrategy gets the defaults
     settings = strategy.fsdp_settings if isinstance(strategy, HFFSDP2Strategy) else FSDPSettings()
-    shard_model(model, mesh["data_parallel"], settings)
+    # the precision plugin decides the policy: "bf16-mixed" / the "16-mixed" plugin gather in bf16 / fp16, as HF
+    shard_model(model, mesh["data_parallel"], settings, policy_dtype(module.trainer.precision_plugin))
 
 
 def micro_batch_context(strategy: Strategy, last: bool) -> AbstractContextManager[Any]:

@@ -17,7 +17,9 @@ Usage:
       "gpu-fsdp1" (`fsdp_config={"version": 1}`), "gpu-fsdp2", "gpu-zero2" / "gpu-zero3" (`deepspeed=` with HF's
       "auto" values and no optimizer / scheduler section: HF's), "gpu-zero2-optimizer" (an `optimizer` section: HF's
       scheduler on DeepSpeed's optimizer), "gpu-zero3-scheduler" (`optimizer` and `scheduler` sections: both
-      DeepSpeed's), "gpu-zero2-hf-optimizer" (a `scheduler` section only: DeepSpeed's scheduler on HF's optimizer).
+      DeepSpeed's), "gpu-zero2-hf-optimizer" (a `scheduler` section only: DeepSpeed's scheduler on HF's optimizer),
+      "gpu-fsdp2-bf16" / "gpu-fsdp2-fp16" (FSDP2 with HF's MixedPrecisionPolicy; fp16 with the grad scaler),
+      "gpu-fsdp1-bf16", "gpu-zero3-bf16" (a `bf16` section with HF's "auto").
       See GPU_DETERMINISM for what the GPU scenarios make deterministic and why not `full_determinism`.
   python checkpoint_train.py best OUT_DIR STRATEGY RESULT_JSON
       DeepSpeed on CUDA ("gpu-zero2" / "gpu-zero3"; "cpu": the same flow in one CPU process): `load_best_model_at_end`
@@ -127,6 +129,12 @@ GPU_ARGS = {
     "gpu-zero2-optimizer": {"deepspeed": _zero(2, optimizer=True)},
     "gpu-zero3-scheduler": {"deepspeed": _zero(3, optimizer=True, scheduler=True)},
     "gpu-zero2-hf-optimizer": {"deepspeed": _zero(2, scheduler=True)},
+    # mixed precision under the sharded strategies, as HF's (parallel/precision.py); CPU twins in
+    # tests/scripts/sharded_twins.py
+    "gpu-fsdp2-bf16": {"fsdp": "full_shard auto_wrap", "bf16": True},
+    "gpu-fsdp2-fp16": {"fsdp": "full_shard auto_wrap", "fp16": True},
+    "gpu-fsdp1-bf16": {"fsdp": "full_shard auto_wrap", "fsdp_config": {"version": 1}, "bf16": True},
+    "gpu-zero3-bf16": {"deepspeed": {**_zero(3), "bf16": {"enabled": "auto"}}, "bf16": True},
 }
 
 GPU_DETERMINISM = """Why the GPU scenarios set a seed and cuBLAS's fixed workspace, not `full_determinism`.
