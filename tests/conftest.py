@@ -122,6 +122,7 @@ TIERS = {
     "test_console_output.py": "e2e",
     "test_cli_peft.py": "e2e",
     "test_cli_library.py": "e2e",
+    "test_trl_extra.py": "e2e",
     "test_evaluation.py": "e2e",
     "test_faults.py": "e2e",
     "test_final_save.py": "e2e",
