@@ -191,7 +191,8 @@ def _run_python_blocks(tmp_path: Path) -> str:
 @pytest.mark.timeout(2400)  # one child for every block (its own limit: 1800 s)
 def test_python_blocks_run_as_written(tmp_path):
     """...and the examples visibly learn: the first one's dev accuracy beats the majority class of its dev set, the
-    Seq2SeqTrainer one's exact match (printed per epoch) rises from 0 well above copying the source (0.047)."""
+    Seq2SeqTrainer one's exact match (printed per epoch) rises from 0 to the README's 1.0 in the last epoch (on every
+    CPU measured; the epochs before depend on the CPU's vector instructions)."""
     from hf_lightning.cli.quickstart import make_sentiment_dataset
 
     stdout = _run_python_blocks(tmp_path)
@@ -200,7 +201,7 @@ def test_python_blocks_run_as_written(tmp_path):
     accuracy = float(re.search(r"'eval_dev_accuracy': ([0-9.]+)", stdout)[1])
     assert accuracy > majority + 0.1, (accuracy, majority)
     exact = [float(x) for x in re.findall(r"^\[([0-9., ]+)\]$", stdout, flags=re.M)[-1].split(",")]
-    assert exact[0] < exact[-1] and exact[-1] > 0.3, exact
+    assert exact[0] == 0.0 and exact[-1] == 1.0 and len(exact) == 6, exact
 
 
 def _run_bash_blocks(tmp_path: Path, fast: bool) -> list[tuple[str, str]]:
