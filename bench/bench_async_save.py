@@ -83,7 +83,7 @@ def child(runner: str, steps: int, threads: int, out: str) -> dict:
     return {"stalls": stalls, "train_s": total, "checkpoints": len(written)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=12)
@@ -91,7 +91,7 @@ def main() -> None:
     parser.add_argument("--dir", default=None)
     parser.add_argument("--json", default=None)
     parser.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     if options.child:
         print("RESULT " + json.dumps(child(options.child[0], options.steps, options.threads, options.child[1])))
         return
