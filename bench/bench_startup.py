@@ -48,8 +48,9 @@ def _commands(work: Path) -> dict[str, dict[str, list[str]]]:
         "import": {"ours": [sys.executable, "-c", "import hf_lightning; hf_lightning.Trainer"],
                    "hf": [sys.executable, "-c", "import transformers; transformers.Trainer"]},
         "first update, CLI": {
+            # the callback's module is the bench's own: the config has to allow it (cli/config_code.py)
             "ours": [cli, "fit", "--config", "configs/text_classification.yaml", "--args.output_dir", "{out}",
-                     "--trainer.callbacks+=first_update.FirstUpdateExit"],
+                     "--allow_code_from", "[first_update]", "--trainer.callbacks+=first_update.FirstUpdateExit"],
             "hf": [*script, "--trainer", "hf"]},
         "first update, script": {"ours": [*script, "--trainer", "ours"], "hf": [*script, "--trainer", "hf"]},
         "fit --help": {"ours cold": [cli, "fit", "--help"], "ours warm": [cli, "fit", "--help"],

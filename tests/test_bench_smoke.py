@@ -36,7 +36,7 @@ RUNS: list[tuple[str, list[str], str]] = [
     ("bench_row_checks", ["--rows", "200", "--repeats", "1"], r"check_dataset on a shuffled view"),
     ("bench_checkpoint_save", ["--repeats", "1"], r"cost of the manifest"),
     ("bench_eval_memory", ["--sizes", "16", "--hf-sizes", "16"], r"throughput ours/hf at 16"),
-    ("bench_async_save", ["--repeats", "1", "--steps", "2"], r"with saves / without"),
+    ("bench_async_save", ["--repeats", "1", "--steps", "2", "--layers", "1"], r"with saves / without"),
     ("bench_short_runs", ["--repeats", "1", "--steps", "2", "--every", "1", "--no-warmup"],
      r"train_runtime .* ours/hf"),
     ("bench_startup", ["--repeats", "1", "--no-warmup"], r"fit --help\n(.*\n)*  ours warm/hf"),
