@@ -35,14 +35,14 @@ from pathlib import Path
 RUNNERS = ("ours-async", "ours-sync", "hf", "ours-nosave", "hf-nosave")
 
 
-def child(runner: str, steps: int, threads: int, out: str) -> dict:
+def child(runner: str, steps: int, threads: int, out: str, layers: int = 6) -> dict:
     """One run in this process; returns the stalls and the train() time."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_positions=128, n_embd=384, n_layer=6, n_head=6))
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=8192, n_positions=128, n_embd=384, n_layer=layers, n_head=6))
     import datasets
 
     g = torch.Generator().manual_seed(0)
@@ -83,17 +83,19 @@ def child(runner: str, steps: int, threads: int, out: str) -> dict:
     return {"stalls": stalls, "train_s": total, "checkpoints": len(written)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dir", default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--layers", type=int, default=6, help="GPT-2 layers (a smaller checkpoint: a smoke run)")
     parser.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     if options.child:
-        print("RESULT " + json.dumps(child(options.child[0], options.steps, options.threads, options.child[1])))
+        print("RESULT " + json.dumps(child(options.child[0], options.steps, options.threads, options.child[1],
+                                            options.layers)))
         return
     runs: dict[str, list[dict]] = {r: [] for r in RUNNERS}
     loads = []
@@ -103,7 +105,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory(dir=options.dir) as out:
                 loads.append(os.getloadavg()[0])
                 done = subprocess.run([sys.executable, __file__, "--steps", str(options.steps), "--threads",
-                                       str(options.threads), "--child", runner, out], capture_output=True, text=True)
+                                       str(options.threads), "--layers", str(options.layers), "--child", runner, out], capture_output=True, text=True)
                 if done.returncode != 0:
                     raise RuntimeError(f"{runner} failed:\n{done.stderr[-3000:]}")
                 result = json.loads(next(line for line in done.stdout.splitlines()
@@ -113,7 +115,7 @@ def main() -> None:
             print(f"  [rep {repeat + 1}/{options.repeats}] {runner:11s} train() {result['train_s']:6.2f} s  "
                   f"checkpoints {result['checkpoints']:3d}  median stall {1e3 * stall:8.1f} ms", flush=True)
     summary: dict = {"loads": loads, "runs": runs}
-    print(f"\n== GPT-2 (n_embd 384, 6 layers), save_steps=1, {options.steps} updates, medians of {options.repeats} "
+    print(f"\n== GPT-2 (n_embd 384, {options.layers} layers), save_steps=1, {options.steps} updates, medians of {options.repeats} "
           f"(load average {statistics.median(loads):.1f}, {min(loads):.1f}-{max(loads):.1f}) ==")
     stalls = {r: statistics.median(s for run in runs[r] for s in run["stalls"][1:]) for r in RUNNERS
               if not r.endswith("nosave")}

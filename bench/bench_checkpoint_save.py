@@ -137,13 +137,13 @@ def time_manifest_alone(folder: str, repeats: int) -> dict[str, float]:
     return {name: median(values) for name, values in times.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dir", default=None, help="where the checkpoints are written (default: the temp dir)")
     parser.add_argument("--json", default=None)
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     torch.set_num_threads(options.threads)
     with tempfile.TemporaryDirectory(dir=options.dir) as root:
         hf_trainer, our_trainer = build_hf(root), build_ours(root)

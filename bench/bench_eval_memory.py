@@ -153,7 +153,7 @@ def run_fresh(runner: str, samples: int, malloc: str) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--hf-sizes", type=int, nargs="*", default=[1024, 2048, 4096, 16384])
@@ -162,7 +162,7 @@ def main() -> None:
     parser.add_argument("--hf-max-gib", type=float, default=5.0, help="skip HF sizes whose logits exceed this")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--worker", nargs=2, metavar=("RUNNER", "SAMPLES"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args.worker[0], int(args.worker[1]))))
         return

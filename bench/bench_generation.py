@@ -173,13 +173,16 @@ def run_hand(beams: int, data: Any, with_loss: bool) -> tuple[tuple[float, float
     return _steady(stamps), total, statistics.mean(losses) if losses else float("nan")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    global NUM_SAMPLES  # --samples sets the module's row count (build_dataset and the rates read it)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=str, default=None)
-    args = parser.parse_args()
+    parser.add_argument("--samples", type=int, default=NUM_SAMPLES, help=f"rows evaluated (default {NUM_SAMPLES})")
+    args = parser.parse_args(argv)
+    NUM_SAMPLES = args.samples
     torch.set_num_threads(args.threads)
     import logging
     import warnings

@@ -14,7 +14,7 @@ into a fresh temporary `output_dir`), `logging_strategy="steps"`, no saving, no 
 
 Each run checks what it wrote: `len(state.log_history)` and the number of `train/loss` scalars in the TensorBoard
 event files (must be one per update for `log1`). Each training log entry is also timed directly (the flow's
-`_log_training`, wrapped on the trainer instance), which gives the logging cost without the run-to-run noise of
+`steps._log_training`, wrapped on the trainer instance), which gives the logging cost without the run-to-run noise of
 the throughput ratio.
 
 Timing
@@ -145,15 +145,15 @@ def run_facade(case: Case, variant: tuple[int, bool], steps: int, warmup: int, o
 
 
 def time_log_entries(trainer: Any) -> list[float]:
-    """Time every training-loss log entry of this trainer (HFTrainerFlow's `_log_training`: reduce the loss window,
+    """Time every training-loss log entry of this trainer (`HFLoopSteps._log_training`: reduce the loss window,
     read grad norm / LR, `log_history`, `on_log`, TensorBoard); returns the list the durations are appended to.
 
-    The wrapper is set on this trainer's flow instance only (the class is not touched). It gives the logging cost
-    directly, free of the run-to-run noise of the throughput ratio.
+    The wrapper is set on this trainer's `flow.steps` instance only (the class is not touched). It gives the logging
+    cost directly, free of the run-to-run noise of the throughput ratio.
     """
     durations: list[float] = []
-    flow = trainer.flow
-    inner = flow._log_training
+    steps = trainer.flow.steps  # the flow's per-update work (hf_lightning/flow/steps.py) writes the log entries
+    inner = steps._log_training
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -162,7 +162,7 @@ def time_log_entries(trainer: Any) -> list[float]:
         finally:
             durations.append(time.perf_counter() - start)
 
-    flow._log_training = timed
+    steps._log_training = timed
     return durations
 
 

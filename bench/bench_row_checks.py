@@ -41,12 +41,12 @@ def _median_seconds(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     torch.set_num_threads(1)
     data = _dataset(options.rows, options.max_length)
     model = BertForSequenceClassification(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1,

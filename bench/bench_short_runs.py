@@ -48,17 +48,18 @@ def run_once(runner: str, work: Path, env: dict[str, str], steps: int, every: in
             "eval_accuracy": result["eval_accuracy"], "load": os.getloadavg()[0]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--every", type=int, default=20, help="eval_steps = save_steps")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
-    options = parser.parse_args()
+    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs (a smoke run)")
+    options = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench_short_"))
     env = {**os.environ, "OMP_NUM_THREADS": str(options.threads), "TOKENIZERS_PARALLELISM": "false"}
-    for runner in RUNNERS:  # untimed: the datasets caches
+    for runner in RUNNERS if not options.no_warmup else ():  # untimed: the datasets caches
         run_once(runner, work, env, options.steps, options.every)
     runs: dict[str, list[dict[str, float]]] = {r: [] for r in RUNNERS}
     for repeat in range(options.repeats):

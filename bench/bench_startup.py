@@ -48,8 +48,9 @@ def _commands(work: Path) -> dict[str, dict[str, list[str]]]:
         "import": {"ours": [sys.executable, "-c", "import hf_lightning; hf_lightning.Trainer"],
                    "hf": [sys.executable, "-c", "import transformers; transformers.Trainer"]},
         "first update, CLI": {
+            # the callback's module is the bench's own: the config has to allow it (cli/config_code.py)
             "ours": [cli, "fit", "--config", "configs/text_classification.yaml", "--args.output_dir", "{out}",
-                     "--trainer.callbacks+=first_update.FirstUpdateExit"],
+                     "--allow_code_from", "[first_update]", "--trainer.callbacks+=first_update.FirstUpdateExit"],
             "hf": [*script, "--trainer", "hf"]},
         "first update, script": {"ours": [*script, "--trainer", "ours"], "hf": [*script, "--trainer", "hf"]},
         "fit --help": {"ours cold": [cli, "fit", "--help"], "ours warm": [cli, "fit", "--help"],
@@ -74,13 +75,14 @@ def _run(argv: list[str], work: Path, env: dict[str, str]) -> tuple[float, float
     return (stamps[0] if stamps else end) - start, cpu
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--only", nargs="*", default=None, help="measurement names to run (default: all)")
     parser.add_argument("--json", default=None)
-    options = parser.parse_args()
+    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up runs (a smoke run)")
+    options = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench_startup_"))
     cache = work / "help_cache"
     env = {**os.environ, "OMP_NUM_THREADS": str(options.threads), "HF_LIGHTNING_CACHE": str(cache),
@@ -91,9 +93,9 @@ def main() -> None:
         commands = {k: v for k, v in commands.items() if k in options.only}
     results: dict[str, dict[str, list[tuple[float, float]]]] = {m: {r: [] for r in c} for m, c in commands.items()}
     for runners in commands.values():  # untimed warm-up: datasets caches, the help cache
-        for runner, argv in runners.items():
-            if runner != "ours cold":
-                _run(argv, work, env)
+        for runner, command in runners.items():
+            if runner != "ours cold" and not options.no_warmup:
+                _run(command, work, env)
     loads = []
     for repeat in range(options.repeats):
         loads.append(os.getloadavg()[0])

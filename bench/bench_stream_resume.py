@@ -54,14 +54,14 @@ def run(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, stamp or ""
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--near", type=int, default=10)
     parser.add_argument("--far", type=int, default=5000)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None)
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench_stream_"))
     env = {**os.environ, "OMP_NUM_THREADS": str(options.threads), "TOKENIZERS_PARALLELISM": "false"}
     data = work / "data"

@@ -38,7 +38,7 @@ def _spin(stop: multiprocessing.synchronize.Event) -> None:  # type: ignore[name
             x += 1
 
 
-def run_once(workdir: Path, threads: str, index: int) -> dict:
+def run_once(workdir: Path, threads: str, index: int, max_steps: int | None = None) -> dict:
     """One fit in a fresh process; `threads` is "default" or a number for OMP_NUM_THREADS."""
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
@@ -49,7 +49,8 @@ def run_once(workdir: Path, threads: str, index: int) -> dict:
     start = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "hf_lightning", "fit", "--config", "configs/text_classification.yaml",
-         "--args.output_dir", str(out), "--args.report_to", "none", "--trainer.enable_progress_bar", "false"],
+         "--args.output_dir", str(out), "--args.report_to", "none", "--trainer.enable_progress_bar", "false",
+         *(["--args.max_steps", str(max_steps)] if max_steps is not None else [])],
         cwd=workdir, env=env, capture_output=True, text=True,
     )
     wall = time.perf_counter() - start
@@ -64,12 +65,13 @@ def run_once(workdir: Path, threads: str, index: int) -> dict:
             "train_loss": float(train["train_loss"]), "eval_loss": evals[-1]["eval_loss"]}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--busy", type=int, default=0, help="extra CPU-spinning processes during the runs")
     parser.add_argument("--json", default=None)
-    opts = parser.parse_args()
+    parser.add_argument("--max-steps", type=int, default=None, help="updates per fit (default: the config's run)")
+    opts = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench_threads_"))
     (workdir / "configs").symlink_to(REPO / "configs")
     stop = multiprocessing.Event()
@@ -80,7 +82,7 @@ def main() -> None:
     try:
         for i in range(opts.repeats):
             for threads in (("default", "1") if i % 2 == 0 else ("1", "default")):
-                run = run_once(workdir, threads, i)
+                run = run_once(workdir, threads, i, opts.max_steps)
                 runs.append(run)
                 print(f"{threads:>7} threads: wall {run['wall_s']:6.1f} s, "
                       f"train_runtime {run['train_runtime_s']:6.1f} s, load {run['load']:.1f}, warned={run['warned']}, eval_loss {run['eval_loss']:.10f}",

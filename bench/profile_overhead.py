@@ -11,7 +11,8 @@ time of wrapped functions it calls), after the warmup updates only. Per runner:
   `clip` (`torch.nn.utils.clip_grad_norm_`), `adam` (`torch.optim.AdamW.step` incl. the fused kernel), `sched`
   (`LRScheduler.step`), `zero_grad`;
 - runner-specific sections: hf_lightning's hooks (`HFTrainerFlow.on_train_batch_start/end`,
-  `TransformerModule.training_step` / `compute_loss` / `on_before_optimizer_step` / `_window_num_items` own code),
+  `TransformerModule.training_step` / `compute_loss` / `on_before_optimizer_step` / `_get_num_items_in_batch` own
+  code, wherever in the class's bases they are defined),
   Lightning's wrappers (`LightningOptimizer.step`, `manual_backward`, `batch_to_device`, `on_advance_end`), and
   HF's (`Trainer.training_step` / `compute_loss` own code, `get_batch_samples`, `_maybe_log_save_evaluate`,
   callback events);
@@ -99,7 +100,7 @@ def _targets(model_class: type) -> list[tuple[Any, str, str]]:
         (TransformerModule, "training_step", "hf_lightning: module.training_step"),
         (TransformerModule, "compute_loss", "hf_lightning: module.compute_loss"),
         (TransformerModule, "on_before_optimizer_step", "hf_lightning: module.on_before_optimizer_step"),
-        (TransformerModule, "_window_num_items", "hf_lightning: module._window_num_items"),
+        (TransformerModule, "_get_num_items_in_batch", "hf_lightning: module._get_num_items_in_batch"),
         (LightningOptimizer, "step", "lightning: LightningOptimizer.step"),
         (pl.LightningModule, "manual_backward", "lightning: manual_backward"),
         (Strategy, "batch_to_device", "lightning: batch_to_device"),
@@ -112,16 +113,29 @@ def _targets(model_class: type) -> list[tuple[Any, str, str]]:
     ]
 
 
+def _defined(owner: Any, attr: str) -> Any:
+    """The function `owner.attr` runs: for a class, the raw attribute of the first class of its MRO defining it
+    (a method may live in a base class, e.g. `compute_loss` in `HFHooksModule`); a section that names nothing
+    fails here, naming it, instead of profiling without it."""
+    if not isinstance(owner, type):
+        return getattr(owner, attr)
+    for cls in owner.__mro__:
+        if attr in cls.__dict__:
+            return cls.__dict__[attr]
+    raise AttributeError(f"{owner.__qualname__}.{attr}: no such method in its class or bases (renamed? update "
+                         "_targets)")
+
+
 @contextmanager
 def instrumented(probe: SectionProbe, model_class: type, warmup: int) -> Iterator[None]:
     """Wrap the target functions (and reset the probe when the step timer passes `warmup`); undo on exit."""
     # torch wraps `AdamW.step` with its profiling hook on the first optimizer it builds; do it now so that the hooked
     # `AdamW.step` is what we wrap and restore (else the wrapper would stay in the class after this run).
     torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
-    saved: list[tuple[Any, str, Any]] = []
+    saved: list[tuple[Any, str, Any]] = []  # (owner, attribute, what its own __dict__ held: None if inherited)
     for owner, attr, section in _targets(model_class):
-        original = owner.__dict__[attr] if isinstance(owner, type) else getattr(owner, attr)
-        saved.append((owner, attr, original))
+        original = _defined(owner, attr)
+        saved.append((owner, attr, owner.__dict__.get(attr) if isinstance(owner, type) else original))
         setattr(owner, attr, probe.wrap(original, section))
     original_mark = common.StepTimer.mark
 
@@ -135,8 +149,11 @@ def instrumented(probe: SectionProbe, model_class: type, warmup: int) -> Iterato
         yield
     finally:
         common.StepTimer.mark = original_mark  # type: ignore[method-assign]
-        for owner, attr, original in reversed(saved):
-            setattr(owner, attr, original)
+        for owner, attr, own in reversed(saved):
+            if own is None:  # inherited: drop the wrapper, the base class's method shows through again
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, own)
 
 
 def profile_run(runner: str, case: common.Case, steps: int, warmup: int, opts: argparse.Namespace) -> dict[str, float]:

@@ -14,11 +14,15 @@ Every `SFTConfig` option is a command-line flag (`--packing`, `--max_length`, `-
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
 import sys
 from dataclasses import dataclass, field
+
+if importlib.util.find_spec("trl") is None:  # before the minutes of loading torch and transformers
+    sys.exit('run_sft.py needs TRL, which is not installed: pip install "hf-lightning[trl]"')
 
 if os.environ.get("EXAMPLES_TRAINER") != "transformers":  # the oracle of tests/test_examples.py keeps TRL's base
     import hf_lightning

@@ -126,6 +126,8 @@ TIERS = {
     "test_console_output.py": "e2e",
     "test_cli_peft.py": "e2e",
     "test_cli_library.py": "e2e",
+    "test_trl_extra.py": "e2e",
+    "test_bench_smoke.py": "e2e",
     "test_evaluation.py": "e2e",
     "test_faults.py": "e2e",
     "test_final_save.py": "e2e",
@@ -200,6 +202,8 @@ SLOW = {
     "test_readme_examples.py::test_bash_blocks_run_exactly_as_written",
     "test_compile.py::test_the_default_inductor_backend_trains_like_eager",
     "test_preemption.py::test_two_processes_at_random_instants_many",
+    # every bench/ script at tiny sizes (fresh processes of its own for several; a cold torch.compile)
+    "test_bench_smoke.py::test_every_bench_script_runs_every_runner_at_tiny_sizes",
     # the heaviest single-process runs (5 to 27 s each on an idle 2-core machine), kept out of the fast tier: each
     # behaviour they cover has a quicker test there (locks, faults, example parity, README python blocks, CLI configs)
     "test_configs_learn.py",

@@ -238,6 +238,21 @@ def test_lightning_kwargs_clash_names_the_hf_argument(option):
     assert option in message and OWNED_BY_HF_ARGS[option] in message
 
 
+def test_a_misspelt_lightning_kwargs_key_is_one_error_at_construction_naming_it_and_the_option_meant(tmp_path):
+    """Before: `lightning.Trainer`'s `TypeError: ... unexpected keyword argument 'acelerator'`, naming neither
+    `lightning_kwargs` nor `accelerator`."""
+    with pytest.raises(ValueError) as info:
+        hf_lightning.Trainer(model=tiny_bert(), args=TrainingArguments(output_dir=str(tmp_path)),
+                             lightning_kwargs={"acelerator": "cpu", "devices": 1})
+    assert str(info.value).startswith("lightning_kwargs: 'acelerator' (did you mean 'accelerator'?) is not a "
+                                      "lightning.Trainer option;"), str(info.value)
+    with pytest.raises(ValueError) as info:
+        hf_lightning.Trainer(model=tiny_bert(), args=TrainingArguments(output_dir=str(tmp_path)),
+                             lightning_kwargs={"precison": "32", "zzz_qqq": 1})
+    assert str(info.value).startswith("lightning_kwargs: 'precison' (did you mean 'precision'?), 'zzz_qqq' are not "
+                                      "lightning.Trainer options;"), str(info.value)
+
+
 def test_lightning_kwargs_clashes_are_reported_together_and_others_pass_through():
     with pytest.raises(ValueError) as info:
         lightning_trainer_kwargs(TrainingArguments(), {"accumulate_grad_batches": 4, "gradient_clip_val": 1.0})

@@ -148,8 +148,18 @@ def test_the_verify_command_reports_one_line_per_checkpoint_and_fails_on_a_bad_o
         "corrupted since) (previous good checkpoint: checkpoint-2)")
     one = _verify(out / "checkpoint-2")  # a single folder
     assert one.returncode == 0 and one.stdout == "OK      checkpoint-2: 9 files match the manifest\n"
-    nothing = _verify(tmp_path / "empty-dir-that-does-not-exist")
+    (tmp_path / "empty").mkdir()
+    nothing = _verify(tmp_path / "empty")
     assert nothing.returncode == 2 and "neither a checkpoint folder" in nothing.stderr
+
+
+def test_verify_of_a_path_that_does_not_exist_says_so_in_one_line(tmp_path):
+    """Before: "... is neither a checkpoint folder nor a folder holding checkpoint-<n> folders" (a typo in the path
+    read as a folder without checkpoints)."""
+    missing = tmp_path / "outptu_dir"
+    result = _verify(missing)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"hf-lightning verify: {str(missing)!r} does not exist\n"
 
 
 def test_checkpoints_of_transformers_trainer_have_no_manifest_and_still_resume(hf_checkpoints, tmp_path, one_thread):

@@ -10,8 +10,10 @@ when HF strategy fields are set too.
 
 from __future__ import annotations
 
+import difflib
 import os
 import warnings
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
@@ -19,7 +21,7 @@ from hf_lightning.args.parallel import strategy_fields_set
 from hf_lightning.args.process import check_process_group, launcher_trainer_kwargs
 from hf_lightning.args.report_to import build_loggers
 
-__all__ = ["fp16_precision", "lightning_trainer_kwargs", "OWNED_BY_HF_ARGS"]
+__all__ = ["fp16_precision", "lightning_trainer_kwargs", "OWNED_BY_HF_ARGS", "unknown_lightning_option"]
 
 OWNED_BY_HF_ARGS = {
     "accumulate_grad_batches": "gradient_accumulation_steps",
@@ -33,6 +35,25 @@ OWNED_BY_HF_ARGS = {
     "log_every_n_steps": "logging_steps",
 }
 """lightning.Trainer options that the HF arguments decide; passing them raises an error naming the HF argument."""
+
+
+def unknown_lightning_option(lightning_kwargs: Mapping[str, Any], known: Collection[str]) -> str | None:
+    """One line naming the `lightning_kwargs` keys that are not `lightning.Trainer` options (`known`: its
+    parameters), each with its closest option, or None when all are known.
+
+    Without it, a misspelt key reaches `lightning.Trainer(**kwargs)`, whose `TypeError` names neither
+    `lightning_kwargs` nor the option meant.
+    """
+    unknown = [key for key in lightning_kwargs if key not in known]
+    if not unknown:
+        return None
+    parts = []
+    for key in unknown:
+        close = difflib.get_close_matches(str(key), list(known), n=1)
+        parts.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return (f"lightning_kwargs: {', '.join(parts)} {'is not a' if len(unknown) == 1 else 'are not'} "
+            f"lightning.Trainer option{'' if len(unknown) == 1 else 's'}; its options are the parameters of "
+            "lightning.Trainer (accelerator, devices, strategy, precision, logger, callbacks, ...).")
 
 
 def lightning_trainer_kwargs(

@@ -13,7 +13,8 @@ Such a config names the trainer class and its arguments class instead of a task 
     hf_callbacks: [...]               # optional: transformers.TrainerCallback classes
 
 `task: sft` is the short form of the first two lines. Everything here is pure Python (YAML and the spec
-dataclasses): a mistyped key, a class from a package the config does not allow, a missing file or `predict` (which
+dataclasses): a mistyped key, a class from a package the config does not allow or that is not installed (naming the
+hf-lightning extra that installs it), a missing file or `predict` (which
 these trainers cannot run on text rows) is one `error:` line in a fraction of a second.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib.util
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +42,9 @@ __all__ = [
 
 LIBRARY_TASKS = {"sft": ("trl.SFTTrainer", "trl.SFTConfig")}
 """`task:` names the CLI runs with a library trainer: `(trainer_class, args_class)` they stand for."""
+
+_EXTRAS = {"trl": "trl"}
+"""The hf-lightning extra that installs a library package a config's classes come from (pyproject.toml)."""
 
 _TOP_KEYS = ("task", "trainer_class", "args_class", "allow_code_from", "args", "model", "data", "trainer",
              "hf_callbacks", "ckpt_path")
@@ -214,6 +219,21 @@ def _class_paths(config: dict[str, Any]) -> tuple[str, str]:
     return trainer_class, args_class
 
 
+def _not_installed(key: str, path: str) -> str | None:
+    """One line when the package `path` comes from is not installed (a spec lookup: nothing is imported), naming the
+    hf-lightning extra that installs it."""
+    top = path.partition(".")[0]
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return None
+    extra = _EXTRAS.get(top)
+    install = f'pip install "hf-lightning[{extra}]"' if extra is not None else f"install the {top} package"
+    return f"{key}={path!r} needs the {top} package, which is not installed: {install}."
+
+
 def processes_lightning_starts(trainer: dict[str, Any], gpus: int) -> int:
     """How many processes Lightning's own launcher would run for these `trainer:` options on a machine with `gpus`
     GPUs (1 when it starts none), by Lightning's reading of `devices` / `num_nodes` / `accelerator`."""
@@ -267,6 +287,9 @@ def read_library_config(subcommand: str, argv: Sequence[str]) -> LibraryConfig:
     allowed = allowed if isinstance(allowed, list) else [allowed]
     for key, path in (("trainer_class", trainer_class), ("args_class", args_class)):
         check_code_path(key, path, allowed)
+        # before anything is loaded: importing the class happens after torch, transformers and Lightning (minutes)
+        if (problem := _not_installed(key, path)) is not None:
+            raise ValueError(problem)
     sections = {name: _mapping(config, name) for name in _SECTIONS}
     model = _model_spec(sections["model"])
     data = _data_spec(sections["data"])

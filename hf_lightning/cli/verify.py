@@ -2,8 +2,8 @@
 loading anything (`checkpoint/verify.py`: whole files, the manifest's checksums, the step of `trainer_state.json`).
 
 One line per checkpoint, oldest first; the exit status is 0 when every checkpoint is good, 1 when one is not, 2 when
-`PATH` holds no checkpoint. torch and Lightning are not imported, so it answers in well under a second plus the time
-to read the files.
+`PATH` holds no checkpoint or does not exist. torch and Lightning are not imported, so it answers in well under a
+second plus the time to read the files.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ USAGE = """usage: hf-lightning verify PATH [PATH ...]
 Checks every file of each checkpoint against its manifest (checkpoint_manifest.json: size and checksum recorded when
 it was saved), that every file is whole, and that trainer_state.json's global_step is the folder's step. Checkpoints
 written by transformers.Trainer have no manifest: their files are checked for completeness only.
-Exit status: 0 all good, 1 a checkpoint failed, 2 no checkpoint found.
+Exit status: 0 all good, 1 a checkpoint failed, 2 no checkpoint found (or PATH does not exist).
 """
 
 
@@ -46,6 +46,10 @@ def verify_main(argv: list[str]) -> int:
         return 0 if argv else 2
     status = 0
     for path in argv:
+        if not Path(path).exists():
+            print(f"hf-lightning verify: {path!r} does not exist", file=sys.stderr)
+            status = max(status, 2)
+            continue
         verdicts = verify_path(path)
         if not verdicts:
             print(f"hf-lightning verify: {path!r} is neither a checkpoint folder nor a folder holding checkpoint-<n> "

@@ -29,7 +29,7 @@ from transformers.utils import logging as hf_logging
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.from_transformers import from_hf_training_arguments
-from hf_lightning.args.to_lightning import lightning_trainer_kwargs
+from hf_lightning.args.to_lightning import lightning_trainer_kwargs, unknown_lightning_option
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.distributed import full_model_state_dict
 from hf_lightning.checkpoint.final_model import TRAINING_ARGS_NAME
@@ -202,6 +202,9 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         # a library trainer's constructor (TRL's) has no `lightning_kwargs`: the ones given to
         # `use_as_transformers_trainer` stand in
         self.lightning_kwargs = dict(default_lightning_kwargs() if lightning_kwargs is None else lightning_kwargs)
+        lightning_options = set(inspect.signature(pl.Trainer.__init__).parameters) - {"self"}
+        if (problem := unknown_lightning_option(self.lightning_kwargs, lightning_options)) is not None:
+            raise ValueError(problem)  # here, naming it: not Lightning's TypeError when the trainer is built
         # every override checked before anything is built: one error naming all that cannot be honoured
         check_overrides(type(self), deepspeed_refusals(_deepspeed_config(self.args, self.lightning_kwargs)))
         self._overridden = frozenset(overridden_methods(type(self)))
