@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,16 +74,23 @@ def _stop_lines(stderr: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run (this process): its losses and evaluation losses as the script records them."""
+def reference_run(tmp_path_factory):
+    """The uninterrupted run (this process): its output_dir (checkpoint-2, -4, -6), its losses and evaluation losses
+    as the script records them."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     script = _script()
-    trainer = script.make_trainer(str(tmp_path_factory.mktemp("reference") / "out"))
+    out = tmp_path_factory.mktemp("reference") / "out"
+    trainer = script.make_trainer(str(out))
     trainer.train()
     torch.set_num_threads(threads)
     history = trainer.state.log_history
-    return script.losses(history), script.eval_losses(history)
+    return out, script.losses(history), script.eval_losses(history)
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    return reference_run[1:]
 
 
 def _resume_here(out: Path) -> tuple[list, list]:
@@ -112,6 +120,39 @@ def test_sigterm_writes_the_checkpoint_ends_with_143_and_the_resume_is_exact(tmp
                     f"trainer.train(resume_from_checkpoint='{out}/checkpoint-3').")
     losses, evals = _resume_here(out)
     assert (losses, evals) == reference
+
+
+class _WritesAFile:
+    """A pickle that creates `path` when it is loaded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_fresh_run_into_another_runs_output_dir_names_its_own_checkpoint_and_runs_no_pickle(tmp_path,
+                                                                                               reference_run):
+    """Issue 29 items 1 and 3: output_dir holds an earlier run's `checkpoint-6`, whose `training_args.bin` writes a
+    file when unpickled; a fresh run, SIGTERM after update 1, `enable_jit_checkpoint=True`: nothing runs, the line
+    and `TrainingPreempted.checkpoint` name `checkpoint-1`, the folder this run wrote. (Before: the pickle ran at
+    the start, and the line said "checkpoint-6 (written now)": resuming from it returned the old run's weights.)"""
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copytree(reference_run[0] / "checkpoint-6", out / "checkpoint-6")
+    marker = tmp_path / "pwned"
+    torch.save(_WritesAFile(marker), out / "checkpoint-6" / "training_args.bin")
+    triggers = [{"rank": 0, "phase": "step_end", "step": 1, "signal": "SIGTERM"}]
+    proc, result = _child(tmp_path, triggers=triggers, catch=True, settings={"save_steps": 100, "eval_steps": 100})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not marker.exists()
+    stopped = result["stopped"]
+    assert stopped["step"] == 1 and stopped["saved"]
+    assert stopped["checkpoint"] == str(out / "checkpoint-1")
+    assert stopped["message"] == (f"Training stopped by SIGTERM after update 1; {out}/checkpoint-1 (written now); "
+                                  f"resume with trainer.train(resume_from_checkpoint='{out}/checkpoint-1').")
+    check_checkpoint(out / "checkpoint-1")
 
 
 def test_train_raises_training_preempted_which_a_script_can_catch(tmp_path, one_thread):

@@ -34,6 +34,7 @@ from hf_lightning.args.process import current_layout
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.find import resolve_resume, trained_epoch
 from hf_lightning.checkpoint.run_lock import OutputDirLocked
+from hf_lightning.checkpoint.verify import require_verified
 from hf_lightning.cli.config_code import enforce_in_parser
 from hf_lightning.cli.library_config import LibraryConfig, processes_lightning_starts, unknown_keys
 from hf_lightning.cli.precheck import fail
@@ -181,6 +182,7 @@ def _model_folder(config: LibraryConfig) -> str | None:
     if not os.path.isdir(ckpt):
         raise FileNotFoundError(f"ckpt_path={ckpt!r}: no such checkpoint folder (validate evaluates a saved model "
                                 "folder).")
+    require_verified(ckpt, "ckpt_path")  # a checkpoint is verified before its weights are trusted
     config.model = dataclasses.replace(config.model, model_name_or_path=ckpt, config_class=None, config_kwargs={})
     return ckpt
 
@@ -255,7 +257,7 @@ def _fit(run: LibraryRun) -> None:
     if trainer.is_world_process_zero():
         out = run.args.resolved_output_dir
         print(fit_summary(trainer.state, run.args, train_metrics=metrics, model_dir=out,
-                          logs=logger_paths(trainer.lightning_trainer)))
+                          logs=logger_paths(trainer.lightning_trainer), written=trainer.flow.written_steps))
 
 
 

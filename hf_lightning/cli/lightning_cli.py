@@ -26,6 +26,7 @@ from hf_lightning.checkpoint.final_model import save_final_model
 from hf_lightning.checkpoint.find import resolve_resume, trained_epoch
 from hf_lightning.checkpoint.run_lock import OutputDirLocked
 from hf_lightning.checkpoint.sharded import gather_full_weights
+from hf_lightning.checkpoint.verify import require_verified
 from hf_lightning.checkpoint.weight_files import is_adapter_file, weights_file
 from hf_lightning.cli.prediction_writer import write_predictions
 from hf_lightning.cli.summary import fit_summary, logger_paths
@@ -204,6 +205,7 @@ class HFLightningCLI(LightningCLI):
         if sub == "fit":
             self.ckpt_for_lightning = resolve_resume(args, self.ckpt_for_lightning)
         elif self.ckpt_for_lightning and os.path.isdir(self.ckpt_for_lightning):
+            require_verified(self.ckpt_for_lightning, "ckpt_path")  # before any data is read or weight loaded
             if (found := weights_file(self.ckpt_for_lightning)) is not None and is_adapter_file(found):
                 adapter = self.ckpt_for_lightning  # a PEFT checkpoint: the base from `model`, its adapter on top
             else:  # one of our checkpoint folders: it is a pretrained model directory
@@ -292,7 +294,8 @@ class HFLightningCLI(LightningCLI):
             with open(os.path.join(out, "train_results.json"), "w") as f:
                 json.dump(output.metrics, f, indent=2, default=float)
             print(fit_summary(self.flow.state, self.hf_args, train_metrics=output.metrics, model_dir=out,
-                              logs=logger_paths(self.trainer), resumed_from=self.flow.resumed_from))
+                              logs=logger_paths(self.trainer), resumed_from=self.flow.resumed_from,
+                              written=self.flow.written_steps))
 
     def validate(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Evaluate and print the HF metric dict (also written to `<output_dir>/eval_results.json`)."""

@@ -283,6 +283,11 @@ class HFTrainerFlow(Callback):
         defer_validation_data(trainer)
 
     @property
+    def written_steps(self) -> list[int]:
+        """The steps whose checkpoints the last fit saved (for the summary: not another run's folders)."""
+        return list(self.checkpoints.saver.saved_steps)
+
+    @property
     def resumed_from(self) -> tuple[str, int] | None:
         """`(checkpoint folder, its global step)` when the last fit resumed, else None (for the summary)."""
         restorer = self._restorer
