@@ -71,7 +71,7 @@ def run_cli(argv: list[str] | None = None) -> Any:
     from hf_lightning.cli.precheck import fail, precheck
 
     try:  # first: nothing a config names is imported before its module is known to be allowed
-        allowed = check_config_code(argv[1:])
+        allowed = check_config_code(argv[1:], subcommand=argv[0] if argv else None)
     except ConfigCodeError as err:
         fail(err, prog=f"hf-lightning {argv[0]}" if argv else "hf-lightning")
     from hf_lightning.cli.library_config import is_library_config, read_library_config

@@ -105,6 +105,13 @@ class HFLightningCLI(LightningCLI):
         )
 
     # ----- parser -----
+    @override
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """Lightning's parser, without argparse's abbreviations (`--conf` for `--config`): every option reaches the
+        parser as `check_config_code` read it."""
+        kwargs.setdefault("allow_abbrev", False)
+        return super().init_parser(**kwargs)
+
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]  # Lightning's is a staticmethod
         """`fit`, `validate`, `predict` (no `test`), or only `subcommand` when the constructor got one: each
         subcommand's parser holds the whole `lightning.Trainer` and HF arguments signatures, and building one costs
@@ -138,6 +145,12 @@ class HFLightningCLI(LightningCLI):
                  "Without them a config names only classes of lightning, torch, torchmetrics, transformers, peft "
                  "and hf_lightning (config_class / auto_class / hf_callbacks: transformers only); the standard "
                  "library cannot be allowed.",
+        )
+        parser.add_argument(
+            "--allow_remote_code", type=bool, default=False,
+            help="true: `trust_remote_code` may run the Python files of any model folder or hub repository this "
+                 "config loads; without it, only of those listed in allow_code_from (checked before anything is "
+                 "imported).",
         )
         parser.add_argument(
             "--eval_loss_weighting", type=Literal["samples", "tokens"], default="samples",
