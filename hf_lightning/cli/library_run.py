@@ -33,6 +33,7 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.args.process import current_layout
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.find import resolve_resume, trained_epoch
+from hf_lightning.checkpoint.io import CheckpointWriteError
 from hf_lightning.checkpoint.run_lock import OutputDirLocked
 from hf_lightning.checkpoint.verify import require_verified
 from hf_lightning.cli.config_code import enforce_in_parser
@@ -249,7 +250,13 @@ def _fit(run: LibraryRun) -> None:
         output = trainer.train(resume_from_checkpoint=run.resume)
     except (OutputDirLocked, BadRowError) as err:
         _one_line(run, err)
-    trainer.save_model()  # HF scripts' final save: model, tokenizer and training_args.bin in output_dir
+    try:
+        trainer.save_model()  # HF scripts' final save: model, tokenizer and training_args.bin in output_dir
+    except CheckpointWriteError as err:  # a full disk: one line saying what is left, not a traceback
+        checkpoint = trainer.flow.checkpoints.this_runs_checkpoint()
+        last = f" This run's last checkpoint: {checkpoint}." if checkpoint else ""
+        sys.stderr.write(f"hf-lightning fit: error: {' '.join(str(err).split())}{last}\n")
+        sys.exit(1)
     metrics = dict(output.metrics)
     metrics["train_samples"] = run.train_rows
     trainer.save_metrics("train", metrics)

@@ -24,6 +24,7 @@ from hf_lightning.args.to_lightning import lightning_trainer_kwargs
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.final_model import save_final_model
 from hf_lightning.checkpoint.find import resolve_resume, trained_epoch
+from hf_lightning.checkpoint.io import CheckpointWriteError
 from hf_lightning.checkpoint.run_lock import OutputDirLocked
 from hf_lightning.checkpoint.sharded import gather_full_weights
 from hf_lightning.checkpoint.verify import require_verified
@@ -300,9 +301,15 @@ class HFLightningCLI(LightningCLI):
         except (OutputDirLocked, BadRowError) as err:  # one line (from one process), not a traceback
             self._one_process_error(err)
         out = self.hf_args.resolved_output_dir
-        save_final_model(model.model, out, datamodule.processing_class, self.hf_args,
-                         is_global_zero=self.trainer.is_global_zero,  # every process: the FSDP / ZeRO-3 gather
-                         gather=partial(gather_full_weights, self.trainer.strategy))
+        try:
+            save_final_model(model.model, out, datamodule.processing_class, self.hf_args,
+                             is_global_zero=self.trainer.is_global_zero,  # every process: the FSDP / ZeRO-3 gather
+                             gather=partial(gather_full_weights, self.trainer.strategy))
+        except CheckpointWriteError as err:  # a full disk: one line saying what is left, not a traceback
+            checkpoint = self.flow.checkpoints.this_runs_checkpoint()
+            last = f" This run's last checkpoint: {checkpoint}." if checkpoint else ""
+            sys.stderr.write(f"hf-lightning fit: error: {' '.join(str(err).split())}{last}\n")
+            sys.exit(1)
         if self.trainer.is_global_zero:
             with open(os.path.join(out, "train_results.json"), "w") as f:
                 json.dump(output.metrics, f, indent=2, default=float)
