@@ -55,10 +55,15 @@ BAD_TRAIN = {
     "nan_regression_label": (lambda: tiny_bert(num_labels=1), lambda: _with(_regression_dataset(), "label", 17,
                                                                             math.nan),
                              "the train data, row 17, column 'label': value nan is not allowed: a finite number (a "
-                             "regression label: num_labels=1)"),
+                             "regression label: num_labels=1; in float32"),
     "inf_regression_label": (lambda: tiny_bert(num_labels=1), lambda: _with(_regression_dataset(), "label", 3,
                                                                             math.inf),
                              "row 3, column 'label': value inf is not allowed: a finite number"),
+    # issue 29: 1e200 is finite in float64 (the column) but inf in float32 (the collated batch, the model's dtype)
+    "float32_overflow_label": (lambda: tiny_bert(num_labels=1), lambda: _with(_regression_dataset(), "label", 5,
+                                                                              1e200),
+                               "row 5, column 'label': value 1e+200 is not allowed: a finite number (a regression "
+                               "label: num_labels=1; in float32, |value| <= 3.403e+38)"),
     "too_long": (lambda: tiny_bert(), lambda: _with(_with(classification_dataset(), "input_ids", 11, [7] * 70),
                                                     "attention_mask", 11, [1] * 70),
                  "the train data, row 11, column 'input_ids': 70 tokens, longer than the 64 positions of "
@@ -74,7 +79,7 @@ BAD_TRAIN = {
                             f"the train data, row 4, column 'labels': value {VOCAB} at position 15"),
     "float_class_ids": (lambda: tiny_bert(), lambda: classification_dataset().cast_column("label", Value("float32")),
                         "the train data, row 0, column 'label': value 1.0 is not allowed: 2 finite numbers per row "
-                        "(float labels with num_labels=2 are multi-label"),
+                        "(float labels with num_labels=2 are multi-label, by HF's problem_type rule; in float32"),
     "integer_multi_label_rows": (lambda: tiny_bert(num_labels=3), lambda: _multi_label_rows().cast_column(
         "labels", Sequence(Value("int64"))),
         "the train data, row 0, column 'labels': value [1, 0, 0] is not allowed: one class id per row"),

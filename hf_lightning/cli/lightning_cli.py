@@ -236,6 +236,7 @@ class HFLightningCLI(LightningCLI):
         raw = {name: load_split(data_spec, name) for name in splits_for_stage(sub, args)}
         # data against model here, not inside fit: each mismatch is one error line (tasks/checks.py)
         checks.check_columns(task, data_spec, raw)
+        checks.check_text_cells(task, data_spec, raw)
         if sub == "fit" and raw.get("train") is None:
             raise ValueError("fit needs training data: set data.train_file or data.dataset_name.")
         if sub == "fit" and args.eval_strategy != "no" and raw.get("validation") is None:
