@@ -188,11 +188,12 @@ def _stream(bad_at: int) -> IterableDataset:
 
 
 def test_a_stream_names_the_bad_row_at_the_batch_that_holds_it(tmp_path):
-    """A stream cannot be read ahead: its rows are checked as they are collated, and the error names the batch."""
+    """A stream cannot be read ahead: its rows are checked as they are collated, and the error names the row by its
+    index in the stream (issue 29; before: only "row 5 of batch 3"), and the batch."""
     trainer = hf_lightning.Trainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=_stream(bad_at=21),
                                    lightning_kwargs=CPU_QUIET)
-    with pytest.raises(BadRowError, match=r"the train data, row 5 of batch 3 \(counted as read\), column 'label': "
-                                          r"value 7 is not allowed: class ids in \[0, 2\)"):
+    with pytest.raises(BadRowError, match=r"the train data, row 21 of the stream as read \(row 5 of batch 3\), "
+                                          r"column 'label': value 7 is not allowed: class ids in \[0, 2\)"):
         trainer.train()
     assert trainer.state.global_step <= 2  # at most the two batches before it trained (Lightning fetches one ahead)
 
@@ -204,8 +205,8 @@ def test_a_torch_dataset_names_the_bad_row_in_its_batch(tmp_path):
     rows[20]["label"] = 4
     trainer = hf_lightning.Trainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=RecordingDataset(rows),
                                    lightning_kwargs=CPU_QUIET)
-    with pytest.raises(BadRowError, match=r"the train data, row \d of batch \d \(counted as read\), column 'label': "
-                                          r"value 4 is not allowed"):
+    with pytest.raises(BadRowError, match=r"the train data, row \d+ of the stream as read \(row \d of batch \d\), "
+                                          r"column 'label': value 4 is not allowed"):
         trainer.train()
 
 

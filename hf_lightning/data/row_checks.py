@@ -352,11 +352,18 @@ def _arrow_column(name: str, array: Any) -> _Column | None:
 
 
 # ----- rows met in a batch -----
-def check_features(features: Sequence[Any], split: str, limits: RowLimits, batch: int) -> None:
+def check_features(features: Sequence[Any], split: str, limits: RowLimits, batch: int, first: int = 0) -> None:
     """The rows of one batch, before collation (data that is not read ahead: streams, torch datasets).
 
+    Args:
+        features: the batch's rows, as the collator gets them.
+        split: the data's name in messages.
+        limits: what the model takes.
+        batch: the batch's number (from 1), as read.
+        first: how many rows were read before this batch (by this loader, in this process or worker).
+
     Raises:
-        BadRowError: naming the batch and the row within it (such data has no row index known ahead).
+        BadRowError: naming the row by its index as read (`first` + its place in the batch), and the batch.
     """
     rows = [f for f in features if isinstance(f, Mapping)]
     if len(rows) != len(features):
@@ -367,8 +374,8 @@ def check_features(features: Sequence[Any], split: str, limits: RowLimits, batch
             continue
         if len(present) != len(rows) or any(row[name] is None for row in rows):
             position = next(i for i, row in enumerate(rows) if row.get(name) is None)
-            raise BadRowError(f"the {split} data, row {position} of batch {batch} (counted as read), column "
-                              f"{name!r}: no value (None); every row needs one.")
+            raise BadRowError(f"the {split} data, {_as_read(first, position, batch)}, column {name!r}: no value "
+                              "(None); every row needs one.")
         values = [np.asarray(_plain(row[name])) for row in rows]
         if any(v.dtype == object or v.ndim > 1 for v in values) or len({v.ndim for v in values}) > 1:
             continue
@@ -378,7 +385,17 @@ def check_features(features: Sequence[Any], split: str, limits: RowLimits, batch
             column = _Column(name, flat, lengths=lengths, parents=np.repeat(np.arange(len(values)), lengths))
         else:
             column = _Column(name, np.array([v.item() for v in values]))
-        _raise_first(column, limits, split, lambda row: f"row {row} of batch {batch} (counted as read)")
+        _raise_first(column, limits, split, lambda row: _as_read(first, row, batch))
+
+
+def _as_read(first: int, row: int, batch: int) -> str:
+    """Where a row of a batch is in the data as it was read: its index in the stream (this worker's part of it under
+    DataLoader workers), and its batch."""
+    from torch.utils.data import get_worker_info
+
+    worker = get_worker_info()
+    part = f" (DataLoader worker {worker.id}'s part)" if worker is not None else ""
+    return f"row {first + row} of the stream as read{part} (row {row} of batch {batch})"
 
 
 def _plain(value: Any) -> Any:
@@ -397,8 +414,10 @@ class RowCheckingCollator:
     def __init__(self, collator: Callable[[list[Any]], Any], split: str, limits: RowLimits) -> None:
         self.collator, self.split, self.limits = collator, split, limits
         self.batches = 0
+        self.rows = 0  # rows read before the current batch: a bad row is named by its index in the stream
 
     def __call__(self, features: list[Any]) -> Any:
         self.batches += 1
-        check_features(features, self.split, self.limits, self.batches)
+        first, self.rows = self.rows, self.rows + len(features)
+        check_features(features, self.split, self.limits, self.batches, first)
         return self.collator(features)
