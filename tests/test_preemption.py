@@ -155,6 +155,22 @@ def test_a_fresh_run_into_another_runs_output_dir_names_its_own_checkpoint_and_r
     check_checkpoint(out / "checkpoint-1")
 
 
+def test_sigterm_during_setup_ends_with_143_and_names_the_checkpoint_being_resumed(tmp_path, reference_run):
+    """Issue 29: SIGTERM in Lightning's setup of a resuming fit (after the data checks, before the checkpoint is
+    loaded): exit 143, one line naming the checkpoint the run resumes from, no traceback. (Before: the default
+    handler ended the process with no line.)"""
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copytree(reference_run[0] / "checkpoint-4", out / "checkpoint-4")
+    proc, _ = _child(tmp_path, triggers=[{"rank": 0, "phase": "setup", "step": 0, "signal": "SIGTERM"}], resume=True)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = _stop_lines(proc.stderr)
+    assert line.startswith("Training stopped by SIGTERM before its first update (during setup"), line
+    assert line.endswith(f"; {out}/checkpoint-4 (the last complete checkpoint); resume with "
+                         f"trainer.train(resume_from_checkpoint='{out}/checkpoint-4')."), line
+
+
 def test_train_raises_training_preempted_which_a_script_can_catch(tmp_path, one_thread):
     """SIGUSR1 (SLURM's `--signal=USR1@...`) during the evaluation of step 3: `train()` raises
     `hf_lightning.TrainingPreempted`, a `SystemExit` with code 138 (128 + SIGUSR1), after `checkpoint-3`; the
@@ -318,6 +334,23 @@ def test_cli_sigterm_ends_with_143_and_the_printed_ckpt_path_resumes(tmp_path):
     state = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())
     assert state["global_step"] == 6
     assert [e["step"] for e in state["log_history"] if "loss" in e] == [1, 2, 3, 4, 5, 6]
+
+
+def test_cli_sigterm_while_the_run_is_built_ends_with_143_and_one_line(tmp_path):
+    """Issue 29: SIGTERM while the CLI builds the run (data loaded and checked, before tokenising): exit 143, one
+    line, no traceback. (Before: the default handler, no line.)"""
+    config = tmp_path / "signal.yaml"
+    config.write_text("hf_callbacks:\n  - class_path: signal_callback.SignalAtInit\nallow_code_from: [signal_callback]\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_lightning", "fit", "--config", "configs/text_classification.yaml", "--config",
+         str(config), "--args.output_dir", str(tmp_path / "out"), "--data.max_train_samples", "16"],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = _stop_lines(proc.stderr)
+    assert line == ("Training stopped by SIGTERM before its first update (during setup: loading and checking the "
+                    "data, tokenising, loading the checkpoint); this run wrote no checkpoint and resumed from none, "
+                    "so a new run starts from the beginning.")
 
 
 def _assert_complete_cli(out: Path, names: list[str]) -> None:

@@ -33,6 +33,7 @@ prefixes, so a path this walk did not foresee is still refused before its import
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -101,8 +102,6 @@ def _submodules(folder: str) -> list[str]:
 def _module_typo(path: str) -> str | None:
     """"no module 'a.b.x' (did you mean 'a.b.y'?)" when a module part of `path` is missing from its package's files
     and a submodule of a close name exists there (a typo, found without importing anything); else None."""
-    import difflib
-
     parts = path.split(".")
     try:
         spec = importlib.util.find_spec(parts[0])

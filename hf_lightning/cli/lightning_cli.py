@@ -33,6 +33,7 @@ from hf_lightning.cli.prediction_writer import write_predictions
 from hf_lightning.cli.summary import fit_summary, logger_paths
 from hf_lightning.cli.trainer_spellings import LIGHTNING_TO_HF, help_text, move_lightning_spellings, user_set
 from hf_lightning.data.row_checks import BadRowError, RowLimits
+from hf_lightning.flow.setup_stop import SetupStop
 from hf_lightning.pretrained_source import check_pretrained_source, looks_like_path, missing_local_folder
 from hf_lightning.run_options.seeding import seed_as_hf
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
@@ -44,6 +45,7 @@ from hf_lightning.tasks.loading import build_model, label_list_for, load_split, 
 from hf_lightning.tasks.peft_config import apply_peft
 from hf_lightning.tasks.registry import args_for_task, get_task, resolve, task_names
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
+from hf_lightning.tasks.text_cells import check_text_cells
 from hf_lightning.trainer.lightning_trainer import (
     build_flow,
     build_lightning_trainer,
@@ -90,8 +92,11 @@ class _OneLineErrorParser(LightningArgumentParser):
 class HFLightningCLI(LightningCLI):
     """LightningCLI whose model, data and trainer are built from an HF-style config (see `cli/__init__.py`)."""
 
-    def __init__(self, args: list[str] | None = None, subcommand: str | None = None) -> None:
+    def __init__(self, args: list[str] | None = None, subcommand: str | None = None,
+                 setup_stop: SetupStop | None = None) -> None:
         self._only_subcommand = subcommand
+        self._setup_stop = setup_stop
+        """Stops the process on a signal while the run is built; closed when the subcommand starts."""
         super().__init__(
             # only a placeholder: `add_core_arguments_to_parser` defines the sections and `_instantiate` builds a
             # TransformerModule; not importing it here keeps `fit --help` free of the transformers model code
@@ -236,7 +241,7 @@ class HFLightningCLI(LightningCLI):
         raw = {name: load_split(data_spec, name) for name in splits_for_stage(sub, args)}
         # data against model here, not inside fit: each mismatch is one error line (tasks/checks.py)
         checks.check_columns(task, data_spec, raw)
-        checks.check_text_cells(task, data_spec, raw)
+        check_text_cells(task, data_spec, raw)
         if sub == "fit" and raw.get("train") is None:
             raise ValueError("fit needs training data: set data.train_file or data.dataset_name.")
         if sub == "fit" and args.eval_strategy != "no" and raw.get("validation") is None:
@@ -287,6 +292,8 @@ class HFLightningCLI(LightningCLI):
         """Train, save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`) and the
         train metrics to `<output_dir>/train_results.json` (HF scripts' `save_metrics("train", ...)`), then print
         the summary (`summary.fit_summary`)."""
+        if self._setup_stop is not None:
+            self._setup_stop.close()  # the run is built: from here the flow's handlers decide
         # the flow restores an HF-layout checkpoint folder itself (checkpoint/restore.py), as in the facade; with
         # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch
         # (run_options/batch_search.py)
@@ -320,6 +327,8 @@ class HFLightningCLI(LightningCLI):
 
     def validate(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Evaluate and print the HF metric dict (also written to `<output_dir>/eval_results.json`)."""
+        if self._setup_stop is not None:
+            self._setup_stop.close()  # the run is built: from here the flow's handlers decide
         try:
             metrics = self.flow.evaluate(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning).metrics
         except BadRowError as err:
@@ -339,6 +348,8 @@ class HFLightningCLI(LightningCLI):
 
     def predict(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Predict and write the prediction files to `output_dir` (`cli/prediction_writer.py`); prints their path."""
+        if self._setup_stop is not None:
+            self._setup_stop.close()  # the run is built: from here the flow's handlers decide
         try:
             result = self.flow.predict(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning)
         except BadRowError as err:

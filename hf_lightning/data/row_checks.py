@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 from torch import nn
+from torch.utils.data import get_worker_info
 
 from hf_lightning.model_wrappers import unwrap_model
 
@@ -391,8 +392,6 @@ def check_features(features: Sequence[Any], split: str, limits: RowLimits, batch
 def _as_read(first: int, row: int, batch: int) -> str:
     """Where a row of a batch is in the data as it was read: its index in the stream (this worker's part of it under
     DataLoader workers), and its batch."""
-    from torch.utils.data import get_worker_info
-
     worker = get_worker_info()
     part = f" (DataLoader worker {worker.id}'s part)" if worker is not None else ""
     return f"row {first + row} of the stream as read{part} (row {row} of batch {batch})"

@@ -61,7 +61,7 @@ class TrainingPreempted(SystemExit):
 
 
 def stop_line(cause: str, step: int, checkpoint: str | None, resume_hint: str,
-              saved: bool = False, save_hint: str | None = None) -> str:
+              saved: bool = False, save_hint: str | None = None, head: str | None = None) -> str:
     """The one line a stopped run prints: what stopped it, at which update, the last complete checkpoint and how to
     continue from it.
 
@@ -73,8 +73,9 @@ def stop_line(cause: str, step: int, checkpoint: str | None, resume_hint: str,
             (`"trainer.train(resume_from_checkpoint={path!r})"`, the CLI's `--ckpt_path {path}`).
         saved: the stop itself wrote `checkpoint`.
         save_hint: said when nothing was saved by the stop (how to make a pre-emption save one).
+        head: the line's start instead of "Training stopped by <cause> after update <step>".
     """
-    head = f"Training stopped by {cause} after update {step}"
+    head = head or f"Training stopped by {cause} after update {step}"
     if checkpoint is None:
         tail = "; this run wrote no checkpoint and resumed from none, so a new run starts from the beginning"
     else:

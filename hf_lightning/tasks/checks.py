@@ -3,9 +3,7 @@
 
 - columns: the text column(s) in every split; the label column in the splits whose labels are used (training data,
   and evaluation data);
-- text cells: every cell of a text column is text (a list of words for token classification): an empty CSV cell
-  (None) or a column of numbers is named by split, row and column before tokenisation, instead of the tokenizer's
-  `TypeError` from inside `datasets.map`;
+- text cells: `text_cells.check_text_cells` (reads Arrow columns);
 - labels: every label value of the data is in the label list; an explicit `num_labels` agrees with it;
 - lengths: the task's length fields (`Task.length_fields`: `data.max_length`, `data.block_size` for language
   modelling; `data.max_target_length` for a decoder with position embeddings) fit the model's position embeddings.
@@ -17,8 +15,7 @@ from typing import Any
 
 from hf_lightning.tasks.task import Task
 
-__all__ = ["check_columns", "check_explicit_num_labels", "check_label_values", "check_lengths", "check_text_cells",
-           "position_limit"]
+__all__ = ["check_columns", "check_explicit_num_labels", "check_label_values", "check_lengths", "position_limit"]
 
 _LABELLED_SPLITS = ("train", "validation")  # `test` may come without labels (prediction data)
 # position ids of these models start after the padding index, so `pad_token_id + 1` embeddings are never a position
@@ -42,59 +39,6 @@ def check_columns(task: Task, spec: Any, raw: dict[str, Any]) -> None:
         if task.label_values is not None and split in _LABELLED_SPLITS and spec.label_column not in names:
             raise ValueError(f"data.label_column={spec.label_column!r} is not a column of the {split} data; its "
                              f"columns: {names}.")
-
-
-def _text_problem(column: Any, words: bool) -> tuple[int, str] | None:
-    """`(row, what is wrong)` of the first cell of an Arrow column that is not text (a list of text for `words`)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    kind = column.type
-    if words:
-        if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-            return 0, f"holds {kind} values, not lists of words"
-        inner = kind.value_type
-        if not (pa.types.is_string(inner) or pa.types.is_large_string(inner)):
-            return 0, f"holds lists of {inner} values, not lists of words"
-        nulls = pc.is_null(column)
-        if pc.any(nulls).as_py():
-            return int(pc.index(nulls, True).as_py()), "is empty (no words)"
-        flat_nulls = pc.is_null(pc.list_flatten(column))
-        if pc.any(flat_nulls).as_py():
-            parents = pc.list_parent_indices(column)
-            return int(parents[pc.index(flat_nulls, True).as_py()].as_py()), "holds an empty word (None)"
-        return None
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        return 0, f"holds {kind} values, not text (the column is read as numbers: give text, or quote the cells)"
-    nulls = pc.is_null(column)
-    if pc.any(nulls).as_py():
-        return int(pc.index(nulls, True).as_py()), "is empty (None: a missing value in the file)"
-    return None
-
-
-def check_text_cells(task: Task, spec: Any, raw: dict[str, Any]) -> None:
-    """Every cell of the text columns (`data.text_column`, `data.text_pair_column`, `data.target_column` where the
-    split has it) is text, or a list of words for token classification; read from Arrow, before tokenisation.
-
-    Raises:
-        ValueError: naming the `data.` key, the split, the row, the column and what to do.
-    """
-    words = task.name == "token_classification"
-    for split, dataset in raw.items():
-        names = getattr(dataset, "column_names", None)
-        if names is None or not hasattr(dataset, "with_format"):
-            continue  # a stream: its rows are checked as they are read
-        for key in ("text_column", "text_pair_column", "target_column"):
-            column = getattr(spec, key, None)
-            if not column or column not in names or (key == "target_column" and not task.generates):
-                continue
-            problem = _text_problem(dataset.with_format("arrow")[column], words and key == "text_column")
-            if problem is not None:
-                row, what = problem
-                raise ValueError(
-                    f"data.{key}={column!r}: the {split} data, row {row}, column {column!r} {what}; each cell must be "
-                    f"{'a list of words' if words and key == 'text_column' else 'text'}. Fill or drop such rows "
-                    "(e.g. `dataset.filter(...)`, or fix the file), before training.")
 
 
 def check_label_values(task: Task, spec: Any, raw: dict[str, Any], labels: list[str] | None) -> None:
