@@ -342,7 +342,8 @@ def test_cli_sigterm_while_the_run_is_built_ends_with_143_and_one_line(tmp_path)
     """Issue 29: SIGTERM while the CLI builds the run (data loaded and checked, before tokenising): exit 143, one
     line, no traceback. (Before: the default handler, no line.)"""
     config = tmp_path / "signal.yaml"
-    config.write_text("hf_callbacks:\n  - class_path: signal_callback.SignalAtInit\nallow_code_from: [signal_callback]\n")
+    config.write_text("hf_callbacks:\n  - class_path: signal_callback.SignalAtInit\n"
+                      "allow_code_from: [signal_callback]\n")
     proc = subprocess.run(
         [sys.executable, "-m", "hf_lightning", "fit", "--config", "configs/text_classification.yaml", "--config",
          str(config), "--args.output_dir", str(tmp_path / "out"), "--data.max_train_samples", "16"],

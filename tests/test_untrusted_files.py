@@ -51,7 +51,8 @@ def test_no_pickle_in_the_package_is_loaded_without_weights_only():
             if not (flags and isinstance(flags[0], ast.Constant) and flags[0].value is True):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{call.lineno}: torch.load without weights_only=True")
         for name in ("load", "loads", "Unpickler"):
-            offenders += [f"{path.relative_to(PACKAGE)}:{c.lineno}: pickle.{name}" for c in _calls(tree, "pickle", name)]
+            offenders += [f"{path.relative_to(PACKAGE)}:{c.lineno}: pickle.{name}"
+                          for c in _calls(tree, "pickle", name)]
     assert offenders == []
 
 
