@@ -118,6 +118,7 @@ TIERS = {
     "test_checkpoint.py": "e2e",
     "test_checkpoint_processes.py": "e2e",
     "test_checkpoint_trust.py": "e2e",
+    "test_untrusted_files.py": "unit",
     "test_cli.py": "e2e",
     "test_cli_checks.py": "e2e",
     "test_config_code.py": "e2e",

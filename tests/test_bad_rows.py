@@ -55,10 +55,15 @@ BAD_TRAIN = {
     "nan_regression_label": (lambda: tiny_bert(num_labels=1), lambda: _with(_regression_dataset(), "label", 17,
                                                                             math.nan),
                              "the train data, row 17, column 'label': value nan is not allowed: a finite number (a "
-                             "regression label: num_labels=1)"),
+                             "regression label: num_labels=1; in float32"),
     "inf_regression_label": (lambda: tiny_bert(num_labels=1), lambda: _with(_regression_dataset(), "label", 3,
                                                                             math.inf),
                              "row 3, column 'label': value inf is not allowed: a finite number"),
+    # issue 29: 1e200 is finite in float64 (the column) but inf in float32 (the collated batch, the model's dtype)
+    "float32_overflow_label": (lambda: tiny_bert(num_labels=1), lambda: _with(_regression_dataset(), "label", 5,
+                                                                              1e200),
+                               "row 5, column 'label': value 1e+200 is not allowed: a finite number (a regression "
+                               "label: num_labels=1; in float32, |value| <= 3.403e+38)"),
     "too_long": (lambda: tiny_bert(), lambda: _with(_with(classification_dataset(), "input_ids", 11, [7] * 70),
                                                     "attention_mask", 11, [1] * 70),
                  "the train data, row 11, column 'input_ids': 70 tokens, longer than the 64 positions of "
@@ -74,7 +79,7 @@ BAD_TRAIN = {
                             f"the train data, row 4, column 'labels': value {VOCAB} at position 15"),
     "float_class_ids": (lambda: tiny_bert(), lambda: classification_dataset().cast_column("label", Value("float32")),
                         "the train data, row 0, column 'label': value 1.0 is not allowed: 2 finite numbers per row "
-                        "(float labels with num_labels=2 are multi-label"),
+                        "(float labels with num_labels=2 are multi-label, by HF's problem_type rule; in float32"),
     "integer_multi_label_rows": (lambda: tiny_bert(num_labels=3), lambda: _multi_label_rows().cast_column(
         "labels", Sequence(Value("int64"))),
         "the train data, row 0, column 'labels': value [1, 0, 0] is not allowed: one class id per row"),
@@ -183,11 +188,12 @@ def _stream(bad_at: int) -> IterableDataset:
 
 
 def test_a_stream_names_the_bad_row_at_the_batch_that_holds_it(tmp_path):
-    """A stream cannot be read ahead: its rows are checked as they are collated, and the error names the batch."""
+    """A stream cannot be read ahead: its rows are checked as they are collated, and the error names the row by its
+    index in the stream (issue 29; before: only "row 5 of batch 3"), and the batch."""
     trainer = hf_lightning.Trainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=_stream(bad_at=21),
                                    lightning_kwargs=CPU_QUIET)
-    with pytest.raises(BadRowError, match=r"the train data, row 5 of batch 3 \(counted as read\), column 'label': "
-                                          r"value 7 is not allowed: class ids in \[0, 2\)"):
+    with pytest.raises(BadRowError, match=r"the train data, row 21 of the stream as read \(row 5 of batch 3\), "
+                                          r"column 'label': value 7 is not allowed: class ids in \[0, 2\)"):
         trainer.train()
     assert trainer.state.global_step <= 2  # at most the two batches before it trained (Lightning fetches one ahead)
 
@@ -199,8 +205,8 @@ def test_a_torch_dataset_names_the_bad_row_in_its_batch(tmp_path):
     rows[20]["label"] = 4
     trainer = hf_lightning.Trainer(model=tiny_bert(), args=_args(tmp_path), train_dataset=RecordingDataset(rows),
                                    lightning_kwargs=CPU_QUIET)
-    with pytest.raises(BadRowError, match=r"the train data, row \d of batch \d \(counted as read\), column 'label': "
-                                          r"value 4 is not allowed"):
+    with pytest.raises(BadRowError, match=r"the train data, row \d+ of the stream as read \(row \d of batch \d\), "
+                                          r"column 'label': value 4 is not allowed"):
         trainer.train()
 
 

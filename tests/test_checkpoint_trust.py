@@ -300,3 +300,27 @@ def test_the_finite_check_names_the_first_bad_tensor_and_not_a_huge_finite_one()
     masked = torch.nn.Linear(2, 2)
     masked.register_buffer("mask", torch.full((2, 2), float("-inf")))  # a mask kept as -inf on purpose: not a weight
     assert first_nonfinite(masked) is None
+
+
+def test_a_checkpoint_of_ours_with_its_manifest_deleted_is_damaged_not_foreign(two_checkpoints, tmp_path):
+    """Issue 29 item 5: `lightning_state.pt`, which only hf_lightning writes, is in the folder but the manifest is
+    gone (deleted to hide 4,000 inverted bytes of the weights): `verify` reports FAILED and a resume refuses it,
+    naming the previous good checkpoint. (Before: "OK ... no manifest (not written by hf_lightning)" and the resume
+    trained on from the altered weights.)"""
+    from hf_lightning.checkpoint.find import check_checkpoint
+
+    out = tmp_path / "out"
+    shutil.copytree(two_checkpoints, out)
+    folder = out / "checkpoint-4"
+    assert (folder / "lightning_state.pt").is_file()
+    weights = folder / "model.safetensors"
+    _invert(weights, weights.stat().st_size // 2, 4000)
+    (folder / MANIFEST_NAME).unlink()
+    report = _verify(out)
+    assert report.returncode == 1, report.stdout
+    assert report.stdout.splitlines()[2].startswith(
+        f"FAILED  checkpoint-4: {MANIFEST_NAME}: missing, but lightning_state.pt is there, which only hf_lightning "
+        "writes")
+    with pytest.raises(DamagedCheckpointError, match=r"checkpoint_manifest.json is damaged \(missing.*previous "
+                                                     r"complete checkpoint is .*checkpoint-2"):
+        check_checkpoint(folder)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from hf_lightning.cli import main
@@ -89,6 +90,20 @@ def test_fit_validate_predict(config, tmp_path, in_repo, one_thread, capsys):
     assert len(arrays["predictions"]) == len(arrays["label_ids"]) > 0
     if config in GENERATION_CONFIGS:
         _check_generated(arrays, out, printed, config)
+    if config == "text_classification.yaml":  # issue 29 item 4: 4,000 inverted bytes, size kept: both refuse
+        weights = checkpoints[-1] / "model.safetensors"
+        data = bytearray(weights.read_bytes())
+        middle = len(data) // 2
+        data[middle:middle + 4000] = bytes(b ^ 0xFF for b in data[middle:middle + 4000])
+        weights.write_bytes(bytes(data))
+        path.unlink()
+        for command in ("validate", "predict"):
+            with pytest.raises(SystemExit) as exit_info:
+                _run([command, *base, "--ckpt_path", str(checkpoints[-1])])
+            assert exit_info.value.code == 2
+            err = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+            assert len(err) == 1 and "model.safetensors is damaged (its checksum differs" in err[0], err
+        assert not path.exists()  # (before: validate printed metrics of the altered weights, predict wrote them)
 
 
 def _check_generated(arrays, out: Path, printed: str, config_name: str) -> None:
@@ -444,16 +459,35 @@ def test_eval_loss_weighting_from_the_config(tmp_path, in_repo, one_thread, caps
     assert "eval_loss_weighting" in err and "tokens" in err
 
 
-def test_fit_into_an_output_dir_with_checkpoints_replaces_them_as_hf(tmp_path, in_repo, caplog):
+class _WritesAFile:
+    """A pickle that creates `path` when it is loaded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_fit_into_an_output_dir_with_checkpoints_replaces_them_as_hf(tmp_path, in_repo, caplog, capsys):
     """An earlier run's checkpoint in output_dir: the fit trains (as HF) and replaces it as it saves, named in one
     warning; the user's other files stay."""
     (tmp_path / "checkpoint-2").mkdir()
     (tmp_path / "checkpoint-2" / "stale.txt").write_text("old run")
     (tmp_path / "notes.txt").write_text("mine")
+    # issue 29 item 1: an earlier run's checkpoint-9 whose training_args.bin writes a file when unpickled
+    (tmp_path / "checkpoint-9").mkdir()
+    torch.save(_WritesAFile(tmp_path / "pwned"), tmp_path / "checkpoint-9" / "training_args.bin")
     with caplog.at_level(logging.WARNING, logger="hf_lightning.checkpoint.restore"):
         _run(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path),
               "--args.save_total_limit", "3", *FAST])  # 2 steps an epoch: saves at 2 and 3
-    notices = [r.getMessage() for r in caplog.records if "replaces checkpoint-2 as it saves" in r.getMessage()]
+    assert not (tmp_path / "pwned").exists()  # (before: the pickle ran, torch.load(weights_only=False))
+    # issue 29 item 3: the summary names this run's checkpoints, and checkpoint-9 apart
+    summary = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Checkpoints:")]
+    assert summary == [f"Checkpoints: {tmp_path}/checkpoint-2, checkpoint-3 (also in output_dir, not written by this "
+                       "run: checkpoint-9)"]
+    notices = [r.getMessage() for r in caplog.records if "replaces checkpoint-2, checkpoint-9 as it saves" in
+               r.getMessage()]
     assert len(notices) == 1, [r.getMessage() for r in caplog.records]
     assert not (tmp_path / "checkpoint-2" / "stale.txt").exists()  # the whole folder was replaced, not merged
     assert (tmp_path / "checkpoint-2" / "trainer_state.json").is_file()

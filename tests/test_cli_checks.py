@@ -264,3 +264,19 @@ def test_task_sft_runs_trls_sft_trainer_whose_config_has_no_preset_preprocessing
     line = _error(["fit", "--config", "configs/causal_lm.yaml", "--task", "sft", "--allow_code_from", "[trl]",
                    "--args.output_dir", str(tmp_path / "out")], capsys)
     assert "data.block_size=64 is task-preset preprocessing" in line and "args.max_length" in line
+
+
+@pytest.mark.parametrize(("rows", "expected"), [
+    ("text,label\ngood film,positive\n,negative\nbad film,negative\n",
+     "data.text_column='text': the train data, row 1, column 'text' is empty (None: a missing value in the file)"),
+    ("text,label\n1,positive\n2,negative\n",
+     "data.text_column='text': the train data, row 0, column 'text' holds int64 values, not text"),
+], ids=["empty_cell", "numbers"])
+def test_an_empty_or_non_text_cell_is_named_before_tokenisation(rows, expected, tmp_path, in_repo, capsys):
+    """Issue 29: an empty text cell in a CSV (None) gave a 76-line tokenizer `TypeError` naming no row or column."""
+    train = tmp_path / "train.csv"
+    train.write_text(rows)
+    line = _error(["fit", "--config", "configs/text_classification.yaml", "--args.output_dir", str(tmp_path / "out"),
+                   "--data.train_file", str(train), "--args.eval_strategy", "no", "--args.save_strategy", "no",
+                   "--args.load_best_model_at_end", "false"], capsys)
+    assert expected in line, line

@@ -228,3 +228,128 @@ def test_jsonargparse_refuses_what_the_walk_did_not_foresee(tmp_path, monkeypatc
         parser.parse_args(["--fn", "unforeseen_module.Thing"])
     assert not marker.exists() and "unforeseen_module" not in sys.modules
     assert parser.parse_args(["--fn", "torch.nn.Linear"]).fn.__name__ == "Linear"
+
+
+# ----- issue 29 item 6 (and issue 35): every route by which a config reaches jsonargparse -----
+@pytest.mark.parametrize("option", ["--conf", "--co", "--confi"])
+def test_an_abbreviation_of_config_is_refused_before_any_import(option, planted, tmp_path, capsys):
+    """argparse took `--conf` for `--config`, which the walk did not read. (Before: a function of a library ran
+    as a LambdaCallback hook; a foreign module got jsonargparse's multi-part text after the full import.)"""
+    module, marker = planted
+    config = tmp_path / "extra.yaml"
+    config.write_text(yaml.safe_dump(_fill(CASES["trainer.callbacks[0].class_path"], module)))
+    line = _error(["fit", "--config", CONFIG, option, str(config), "--args.output_dir", str(tmp_path / "o")], capsys)
+    assert f"{option}: write --config in full" in line, line
+    assert not marker.exists()
+
+
+def test_the_parsers_take_no_abbreviation():
+    """`allow_abbrev=False` on every parser the CLI builds (the main one and each subcommand's): an abbreviation
+    the walk did not read cannot reach a value."""
+    from hf_lightning.cli.lightning_cli import HFLightningCLI, _OneLineErrorParser
+
+    cli = HFLightningCLI.__new__(HFLightningCLI)  # only `init_parser`, without parsing a command line
+    cli.parser_class = _OneLineErrorParser
+    parser = cli.init_parser(prog="hf-lightning")
+    assert parser.allow_abbrev is False
+
+
+@pytest.mark.parametrize("variables", [
+    {"PL_FIT__CONFIG": "{extra}"},
+    {"PL_FIT__TRAINER__CALLBACKS": "[{{class_path: {m}.Thing}}]"},
+], ids=["config_file", "callbacks"])
+def test_environment_variables_are_checked_when_jsonargparse_reads_them(variables, planted, tmp_path, capsys,
+                                                                        monkeypatch):
+    """`JSONARGPARSE_DEFAULT_ENV=true` makes jsonargparse read `PL_FIT__*`: those values are walked too, also for
+    `--print_config` (which prints what it parsed). (Before: not read by the check.)"""
+    module, marker = planted
+    config = tmp_path / "extra.yaml"
+    config.write_text(yaml.safe_dump(_fill(CASES["trainer.callbacks[0].class_path"], module)))
+    monkeypatch.setenv("JSONARGPARSE_DEFAULT_ENV", "true")
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value.format(extra=config, m=module))
+    for extra in ([], ["--print_config"]):
+        line = _error(["fit", "--config", CONFIG, "--args.output_dir", str(tmp_path / "o"), *extra], capsys)
+        assert f"trainer.callbacks[0].class_path='{module}.Thing'" in line, line
+    assert not marker.exists()
+    # the same variables while jsonargparse does not read the environment: nothing to check, nothing refused
+    monkeypatch.setenv("JSONARGPARSE_DEFAULT_ENV", "false")
+    assert check_config_code(["--config", CONFIG], "fit") == []
+
+
+def test_a_missing_config_and_a_mistyped_callback_module_are_named_before_the_heavy_imports(tmp_path):
+    """Issue 35: `--config nope.yaml` and `--trainer.callbacks+=lightning.pytorch.callbakcs.EarlyStopping` are one
+    line each, with torch, Lightning and transformers not imported. (Before: the mistyped module got jsonargparse's
+    multi-part denylist text after 30+ s.)"""
+    import json
+
+    runs = [["fit", "--config", CONFIG, "--config", "configs/nope.yaml"],
+            ["fit", "--config", CONFIG, "--trainer.callbacks+=lightning.pytorch.callbakcs.EarlyStopping"]]
+    code = (
+        "import sys, json\n"
+        "from hf_lightning.cli import main\n"
+        "for argv in json.loads(sys.argv[1]):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code == 2, argv\n"
+        "    heavy = sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules)\n"
+        "    print(json.dumps(heavy))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, json.dumps(runs)], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [json.loads(line) for line in result.stdout.splitlines()] == [[], []]
+    assert result.stderr.splitlines() == [
+        "hf-lightning fit: error: --config 'configs/nope.yaml': no such config file (from "
+        f"{str(REPO)!r}; a --config value is a YAML file or an inline YAML mapping).",
+        "hf-lightning fit: error: trainer.callbacks='lightning.pytorch.callbakcs.EarlyStopping' cannot be imported "
+        "(no module 'lightning.pytorch.callbakcs' (did you mean 'lightning.pytorch.callbacks'?)); check the spelling "
+        "of the class path."]
+
+
+# ----- issue 29 item 2: a model folder's own code is code -----
+@pytest.fixture
+def remote_code_model(tmp_path):
+    """A model folder whose config.json maps AutoConfig to its own module, which writes `<tmp>/remote.ran` when
+    imported (as `trust_remote_code=True` would import it)."""
+    folder = tmp_path / "evil_model"
+    folder.mkdir()
+    marker = tmp_path / "remote.ran"
+    (folder / "config.json").write_text('{"model_type": "evil", "auto_map": {"AutoConfig": '
+                                        '"configuration_evil.EvilConfig"}}')
+    (folder / "configuration_evil.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\n"
+        "from transformers import PretrainedConfig\n"
+        "class EvilConfig(PretrainedConfig):\n"
+        "    model_type = 'evil'\n")
+    return folder, marker
+
+
+def test_trust_remote_code_needs_the_model_folder_in_allow_code_from(remote_code_model, tmp_path, capsys,
+                                                                     monkeypatch):
+    """`--model.from_pretrained_kwargs '{trust_remote_code: true}'` reached `AutoConfig.from_pretrained` (and
+    `label_list_for`): the folder's module ran before the run failed. Now one line before any import, unless the
+    folder (or hub id) is in allow_code_from or `allow_remote_code: true`."""
+    folder, marker = remote_code_model
+    monkeypatch.chdir(REPO)
+    trust = ["--model.from_pretrained_kwargs", "{trust_remote_code: true}"]
+    line = _error(["fit", "--config", CONFIG, "--args.output_dir", str(tmp_path / "o"),
+                   "--model.model_name_or_path", str(folder), *trust], capsys)
+    assert line.startswith(f"hf-lightning fit: error: model.from_pretrained_kwargs.trust_remote_code=True with "
+                           f"model.model_name_or_path={str(folder)!r}: from_pretrained would import and run"), line
+    assert f"add it to allow_code_from (`allow_code_from: [{folder}]`) or set `allow_remote_code: true`" in line
+    assert not marker.exists()
+    # validate / predict load --ckpt_path as the model: the same rule
+    line = _error(["predict", "--config", CONFIG, "--args.output_dir", str(tmp_path / "o"), "--ckpt_path",
+                   str(folder), *trust], capsys)
+    assert f"ckpt_path={str(folder)!r}" in line and not marker.exists()
+    # allowed: by the folder (another spelling of the same folder too) or by allow_remote_code
+    base = ["--config", CONFIG, "--model.model_name_or_path", str(folder), *trust]
+    assert check_config_code([*base, "--allow_code_from", f"[{folder}/.]"], "fit") == []
+    assert check_config_code([*base, "--allow_remote_code", "true"], "fit") == []
+    assert check_config_code(["--config", CONFIG, "--model.model_name_or_path", "org/model", *trust,
+                              "--allow_code_from", "[org/model]"], "fit") == []
+    with pytest.raises(ConfigCodeError, match="model.model_name_or_path='org/model'"):
+        check_config_code(["--config", CONFIG, "--model.model_name_or_path", "org/model", *trust], "fit")
+    assert not marker.exists()

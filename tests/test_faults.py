@@ -364,3 +364,27 @@ def test_a_read_only_output_dir_is_refused_at_construction(tmp_path):
     target.write_text("")
     with pytest.raises(ValueError, match=r"output_dir='.*/a-file' is a file, not a folder"):
         _script().make_trainer(str(target))
+
+
+def test_a_full_disk_at_the_clis_final_save_is_one_line_with_the_truth(tmp_path):
+    """Issue 29: the CLI's final save (model, tokenizer, training_args.bin in output_dir) on a full disk: one
+    `error:` line saying the final model is incomplete and the checkpoints untouched, exit status 1. (Before: a
+    44-line traceback whose text said an unfinished folder was removed and to resume, neither true there.)"""
+    disk = tmp_path / "disk"
+    _mount_tmpfs(disk, "size=64k")  # the lock file fits, the model does not
+    try:
+        repo = Path(__file__).resolve().parents[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "hf_lightning", "fit", "--config", "configs/text_classification.yaml",
+             "--args.output_dir", str(disk / "out"), "--args.max_steps", "1", "--args.save_strategy", "no",
+             "--args.eval_strategy", "no", "--args.load_best_model_at_end", "false", "--args.report_to", "none",
+             "--data.max_train_samples", "32", "--trainer.enable_progress_bar", "false"],
+            cwd=repo, env={**ENV, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    finally:
+        subprocess.run(["umount", str(disk)], check=False, timeout=60)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    (line,) = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert line.startswith("hf-lightning fit: error: [Errno 28] No space left on device while writing "), line
+    assert f"The final model in {str(disk / 'out')!r} is incomplete; the checkpoint-<n> folders are untouched." in line
+    assert "unfinished folder is removed" not in line and "resume_from_checkpoint" not in line

@@ -50,6 +50,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.run_options.batch_search": 0,
     "hf_lightning.plan": 0,
     "hf_lightning.flow.interruption": 0,
+    "hf_lightning.flow.setup_stop": 0,
     "hf_lightning.callbacks": 0,
     "hf_lightning.flow.hf_callbacks": 0,
     "hf_lightning.checkpoint": 0,
@@ -128,6 +129,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.tasks.peft_config": 1,
     "hf_lightning.tasks.registry": 1,
     "hf_lightning.tasks.text": 1,
+    "hf_lightning.tasks.text_cells": 1,
     "hf_lightning.tasks.text_metrics": 1,
     # L2: Lightning objects
     "hf_lightning._lightning_compat": 2,
@@ -216,6 +218,8 @@ LAZY = {
     "hf_lightning.data.stream_state": "pyarrow / `datasets` only for the Arrow rows and keys of a saved shuffle buffer",
     "hf_lightning.flow.messages": "HF's notebook progress bar needs IPython: imported only inside a notebook",
     "hf_lightning.cli.prediction_writer": "pyarrow only for the per-sample table",
+    "hf_lightning.tasks.text_cells": "pyarrow only once a CLI run checks its loaded splits (`import "
+                                     "hf_lightning.cli.lightning_cli` stays without it)",
     "hf_lightning.data.row_checks": "pyarrow only to read a `datasets.Dataset`'s columns (`datasets` has imported it)",
     "hf_lightning.trainer.hp_search": "optuna (an extra) only when a search runs",
     "hf_lightning.args.readme_map": "transformers only to print the map; `hf_lightning.args` stays torch-free",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -73,16 +74,23 @@ def _stop_lines(stderr: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """The uninterrupted run (this process): its losses and evaluation losses as the script records them."""
+def reference_run(tmp_path_factory):
+    """The uninterrupted run (this process): its output_dir (checkpoint-2, -4, -6), its losses and evaluation losses
+    as the script records them."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     script = _script()
-    trainer = script.make_trainer(str(tmp_path_factory.mktemp("reference") / "out"))
+    out = tmp_path_factory.mktemp("reference") / "out"
+    trainer = script.make_trainer(str(out))
     trainer.train()
     torch.set_num_threads(threads)
     history = trainer.state.log_history
-    return script.losses(history), script.eval_losses(history)
+    return out, script.losses(history), script.eval_losses(history)
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run):
+    return reference_run[1:]
 
 
 def _resume_here(out: Path) -> tuple[list, list]:
@@ -112,6 +120,55 @@ def test_sigterm_writes_the_checkpoint_ends_with_143_and_the_resume_is_exact(tmp
                     f"trainer.train(resume_from_checkpoint='{out}/checkpoint-3').")
     losses, evals = _resume_here(out)
     assert (losses, evals) == reference
+
+
+class _WritesAFile:
+    """A pickle that creates `path` when it is loaded."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_a_fresh_run_into_another_runs_output_dir_names_its_own_checkpoint_and_runs_no_pickle(tmp_path,
+                                                                                               reference_run):
+    """Issue 29 items 1 and 3: output_dir holds an earlier run's `checkpoint-6`, whose `training_args.bin` writes a
+    file when unpickled; a fresh run, SIGTERM after update 1, `enable_jit_checkpoint=True`: nothing runs, the line
+    and `TrainingPreempted.checkpoint` name `checkpoint-1`, the folder this run wrote. (Before: the pickle ran at
+    the start, and the line said "checkpoint-6 (written now)": resuming from it returned the old run's weights.)"""
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copytree(reference_run[0] / "checkpoint-6", out / "checkpoint-6")
+    marker = tmp_path / "pwned"
+    torch.save(_WritesAFile(marker), out / "checkpoint-6" / "training_args.bin")
+    triggers = [{"rank": 0, "phase": "step_end", "step": 1, "signal": "SIGTERM"}]
+    proc, result = _child(tmp_path, triggers=triggers, catch=True, settings={"save_steps": 100, "eval_steps": 100})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not marker.exists()
+    stopped = result["stopped"]
+    assert stopped["step"] == 1 and stopped["saved"]
+    assert stopped["checkpoint"] == str(out / "checkpoint-1")
+    assert stopped["message"] == (f"Training stopped by SIGTERM after update 1; {out}/checkpoint-1 (written now); "
+                                  f"resume with trainer.train(resume_from_checkpoint='{out}/checkpoint-1').")
+    check_checkpoint(out / "checkpoint-1")
+
+
+def test_sigterm_during_setup_ends_with_143_and_names_the_checkpoint_being_resumed(tmp_path, reference_run):
+    """Issue 29: SIGTERM in Lightning's setup of a resuming fit (after the data checks, before the checkpoint is
+    loaded): exit 143, one line naming the checkpoint the run resumes from, no traceback. (Before: the default
+    handler ended the process with no line.)"""
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copytree(reference_run[0] / "checkpoint-4", out / "checkpoint-4")
+    proc, _ = _child(tmp_path, triggers=[{"rank": 0, "phase": "setup", "step": 0, "signal": "SIGTERM"}], resume=True)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = _stop_lines(proc.stderr)
+    assert line.startswith("Training stopped by SIGTERM before its first update (during setup"), line
+    assert line.endswith(f"; {out}/checkpoint-4 (the last complete checkpoint); resume with "
+                         f"trainer.train(resume_from_checkpoint='{out}/checkpoint-4')."), line
 
 
 def test_train_raises_training_preempted_which_a_script_can_catch(tmp_path, one_thread):
@@ -201,7 +258,9 @@ def test_sigterm_during_evaluate_ends_with_143_not_0(tmp_path):
                           evaluate=True, settings={"per_device_eval_batch_size": 1})
     assert proc.returncode == 143, proc.stderr[-3000:]
     (line,) = _stop_lines(proc.stderr)
-    assert line.startswith("Training stopped by SIGTERM during evaluate() / predict() after update 0; no complete")
+    # (issue 29: only a checkpoint this run wrote or resumed from is named; an evaluate() wrote none)
+    assert line.startswith("Training stopped by SIGTERM during evaluate() / predict() after update 0; this run wrote "
+                           "no checkpoint")
 
 
 def test_the_handler_is_installed_for_training_only(tmp_path, one_thread):
@@ -277,6 +336,24 @@ def test_cli_sigterm_ends_with_143_and_the_printed_ckpt_path_resumes(tmp_path):
     state = json.loads((out / "checkpoint-6" / "trainer_state.json").read_text())
     assert state["global_step"] == 6
     assert [e["step"] for e in state["log_history"] if "loss" in e] == [1, 2, 3, 4, 5, 6]
+
+
+def test_cli_sigterm_while_the_run_is_built_ends_with_143_and_one_line(tmp_path):
+    """Issue 29: SIGTERM while the CLI builds the run (data loaded and checked, before tokenising): exit 143, one
+    line, no traceback. (Before: the default handler, no line.)"""
+    config = tmp_path / "signal.yaml"
+    config.write_text("hf_callbacks:\n  - class_path: signal_callback.SignalAtInit\n"
+                      "allow_code_from: [signal_callback]\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "hf_lightning", "fit", "--config", "configs/text_classification.yaml", "--config",
+         str(config), "--args.output_dir", str(tmp_path / "out"), "--data.max_train_samples", "16"],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 143, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    (line,) = _stop_lines(proc.stderr)
+    assert line == ("Training stopped by SIGTERM before its first update (during setup: loading and checking the "
+                    "data, tokenising, loading the checkpoint); this run wrote no checkpoint and resumed from none, "
+                    "so a new run starts from the beginning.")
 
 
 def _assert_complete_cli(out: Path, names: list[str]) -> None:

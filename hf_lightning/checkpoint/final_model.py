@@ -17,11 +17,19 @@ from hf_lightning.checkpoint.distributed import full_model_state_dict
 
 if TYPE_CHECKING:
     from hf_lightning.checkpoint.content import SavedArguments
-from hf_lightning.checkpoint.io import save_model_files
+from hf_lightning.checkpoint.io import save_model_files, write_file
 
-__all__ = ["TRAINING_ARGS_NAME", "save_final_model"]
+__all__ = ["TRAINING_ARGS_NAME", "final_save_advice", "save_final_model"]
 
 TRAINING_ARGS_NAME = "training_args.bin"
+
+
+def final_save_advice(output_dir: str | Path) -> str:
+    """What is true after the final save failed for lack of space, and what to do (no folder was removed: the final
+    model is written in place, the `checkpoint-<n>` folders are not touched)."""
+    return (f"The final model in {str(output_dir)!r} is incomplete; the checkpoint-<n> folders are untouched. Free "
+            "some space and save it again (trainer.save_model(), or the same command with --ckpt_path naming the last "
+            "checkpoint: nothing is trained again).")
 
 
 def save_final_model(
@@ -42,12 +50,16 @@ def save_final_model(
 
     Returns:
         The folder.
+
+    Raises:
+        CheckpointWriteError: a write failed (for a full disk, saying what is left and what to do).
     """
     folder = Path(output_dir)
     # FSDP / ZeRO-3: a collective on every rank; None for a plain model
     full_state = (gather or full_model_state_dict)(model)
     if is_global_zero:
-        save_model_files(model, folder, processing_class, state_dict=full_state)
+        advice = final_save_advice(folder)
+        save_model_files(model, folder, processing_class, state_dict=full_state, advice=advice)
         if args is not None:
-            torch.save(args, folder / TRAINING_ARGS_NAME)
+            write_file(folder / TRAINING_ARGS_NAME, lambda path: torch.save(args, path), advice=advice)
     return folder

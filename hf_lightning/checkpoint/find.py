@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.checkpoint.changed_settings import read_recorded_arguments
 from hf_lightning.checkpoint.integrity import folder_problems
 from hf_lightning.checkpoint.io import (
     LIGHTNING_STATE_NAME,
@@ -30,7 +31,7 @@ from hf_lightning.checkpoint.io import (
 )
 from hf_lightning.checkpoint.layout import checkpoint_folders, restorable_checkpoints
 from hf_lightning.checkpoint.same_run import argument_differences
-from hf_lightning.checkpoint.verify import checkpoint_error, checkpoint_problems
+from hf_lightning.checkpoint.verify import checkpoint_error, checkpoint_problems, is_good_checkpoint
 from hf_lightning.checkpoint.weight_files import ADAPTER_WEIGHT_FILES, WEIGHT_FILES, weights_file
 
 __all__ = ["CheckpointFiles", "CheckpointNotFoundError", "check_checkpoint", "last_checkpoint",
@@ -161,10 +162,23 @@ def _touched(output_dir: str | Path, resume_step: int | None, saving: bool) -> l
 
 
 def _differences(output_dir: str | Path, steps: list[int], args: TrainingArguments) -> list[str] | None:
-    """What differs between the run that wrote the newest of `steps` and `args` ([]: the same run; None: unknown)."""
+    """What differs between the run that wrote the newest of `steps` and `args` ([]: the same run; None: unknown).
+
+    The earlier run's `training_args.bin` is a pickle in a folder this run did not write: it is read only once the
+    folder verifies (manifest, whole files), and then with the allow-list of `changed_settings` (no code runs).
+    """
     if args is None or not steps:
         return None
-    return argument_differences(Path(output_dir) / f"checkpoint-{steps[-1]}", args)
+    folder = Path(output_dir) / f"checkpoint-{steps[-1]}"
+    if not is_good_checkpoint(folder):
+        return None
+    before = read_recorded_arguments(folder)
+    if before is None:
+        return None
+    try:
+        return argument_differences(before, args)
+    except Exception:  # noqa: BLE001 - arguments of another version: nothing is known, nothing is claimed
+        return None
 
 
 def replaced_checkpoints_notice(output_dir: str | Path, resume_step: int | None, saving: bool, args: TrainingArguments

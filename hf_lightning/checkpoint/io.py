@@ -46,7 +46,8 @@ from hf_lightning.checkpoint.weight_files import weights_file
 
 __all__ = [
     "CHECKPOINT_PREFIX", "TMP_PREFIX", "LIGHTNING_STATE_NAME", "SHARDED_OPTIMIZER_DIR", "TRAINER_STATE_NAME",
-    "CheckpointWriteError", "finalize_checkpoint", "prepare_tmp_folder", "quiet_save_progress", "rng_file_name",
+    "CHECKPOINT_ADVICE", "CheckpointWriteError", "finalize_checkpoint", "prepare_tmp_folder", "quiet_save_progress",
+    "rng_file_name",
     "rng_state", "torch_save", "save_model_files", "write_file",
 ]
 
@@ -73,12 +74,18 @@ def _disk_full(error: BaseException, path: Path) -> bool:
         return False
 
 
-def write_file(path: str | Path, writer: Callable[[Path], Any], what: str | None = None) -> None:
+CHECKPOINT_ADVICE = ("The unfinished folder is removed and earlier checkpoints are intact; free some space (or lower "
+                     "save_total_limit, or use save_only_model=True) and resume with resume_from_checkpoint=True.")
+"""What to do after a checkpoint save failed for lack of space (the unfinished folder is removed by the saver)."""
+
+
+def write_file(path: str | Path, writer: Callable[[Path], Any], what: str | None = None,
+               advice: str = CHECKPOINT_ADVICE) -> None:
     """Run `writer(path)`; an I/O failure becomes `CheckpointWriteError` naming the file and, for a full disk, saying
     so (other exceptions pass unchanged).
 
     `what` describes several files written by one call (e.g. `save_pretrained`); the failing file is named when the
-    error carries it.
+    error carries it. `advice`: what is true afterwards and what to do, for a full disk (a checkpoint's by default).
 
     Raises:
         CheckpointWriteError: the write failed (`errno` ENOSPC for a full disk).
@@ -100,14 +107,12 @@ def write_file(path: str | Path, writer: Callable[[Path], Any], what: str | None
         raise CheckpointWriteError(
             errno.ENOSPC,
             f"No space left on device while writing {what} ({free} on that filesystem; "
-            f"{type(error).__name__}: {error}). The unfinished folder is removed and earlier checkpoints are intact; "
-            "free some space (or lower save_total_limit, or use save_only_model=True) and resume with "
-            "resume_from_checkpoint=True.",
+            f"{type(error).__name__}: {error}). {advice}",
         ) from error
 
 
-def torch_save(obj: Any, path: Path) -> None:
-    """`torch.save(obj, path)`; a failure names the file (`write_file`)."""
+def torch_save(obj: Any, path: Path, advice: str = CHECKPOINT_ADVICE) -> None:
+    """`torch.save(obj, path)`; a failure names the file (`write_file`, with `advice` for a full disk)."""
 
     def save(target: Path) -> None:
         # our own file object: closed even when `torch.save` fails, so a failed file's space is freed once it is
@@ -115,11 +120,11 @@ def torch_save(obj: Any, path: Path) -> None:
         with open(target, "wb") as f:
             torch.save(obj, f)
 
-    write_file(path, save)
+    write_file(path, save, advice=advice)
 
 
 def save_model_files(model: nn.Module, directory: str | Path, processing_class: Any = None,
-                     state_dict: dict[str, Any] | None = None) -> None:
+                     state_dict: dict[str, Any] | None = None, advice: str = CHECKPOINT_ADVICE) -> None:
     """HF `Trainer._save`: `save_pretrained` for a `PreTrainedModel`, bare safetensors for any other module."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -130,17 +135,17 @@ def save_model_files(model: nn.Module, directory: str | Path, processing_class: 
         copy = dict(state_dict) if state_dict is not None else None
         with quiet_save_progress():
             write_file(directory / "model.safetensors", lambda _: save_pretrained(directory, state_dict=copy),
-                       what=f"the model files (save_pretrained) of {directory}")
+                       what=f"the model files (save_pretrained) of {directory}", advice=advice)
     else:
         from safetensors.torch import save_file
 
         tensors = state_dict if state_dict is not None else model.state_dict()
         write_file(directory / "model.safetensors",
                    lambda path: save_file({k: v.contiguous() for k, v in tensors.items()}, path,
-                                          metadata={"format": "pt"}))
+                                          metadata={"format": "pt"}), advice=advice)
     if processing_class is not None and hasattr(processing_class, "save_pretrained"):
         write_file(directory, lambda _: processing_class.save_pretrained(directory),
-                   what=f"the tokenizer / processor files of {directory}")
+                   what=f"the tokenizer / processor files of {directory}", advice=advice)
     apply_umask(directory)  # safetensors writes 0600 whatever the umask (checkpoint/permissions.py)
 
 

@@ -21,6 +21,7 @@ Every "when" and "which" comes from the plan (`plan.SavePolicy`, `plan.BestRule`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lightning.pytorch as pl
@@ -96,6 +97,24 @@ class Checkpoints:
     def last_saved_step(self) -> int | None:
         """The step of this run's latest `save` (None: none yet)."""
         return self.saver.last_saved_step
+
+    def this_runs_checkpoint(self) -> str | None:
+        """The newest checkpoint folder this run wrote (complete: in place under its final name), else the one it
+        resumed from (verified when it was loaded), else None. A fresh run into an `output_dir` that holds another
+        run's checkpoints never names them as its own (the highest step in the folder may be theirs)."""
+        step = self.last_saved_step
+        if step is not None:
+            folder = Path(self.args.resolved_output_dir) / f"checkpoint-{step}"
+            if folder.is_dir():
+                return str(folder)
+        saved_earlier = [s for s in self.saver.saved_steps if s != step]
+        for earlier in reversed(saved_earlier):  # the latest save is still in flight: the one before it
+            folder = Path(self.args.resolved_output_dir) / f"checkpoint-{earlier}"
+            if folder.is_dir():
+                return str(folder)
+        if self.restorer is not None:
+            return str(self.restorer.path)
+        return None
 
     def begin_run(self, trainer: pl.Trainer, pl_module: pl.LightningModule, resume: str | bool | None,
                   plan: TrainingPlan | None) -> CheckpointRestorer | None:

@@ -6,16 +6,17 @@ replaces them). hf_lightning refuses to destroy checkpoints of a *different* run
 two apart by what the checkpoint records: its `training_args.bin` (written by us or by `transformers.Trainer`). The
 run is the same when every argument that shapes the training is equal; the arguments that only say where and how the
 run is launched, logged or reported (`EXEMPT`) may differ.
+
+This module only compares values; the pickle is read by `changed_settings.read_recorded_arguments` (allow-listed
+classes, `weights_only=True`) and only from a folder that passed `verify.verify_folder` (`find.py`): a checkpoint of
+an earlier run is not trusted code.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import torch
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.from_transformers import from_hf_training_arguments
@@ -52,19 +53,9 @@ def plain_values(args: SavedArguments) -> dict[str, Any]:
     return {f.name: _plain(getattr(args, f.name, None)) for f in dataclasses.fields(args) if f.init}
 
 
-def argument_differences(checkpoint: str | Path, args: TrainingArguments) -> list[str] | None:
-    """`["name: recorded -> now", ...]` for each training-shaping argument that differs between the run that wrote
-    `checkpoint` and `args`; [] for the same run; None when the checkpoint records no readable arguments.
-
-    `training_args.bin` is a pickle (HF's format); it is read only from the run's own `output_dir`.
-    """
-    path = Path(checkpoint) / "training_args.bin"
-    if not path.is_file():
-        return None
-    try:
-        before = plain_values(torch.load(path, map_location="cpu", weights_only=False))
-        now = plain_values(args)
-    except Exception:  # noqa: BLE001 - unreadable, or arguments we do not take (another version): nothing is known
-        return None
+def argument_differences(before: dict[str, Any], args: TrainingArguments) -> list[str]:
+    """`["name: recorded -> now", ...]` for each training-shaping argument that differs between the arguments a
+    checkpoint records (`before`, as `plain_values`) and `args`; [] for the same run (pure)."""
+    now = plain_values(args)
     return [f"{name}: {before[name]!r} -> {now[name]!r}" for name in sorted(set(before) & set(now))
             if name not in EXEMPT and before[name] != now[name]]

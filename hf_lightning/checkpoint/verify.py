@@ -5,7 +5,9 @@ One rule for every reader: a resume (`checkpoint/find.py`), `load_best_model_at_
 
 - every file is whole (`integrity.folder_problems`: JSON parses, safetensors and zip archives are complete);
 - its manifest, when it has one (every folder hf_lightning writes does: `manifest.py`), matches every file's size
-  and checksum and names the folder's step;
+  and checksum and names the folder's step; a folder holding a file only hf_lightning writes (`OWN_MARKERS`:
+  `lightning_state.pt`, `stream_position*.pt`) but no manifest is damaged, not foreign: deleting the manifest must not
+  turn an altered checkpoint of ours into an unchecked "transformers.Trainer" one;
 - `trainer_state.json`'s `global_step` is the step of the folder's name (`integrity.step_problem`), also for a
   folder written by `transformers.Trainer`, which has no manifest.
 
@@ -33,8 +35,21 @@ from hf_lightning.checkpoint.integrity import (
 from hf_lightning.checkpoint.layout import checkpoint_folders
 from hf_lightning.checkpoint.manifest import MANIFEST_NAME, manifest_problems
 
-__all__ = ["Verdict", "checkpoint_error", "checkpoint_problems", "is_good_checkpoint", "previous_good_checkpoint",
-           "verify_folder", "verify_path"]
+__all__ = ["OWN_MARKERS", "Verdict", "checkpoint_error", "checkpoint_problems", "is_good_checkpoint", "own_marker",
+           "previous_good_checkpoint", "require_verified", "verify_folder", "verify_path"]
+
+
+OWN_MARKERS = ("lightning_state.pt", "stream_position.pt", "stream_position_*.pt")
+"""Files (glob patterns) that only hf_lightning writes into a checkpoint, never `transformers.Trainer`."""
+
+
+def own_marker(folder: str | Path) -> str | None:
+    """The name of a file in `folder` that only hf_lightning writes (`OWN_MARKERS`), else None."""
+    for pattern in OWN_MARKERS:
+        found = sorted(Path(folder).glob(pattern))
+        if found:
+            return found[0].name
+    return None
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,11 @@ def _check(folder: Path) -> Verdict:
     if not (folder / "trainer_state.json").is_file():
         problems["trainer_state.json"] = "missing"
     listed = manifest_problems(folder)
+    marker = own_marker(folder) if listed is None else None
+    if marker is not None:
+        problems[MANIFEST_NAME] = (f"missing, but {marker} is there, which only hf_lightning writes: the folder was "
+                                   "written by hf_lightning and its manifest was deleted, so its files cannot be "
+                                   "trusted")
     if listed:
         problems.update({name: problem for name, problem in listed.items() if name not in problems})
     step = step_problem(folder)
@@ -136,3 +156,26 @@ def verify_path(path: str | Path) -> list[Verdict]:
     if path.is_dir() and ((path / "trainer_state.json").exists() or (path / MANIFEST_NAME).exists()):
         return [verify_folder(path)]
     return []
+
+
+def require_verified(folder: str | Path, what: str) -> None:
+    """Refuse to load model files from `folder` unless they verify: a checkpoint (`trainer_state.json`, a manifest or
+    a file only hf_lightning writes) by every check of `verify_folder`, a saved model folder (`save_pretrained`,
+    `transformers.Trainer`'s final save) by the whole-file checks. A name that is not a local folder (a hub id)
+    passes.
+
+    Args:
+        folder: the folder about to be loaded.
+        what: the option that named it (`ckpt_path`, `model.model_name_or_path`), for the message.
+
+    Raises:
+        DamagedCheckpointError: naming each bad file and the previous good checkpoint.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    is_checkpoint = ((folder / "trainer_state.json").is_file() or (folder / MANIFEST_NAME).is_file()
+                     or own_marker(folder) is not None)
+    problems = verify_folder(folder).problems if is_checkpoint else folder_problems(folder)
+    if problems:
+        raise checkpoint_error(folder, problems, what)

@@ -138,6 +138,8 @@ class CheckpointSaver:
         The one seam for a facade's own model saving (`_write_files` calls it, `_capture` then skips the model)."""
         self.last_saved_step: int | None = None
         """The step of this run's latest `save` (None: none yet): a pre-emption does not write that step again."""
+        self.saved_steps: list[int] = []
+        """The steps this run saved, in order (what the stop line and the end-of-fit summary call this run's)."""
 
     @property
     def output_dir(self) -> str:
@@ -169,6 +171,7 @@ class CheckpointSaver:
             raise error(message)
         self.run = run
         self.last_saved_step = None
+        self.saved_steps = []
         strategy = trainer.strategy
         if self.policy.asynchronous and (optimizer_shard_owner(strategy, flow_model(trainer.lightning_module))
                                      is not None or is_deepspeed(strategy)):
@@ -202,6 +205,7 @@ class CheckpointSaver:
         if not self.policy.nonfinite_allowed:
             self._refuse_nonfinite(trainer, pl_module, step)
         self.last_saved_step = step
+        self.saved_steps.append(step)
         if self.policy.tracks_best_step and state.best_global_step:
             best = os.path.join(self.output_dir, f"{CHECKPOINT_PREFIX}-{state.best_global_step}")
             if os.path.exists(best) or state.best_global_step == step:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import sys
 from typing import Any
 
@@ -71,7 +72,7 @@ def run_cli(argv: list[str] | None = None) -> Any:
     from hf_lightning.cli.precheck import fail, precheck
 
     try:  # first: nothing a config names is imported before its module is known to be allowed
-        allowed = check_config_code(argv[1:])
+        allowed = check_config_code(argv[1:], subcommand=argv[0] if argv else None)
     except ConfigCodeError as err:
         fail(err, prog=f"hf-lightning {argv[0]}" if argv else "hf-lightning")
     from hf_lightning.cli.library_config import is_library_config, read_library_config
@@ -87,11 +88,18 @@ def run_cli(argv: list[str] | None = None) -> Any:
         return run_library_config(config)
     precheck(argv[1:], subcommand=argv[0] if argv else "fit")
     enforce_in_parser(allowed)
+    from hf_lightning.flow.setup_stop import SetupStop
+
+    # a SIGTERM while the data is loaded and checked and the model built: the stop line and 143, not a silent death
+    # (closed when the subcommand starts; `fit` installs its own until Lightning's handlers take over)
+    setup_stop = SetupStop("the same command and --ckpt_path {path}", lambda: _resumed_folder(argv))
     from hf_lightning.cli.lightning_cli import HFLightningCLI
 
     def build() -> Any:
         # LightningCLI reads sys.argv itself when it is our command line (it warns when given both).
-        return HFLightningCLI(args=None if argv == sys.argv[1:] else argv, subcommand=argv[0] if argv else None)
+        with setup_stop:
+            return HFLightningCLI(args=None if argv == sys.argv[1:] else argv, subcommand=argv[0] if argv else None,
+                                  setup_stop=setup_stop)
 
     if cache_key(argv) is None:
         return build()
@@ -105,6 +113,20 @@ def run_cli(argv: list[str] | None = None) -> Any:
         raise
     finally:
         sys.stdout.write(captured.getvalue())
+
+
+def _resumed_folder(argv: list[str]) -> str | None:
+    """The checkpoint folder `fit --ckpt_path` resumes from (the last complete checkpoint of a run stopped before
+    its first update), else None."""
+    if not argv or argv[0] != "fit":
+        return None
+    folder = None
+    for i, token in enumerate(argv):
+        if token == "--ckpt_path" and i + 1 < len(argv):
+            folder = argv[i + 1]
+        elif token.startswith("--ckpt_path="):
+            folder = token.split("=", 1)[1]
+    return folder if folder and os.path.isdir(folder) else None
 
 
 def main(argv: list[str] | None = None) -> None:

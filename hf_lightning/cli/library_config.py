@@ -46,8 +46,8 @@ LIBRARY_TASKS = {"sft": ("trl.SFTTrainer", "trl.SFTConfig")}
 _EXTRAS = {"trl": "trl"}
 """The hf-lightning extra that installs a library package a config's classes come from (pyproject.toml)."""
 
-_TOP_KEYS = ("task", "trainer_class", "args_class", "allow_code_from", "args", "model", "data", "trainer",
-             "hf_callbacks", "ckpt_path")
+_TOP_KEYS = ("task", "trainer_class", "args_class", "allow_code_from", "allow_remote_code", "args", "model", "data",
+             "trainer", "hf_callbacks", "ckpt_path")
 _SECTIONS = ("args", "model", "data", "trainer")
 
 _DATA_USED = ("train_file", "validation_file", "dataset_name", "dataset_config_name", "train_split",

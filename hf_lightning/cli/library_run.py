@@ -33,7 +33,9 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.args.process import current_layout
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.find import resolve_resume, trained_epoch
+from hf_lightning.checkpoint.io import CheckpointWriteError
 from hf_lightning.checkpoint.run_lock import OutputDirLocked
+from hf_lightning.checkpoint.verify import require_verified
 from hf_lightning.cli.config_code import enforce_in_parser
 from hf_lightning.cli.library_config import LibraryConfig, processes_lightning_starts, unknown_keys
 from hf_lightning.cli.precheck import fail
@@ -181,6 +183,7 @@ def _model_folder(config: LibraryConfig) -> str | None:
     if not os.path.isdir(ckpt):
         raise FileNotFoundError(f"ckpt_path={ckpt!r}: no such checkpoint folder (validate evaluates a saved model "
                                 "folder).")
+    require_verified(ckpt, "ckpt_path")  # a checkpoint is verified before its weights are trusted
     config.model = dataclasses.replace(config.model, model_name_or_path=ckpt, config_class=None, config_kwargs={})
     return ckpt
 
@@ -247,7 +250,13 @@ def _fit(run: LibraryRun) -> None:
         output = trainer.train(resume_from_checkpoint=run.resume)
     except (OutputDirLocked, BadRowError) as err:
         _one_line(run, err)
-    trainer.save_model()  # HF scripts' final save: model, tokenizer and training_args.bin in output_dir
+    try:
+        trainer.save_model()  # HF scripts' final save: model, tokenizer and training_args.bin in output_dir
+    except CheckpointWriteError as err:  # a full disk: one line saying what is left, not a traceback
+        checkpoint = trainer.flow.checkpoints.this_runs_checkpoint()
+        last = f" This run's last checkpoint: {checkpoint}." if checkpoint else ""
+        sys.stderr.write(f"hf-lightning fit: error: {' '.join(str(err).split())}{last}\n")
+        sys.exit(1)
     metrics = dict(output.metrics)
     metrics["train_samples"] = run.train_rows
     trainer.save_metrics("train", metrics)
@@ -255,7 +264,7 @@ def _fit(run: LibraryRun) -> None:
     if trainer.is_world_process_zero():
         out = run.args.resolved_output_dir
         print(fit_summary(trainer.state, run.args, train_metrics=metrics, model_dir=out,
-                          logs=logger_paths(trainer.lightning_trainer)))
+                          logs=logger_paths(trainer.lightning_trainer), written=trainer.flow.written_steps))
 
 
 

@@ -24,13 +24,16 @@ from hf_lightning.args.to_lightning import lightning_trainer_kwargs
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.final_model import save_final_model
 from hf_lightning.checkpoint.find import resolve_resume, trained_epoch
+from hf_lightning.checkpoint.io import CheckpointWriteError
 from hf_lightning.checkpoint.run_lock import OutputDirLocked
 from hf_lightning.checkpoint.sharded import gather_full_weights
+from hf_lightning.checkpoint.verify import require_verified
 from hf_lightning.checkpoint.weight_files import is_adapter_file, weights_file
 from hf_lightning.cli.prediction_writer import write_predictions
 from hf_lightning.cli.summary import fit_summary, logger_paths
 from hf_lightning.cli.trainer_spellings import LIGHTNING_TO_HF, help_text, move_lightning_spellings, user_set
 from hf_lightning.data.row_checks import BadRowError, RowLimits
+from hf_lightning.flow.setup_stop import SetupStop
 from hf_lightning.pretrained_source import check_pretrained_source, looks_like_path, missing_local_folder
 from hf_lightning.run_options.seeding import seed_as_hf
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
@@ -42,6 +45,7 @@ from hf_lightning.tasks.loading import build_model, label_list_for, load_split, 
 from hf_lightning.tasks.peft_config import apply_peft
 from hf_lightning.tasks.registry import args_for_task, get_task, resolve, task_names
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
+from hf_lightning.tasks.text_cells import check_text_cells
 from hf_lightning.trainer.lightning_trainer import (
     build_flow,
     build_lightning_trainer,
@@ -88,8 +92,11 @@ class _OneLineErrorParser(LightningArgumentParser):
 class HFLightningCLI(LightningCLI):
     """LightningCLI whose model, data and trainer are built from an HF-style config (see `cli/__init__.py`)."""
 
-    def __init__(self, args: list[str] | None = None, subcommand: str | None = None) -> None:
+    def __init__(self, args: list[str] | None = None, subcommand: str | None = None,
+                 setup_stop: SetupStop | None = None) -> None:
         self._only_subcommand = subcommand
+        self._setup_stop = setup_stop
+        """Stops the process on a signal while the run is built; closed when the subcommand starts."""
         super().__init__(
             # only a placeholder: `add_core_arguments_to_parser` defines the sections and `_instantiate` builds a
             # TransformerModule; not importing it here keeps `fit --help` free of the transformers model code
@@ -104,6 +111,13 @@ class HFLightningCLI(LightningCLI):
         )
 
     # ----- parser -----
+    @override
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """Lightning's parser, without argparse's abbreviations (`--conf` for `--config`): every option reaches the
+        parser as `check_config_code` read it."""
+        kwargs.setdefault("allow_abbrev", False)
+        return super().init_parser(**kwargs)
+
     def subcommands(self) -> dict[str, set[str]]:  # type: ignore[override]  # Lightning's is a staticmethod
         """`fit`, `validate`, `predict` (no `test`), or only `subcommand` when the constructor got one: each
         subcommand's parser holds the whole `lightning.Trainer` and HF arguments signatures, and building one costs
@@ -137,6 +151,12 @@ class HFLightningCLI(LightningCLI):
                  "Without them a config names only classes of lightning, torch, torchmetrics, transformers, peft "
                  "and hf_lightning (config_class / auto_class / hf_callbacks: transformers only); the standard "
                  "library cannot be allowed.",
+        )
+        parser.add_argument(
+            "--allow_remote_code", type=bool, default=False,
+            help="true: `trust_remote_code` may run the Python files of any model folder or hub repository this "
+                 "config loads; without it, only of those listed in allow_code_from (checked before anything is "
+                 "imported).",
         )
         parser.add_argument(
             "--eval_loss_weighting", type=Literal["samples", "tokens"], default="samples",
@@ -204,6 +224,7 @@ class HFLightningCLI(LightningCLI):
         if sub == "fit":
             self.ckpt_for_lightning = resolve_resume(args, self.ckpt_for_lightning)
         elif self.ckpt_for_lightning and os.path.isdir(self.ckpt_for_lightning):
+            require_verified(self.ckpt_for_lightning, "ckpt_path")  # before any data is read or weight loaded
             if (found := weights_file(self.ckpt_for_lightning)) is not None and is_adapter_file(found):
                 adapter = self.ckpt_for_lightning  # a PEFT checkpoint: the base from `model`, its adapter on top
             else:  # one of our checkpoint folders: it is a pretrained model directory
@@ -220,6 +241,7 @@ class HFLightningCLI(LightningCLI):
         raw = {name: load_split(data_spec, name) for name in splits_for_stage(sub, args)}
         # data against model here, not inside fit: each mismatch is one error line (tasks/checks.py)
         checks.check_columns(task, data_spec, raw)
+        check_text_cells(task, data_spec, raw)
         if sub == "fit" and raw.get("train") is None:
             raise ValueError("fit needs training data: set data.train_file or data.dataset_name.")
         if sub == "fit" and args.eval_strategy != "no" and raw.get("validation") is None:
@@ -270,6 +292,8 @@ class HFLightningCLI(LightningCLI):
         """Train, save the final model and tokenizer to `output_dir` (HF scripts' `trainer.save_model()`) and the
         train metrics to `<output_dir>/train_results.json` (HF scripts' `save_metrics("train", ...)`), then print
         the summary (`summary.fit_summary`)."""
+        if self._setup_stop is not None:
+            self._setup_stop.close()  # the run is built: from here the flow's handlers decide
         # the flow restores an HF-layout checkpoint folder itself (checkpoint/restore.py), as in the facade; with
         # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch
         # (run_options/batch_search.py)
@@ -285,17 +309,26 @@ class HFLightningCLI(LightningCLI):
         except (OutputDirLocked, BadRowError) as err:  # one line (from one process), not a traceback
             self._one_process_error(err)
         out = self.hf_args.resolved_output_dir
-        save_final_model(model.model, out, datamodule.processing_class, self.hf_args,
-                         is_global_zero=self.trainer.is_global_zero,  # every process: the FSDP / ZeRO-3 gather
-                         gather=partial(gather_full_weights, self.trainer.strategy))
+        try:
+            save_final_model(model.model, out, datamodule.processing_class, self.hf_args,
+                             is_global_zero=self.trainer.is_global_zero,  # every process: the FSDP / ZeRO-3 gather
+                             gather=partial(gather_full_weights, self.trainer.strategy))
+        except CheckpointWriteError as err:  # a full disk: one line saying what is left, not a traceback
+            checkpoint = self.flow.checkpoints.this_runs_checkpoint()
+            last = f" This run's last checkpoint: {checkpoint}." if checkpoint else ""
+            sys.stderr.write(f"hf-lightning fit: error: {' '.join(str(err).split())}{last}\n")
+            sys.exit(1)
         if self.trainer.is_global_zero:
             with open(os.path.join(out, "train_results.json"), "w") as f:
                 json.dump(output.metrics, f, indent=2, default=float)
             print(fit_summary(self.flow.state, self.hf_args, train_metrics=output.metrics, model_dir=out,
-                              logs=logger_paths(self.trainer), resumed_from=self.flow.resumed_from))
+                              logs=logger_paths(self.trainer), resumed_from=self.flow.resumed_from,
+                              written=self.flow.written_steps))
 
     def validate(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Evaluate and print the HF metric dict (also written to `<output_dir>/eval_results.json`)."""
+        if self._setup_stop is not None:
+            self._setup_stop.close()  # the run is built: from here the flow's handlers decide
         try:
             metrics = self.flow.evaluate(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning).metrics
         except BadRowError as err:
@@ -315,6 +348,8 @@ class HFLightningCLI(LightningCLI):
 
     def predict(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Predict and write the prediction files to `output_dir` (`cli/prediction_writer.py`); prints their path."""
+        if self._setup_stop is not None:
+            self._setup_stop.close()  # the run is built: from here the flow's handlers decide
         try:
             result = self.flow.predict(self.trainer, model, datamodule, ckpt_path=self.ckpt_for_lightning)
         except BadRowError as err:

@@ -18,6 +18,7 @@ Example of the text::
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import lightning.pytorch as pl
@@ -39,6 +40,7 @@ def _number(value: Any) -> str:
 def fit_summary(
     state: TrainerState, args: TrainingArguments, *, train_metrics: dict[str, Any] | None = None,
     model_dir: str | None = None, logs: dict[str, str] | None = None, resumed_from: tuple[str, int] | None = None,
+    written: Sequence[int] | None = None,
 ) -> str:
     """A few lines: updates / epochs / time / train loss, the last evaluation, the best metric and its checkpoint,
     where the model, the checkpoints and the logs are.
@@ -50,6 +52,8 @@ def fit_summary(
         model_dir: where the final model was saved, if it was.
         logs: `logger_paths` of the run's Lightning loggers.
         resumed_from: `(checkpoint folder, its step)` when the fit resumed (`HFTrainerFlow.resumed_from`).
+        written: the steps this fit saved (`HFTrainerFlow.written_steps`); the other `checkpoint-<n>` folders of
+            `output_dir` are named apart, as an earlier run's (None: not known, every folder is listed).
     """
     if train_metrics is None:
         train_metrics = next((e for e in reversed(state.log_history) if "train_runtime" in e), {})
@@ -82,10 +86,17 @@ def fit_summary(
     if model_dir is not None:
         lines.append(f"Model and tokenizer: {os.path.abspath(model_dir)}")
     output_dir = os.path.abspath(args.resolved_output_dir)
-    checkpoints = [path.name for _, path in sorted(checkpoint_folders(output_dir).items())]
-    if checkpoints:
+    folders = sorted(checkpoint_folders(output_dir).items())
+    checkpoints = [path.name for step, path in folders if written is None or step in written]
+    others = [] if written is None else [path.name for step, path in folders if step not in written]
+    if others and not checkpoints:
+        strategy = getattr(args.save_strategy, "value", args.save_strategy)
+        lines.append(f"Checkpoints: none written by this run (save_strategy={strategy!r}); output_dir also holds "
+                     f"{', '.join(others)} of an earlier run")
+    elif checkpoints:
         lines.append(f"Checkpoints: {os.path.join(output_dir, checkpoints[0])}"
-                     + "".join(f", {name}" for name in checkpoints[1:]))
+                     + "".join(f", {name}" for name in checkpoints[1:])
+                     + (f" (also in output_dir, not written by this run: {', '.join(others)})" if others else ""))
     else:
         strategy = getattr(args.save_strategy, "value", args.save_strategy)
         lines.append(f"Checkpoints: none (save_strategy={strategy!r})")

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 from torch import nn
+from torch.utils.data import get_worker_info
 
 from hf_lightning.model_wrappers import unwrap_model
 
@@ -61,6 +62,9 @@ class RowLimits:
         num_labels: the classes of a classification head.
         problem_type: the config's `problem_type` (None: HF's rule from `num_labels` and the label dtype).
         label_vocab: the classes of an `lm` head (rows of the output embedding).
+        float_dtype: the floating dtype float labels are computed in: the model's (its first floating parameter),
+            never wider than float32, the dtype the collator turns Python floats into. A label past its range is
+            `inf` there (1e200 in float32).
     """
 
     model_name: str
@@ -71,6 +75,14 @@ class RowLimits:
     num_labels: int | None = None
     problem_type: str | None = None
     label_vocab: int | None = None
+    float_dtype: str = "float32"
+
+    @property
+    def float_max(self) -> float:
+        """The largest finite float label (`float_dtype`'s range)."""
+        if self.float_dtype == "bfloat16":
+            return 3.3895313892515355e38
+        return float(np.finfo(np.dtype(self.float_dtype)).max)
 
     @classmethod
     def of(cls, model: Any) -> RowLimits:
@@ -92,7 +104,17 @@ class RowLimits:
             label_vocab = label_vocab or getattr(config, "vocab_size", None)
         return cls(model_name=name, vocab_size=_rows(_input_embeddings(model)), max_positions=inputs,
                    decoder_max_positions=decoder, head=head, num_labels=getattr(config, "num_labels", None),
-                   problem_type=getattr(config, "problem_type", None), label_vocab=label_vocab)
+                   problem_type=getattr(config, "problem_type", None), label_vocab=label_vocab,
+                   float_dtype=_float_dtype(model))
+
+
+def _float_dtype(model: nn.Module) -> str:
+    """The name of the model's floating dtype, at most float32 wide (see `RowLimits.float_dtype`)."""
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            name = str(parameter.dtype).removeprefix("torch.")
+            return name if name in ("float16", "bfloat16") else "float32"
+    return "float32"
 
 
 def _input_embeddings(model: Any) -> Any:
@@ -201,7 +223,10 @@ def _rules(column: _Column, limits: RowLimits) -> list[Rule]:
         return rules
     if floats:
         allowed = _label_rule(limits, floats=True, column=name)
-        rules.append(_value_rule(column, ~np.isfinite(flat), allowed))
+        # in the dtype the loss sees: a finite float64 such as 1e200 is inf in float32
+        with np.errstate(invalid="ignore"):
+            out_of_range = ~np.isfinite(flat) | (np.abs(flat) > limits.float_max)
+        rules.append(_value_rule(column, out_of_range, allowed))
         if limits.head == "sequence" and not _regression(limits):  # HF's multi-label: num_labels floats per row
             count = (lengths != limits.num_labels) if lengths is not None else np.ones(column.rows, dtype=bool)
             rules.append((count, lambda row: f"value {column.value(row)!r} is not allowed: {allowed}"))
@@ -226,10 +251,11 @@ def _label_rule(limits: RowLimits, floats: bool, column: str) -> str:
         return (f"token ids in [0, {limits.label_vocab}) ({limits.model_name}'s vocabulary), or {IGNORE_INDEX} for a "
                 "token the loss ignores")
     if floats:
+        dtype = f"in {limits.float_dtype}, |value| <= {limits.float_max:.4g}"
         if _regression(limits):
-            return "a finite number (a regression label: num_labels=1)"
+            return f"a finite number (a regression label: num_labels=1; {dtype})"
         return (f"{limits.num_labels} finite numbers per row (float labels with num_labels={limits.num_labels} are "
-                "multi-label, by HF's problem_type rule); for class ids cast the column to integers, e.g. "
+                f"multi-label, by HF's problem_type rule; {dtype}); for class ids cast the column to integers, e.g. "
                 f"`dataset.cast_column({column!r}, datasets.Value('int64'))`")
     return (f"class ids in [0, {limits.num_labels}) (num_labels={limits.num_labels} in {limits.model_name}'s config), "
             f"or {IGNORE_INDEX} for a row or token the loss ignores; fix the data or the label mapping, or build the "
@@ -327,11 +353,18 @@ def _arrow_column(name: str, array: Any) -> _Column | None:
 
 
 # ----- rows met in a batch -----
-def check_features(features: Sequence[Any], split: str, limits: RowLimits, batch: int) -> None:
+def check_features(features: Sequence[Any], split: str, limits: RowLimits, batch: int, first: int = 0) -> None:
     """The rows of one batch, before collation (data that is not read ahead: streams, torch datasets).
 
+    Args:
+        features: the batch's rows, as the collator gets them.
+        split: the data's name in messages.
+        limits: what the model takes.
+        batch: the batch's number (from 1), as read.
+        first: how many rows were read before this batch (by this loader, in this process or worker).
+
     Raises:
-        BadRowError: naming the batch and the row within it (such data has no row index known ahead).
+        BadRowError: naming the row by its index as read (`first` + its place in the batch), and the batch.
     """
     rows = [f for f in features if isinstance(f, Mapping)]
     if len(rows) != len(features):
@@ -342,8 +375,8 @@ def check_features(features: Sequence[Any], split: str, limits: RowLimits, batch
             continue
         if len(present) != len(rows) or any(row[name] is None for row in rows):
             position = next(i for i, row in enumerate(rows) if row.get(name) is None)
-            raise BadRowError(f"the {split} data, row {position} of batch {batch} (counted as read), column "
-                              f"{name!r}: no value (None); every row needs one.")
+            raise BadRowError(f"the {split} data, {_as_read(first, position, batch)}, column {name!r}: no value "
+                              "(None); every row needs one.")
         values = [np.asarray(_plain(row[name])) for row in rows]
         if any(v.dtype == object or v.ndim > 1 for v in values) or len({v.ndim for v in values}) > 1:
             continue
@@ -353,7 +386,15 @@ def check_features(features: Sequence[Any], split: str, limits: RowLimits, batch
             column = _Column(name, flat, lengths=lengths, parents=np.repeat(np.arange(len(values)), lengths))
         else:
             column = _Column(name, np.array([v.item() for v in values]))
-        _raise_first(column, limits, split, lambda row: f"row {row} of batch {batch} (counted as read)")
+        _raise_first(column, limits, split, lambda row: _as_read(first, row, batch))
+
+
+def _as_read(first: int, row: int, batch: int) -> str:
+    """Where a row of a batch is in the data as it was read: its index in the stream (this worker's part of it under
+    DataLoader workers), and its batch."""
+    worker = get_worker_info()
+    part = f" (DataLoader worker {worker.id}'s part)" if worker is not None else ""
+    return f"row {first + row} of the stream as read{part} (row {row} of batch {batch})"
 
 
 def _plain(value: Any) -> Any:
@@ -372,8 +413,10 @@ class RowCheckingCollator:
     def __init__(self, collator: Callable[[list[Any]], Any], split: str, limits: RowLimits) -> None:
         self.collator, self.split, self.limits = collator, split, limits
         self.batches = 0
+        self.rows = 0  # rows read before the current batch: a bad row is named by its index in the stream
 
     def __call__(self, features: list[Any]) -> Any:
         self.batches += 1
-        check_features(features, self.split, self.limits, self.batches)
+        first, self.rows = self.rows, self.rows + len(features)
+        check_features(features, self.split, self.limits, self.batches, first)
         return self.collator(features)

@@ -29,6 +29,7 @@ What the flow needs from the module and the data module is declared in `hf_light
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import Any
@@ -53,6 +54,7 @@ from hf_lightning._lightning_compat import (
 from hf_lightning.args import TrainingArguments
 from hf_lightning.callbacks.lightning_console import tidy_lightning_console
 from hf_lightning.checkpoint.csv_logs import continue_resumed_logs
+from hf_lightning.checkpoint.find import resume_folder
 from hf_lightning.checkpoint.lifecycle import Checkpoints
 from hf_lightning.checkpoint.restore import CheckpointRestorer
 from hf_lightning.console import install_console_filters
@@ -62,6 +64,7 @@ from hf_lightning.flow.hf_callbacks import HFCallbackHandler
 from hf_lightning.flow.interruption import TrainingPreempted
 from hf_lightning.flow.messages import TRAINING_COMPLETED, logger
 from hf_lightning.flow.preemption import PreemptionStop
+from hf_lightning.flow.setup_stop import SetupStop
 from hf_lightning.flow.steps import HFLoopSteps, HFRun
 from hf_lightning.flow.throughput import TokenLogs
 from hf_lightning.flow.train_log import (
@@ -209,7 +212,9 @@ class HFTrainerFlow(Callback):
         if getattr(rank_zero_only, "rank", 0) == 0 and resume_from_checkpoint is not False:
             continue_resumed_logs(trainer.loggers, self.args, resume_from_checkpoint)
         try:
-            trainer.fit(module, datamodule=datamodule)
+            # until Lightning's handlers take over (the fit loop): a signal stops at once, with its line
+            with SetupStop(self.preemption.resume_hint, lambda: self._setup_checkpoint(resume_from_checkpoint)):
+                trainer.fit(module, datamodule=datamodule)
             metrics, self._summary = dict(self._summary or {}), None
         except SystemExit as stop:
             interrupt, self._keyboard_interrupt = self._keyboard_interrupt, None
@@ -281,6 +286,17 @@ class HFTrainerFlow(Callback):
         # eval loaders are built at each evaluation, not at fit start.
         disable_validation_trigger(trainer)
         defer_validation_data(trainer)
+
+    def _setup_checkpoint(self, resume: str | bool | None) -> str | None:
+        """The checkpoint a run stopped before its first update can resume from: the one it was resuming (None for
+        a fresh run: another run's checkpoints in `output_dir` are not this run's)."""
+        folder = resume_folder(self.args, resume) if resume is not False else None
+        return folder if folder is not None and os.path.isdir(folder) else None
+
+    @property
+    def written_steps(self) -> list[int]:
+        """The steps whose checkpoints the last fit saved (for the summary: not another run's folders)."""
+        return list(self.checkpoints.saver.saved_steps)
 
     @property
     def resumed_from(self) -> tuple[str, int] | None:

@@ -42,7 +42,8 @@ class TrainingPreempted(SystemExit):
         code: the exit status (`SystemExit.code`).
         signum: the signal's number (the largest received by any process, when several were).
         step: the last update trained (`global_step`).
-        checkpoint: the last complete `checkpoint-<n>` folder in `output_dir` (None: there is none).
+        checkpoint: the last complete `checkpoint-<n>` folder this run wrote, else the one it resumed from (None:
+            neither; another run's checkpoints in the same `output_dir` are never named).
         saved: whether this stop wrote `checkpoint` (`enable_jit_checkpoint=True`).
         message: the line printed when training stopped (`str()` of the exception).
     """
@@ -60,22 +61,23 @@ class TrainingPreempted(SystemExit):
 
 
 def stop_line(cause: str, step: int, checkpoint: str | None, resume_hint: str,
-              saved: bool = False, save_hint: str | None = None) -> str:
+              saved: bool = False, save_hint: str | None = None, head: str | None = None) -> str:
     """The one line a stopped run prints: what stopped it, at which update, the last complete checkpoint and how to
     continue from it.
 
     Args:
         cause: `"SIGTERM"`, `"Ctrl-C"`...
         step: the last update trained.
-        checkpoint: the last complete checkpoint folder, or None.
+        checkpoint: the last complete checkpoint folder this run wrote or resumed from, or None.
         resume_hint: the entry point's way to resume, with `{path}` for the folder
             (`"trainer.train(resume_from_checkpoint={path!r})"`, the CLI's `--ckpt_path {path}`).
         saved: the stop itself wrote `checkpoint`.
         save_hint: said when nothing was saved by the stop (how to make a pre-emption save one).
+        head: the line's start instead of "Training stopped by <cause> after update <step>".
     """
-    head = f"Training stopped by {cause} after update {step}"
+    head = head or f"Training stopped by {cause} after update {step}"
     if checkpoint is None:
-        tail = "; no complete checkpoint in output_dir, a new run starts from the beginning"
+        tail = "; this run wrote no checkpoint and resumed from none, so a new run starts from the beginning"
     else:
         kind = "written now" if saved else "the last complete checkpoint"
         tail = f"; {checkpoint} ({kind}); resume with {resume_hint.format(path=checkpoint)}"

@@ -42,7 +42,6 @@ from hf_lightning._lightning_compat import (
     signal_connector,
 )
 from hf_lightning.args import TrainingArguments
-from hf_lightning.checkpoint.find import last_checkpoint
 from hf_lightning.checkpoint.lifecycle import Checkpoints
 from hf_lightning.flow.interruption import TrainingPreempted, signal_name, stop_line
 from hf_lightning.flow.steps import HFLoopSteps, HFRun
@@ -197,7 +196,7 @@ class PreemptionStop:
     def preempted(self, trainer: pl.Trainer, signum: int, saved: bool, during: str = "") -> TrainingPreempted:
         """The exception for a run stopped by `signum` (`during`: where, after the signal's name); its one line
         printed on global rank 0."""
-        checkpoint = last_checkpoint(self.args.resolved_output_dir)
+        checkpoint = self.checkpoints.this_runs_checkpoint()
         save_hint = None if self.args.enable_jit_checkpoint else \
             "enable_jit_checkpoint=True writes a checkpoint when a run is pre-empted"
         step = self.hf.state.global_step
@@ -222,7 +221,7 @@ class PreemptionStop:
 
     def interrupted_line(self, trainer: pl.Trainer) -> None:
         """Ctrl-C: print the line naming the last complete checkpoint (global rank 0)."""
-        checkpoint = last_checkpoint(self.args.resolved_output_dir)
+        checkpoint = self.checkpoints.this_runs_checkpoint()
         self.say_stopped(trainer, stop_line("Ctrl-C (KeyboardInterrupt)", self.hf.state.global_step, checkpoint,
                                             self.resume_hint))
 

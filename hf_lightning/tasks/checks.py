@@ -3,6 +3,7 @@
 
 - columns: the text column(s) in every split; the label column in the splits whose labels are used (training data,
   and evaluation data);
+- text cells: `text_cells.check_text_cells` (reads Arrow columns);
 - labels: every label value of the data is in the label list; an explicit `num_labels` agrees with it;
 - lengths: the task's length fields (`Task.length_fields`: `data.max_length`, `data.block_size` for language
   modelling; `data.max_target_length` for a decoder with position embeddings) fit the model's position embeddings.

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.checkpoint.verify import require_verified
 from hf_lightning.plan import evaluates_during_fit
 from hf_lightning.tasks.code_paths import import_checked, is_auto_class, is_config_class
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
@@ -160,6 +161,8 @@ def build_model(spec: ModelSpec, task: Task, tokenizer: Any, labels: list[str] |
     if spec.model_name_or_path is not None:
         from transformers import AutoConfig
 
+        # a checkpoint folder is verified before its weights are trusted (checkpoint/verify.py)
+        require_verified(spec.model_name_or_path, "model.model_name_or_path")
         config = AutoConfig.from_pretrained(spec.model_name_or_path, **spec.from_pretrained_kwargs)
         for name, value in overrides.items():
             setattr(config, name, value)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from hf_lightning.checkpoint.verify import require_verified
+
 __all__ = ["PEFT_TASK_TYPES", "apply_peft"]
 
 PEFT_TASK_TYPES: dict[str, str | None] = {
@@ -47,6 +49,7 @@ def apply_peft(model: Any, values: dict[str, Any] | None, task_name: str, adapte
         ValueError: peft is not installed, or a key is not a `LoraConfig` field (the message lists them).
     """
     if adapter_folder is not None:
+        require_verified(adapter_folder, "ckpt_path")  # an adapter checkpoint is verified before it is loaded
         return _import_peft().PeftModel.from_pretrained(model, adapter_folder)
     if not values:
         return model

@@ -32,9 +32,9 @@ from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs, unknown_lightning_option
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.distributed import full_model_state_dict
-from hf_lightning.checkpoint.final_model import TRAINING_ARGS_NAME
+from hf_lightning.checkpoint.final_model import TRAINING_ARGS_NAME, final_save_advice
 from hf_lightning.checkpoint.find import resolve_resume
-from hf_lightning.checkpoint.io import save_model_files, torch_save
+from hf_lightning.checkpoint.io import CHECKPOINT_ADVICE, TMP_PREFIX, save_model_files, torch_save
 from hf_lightning.checkpoint.sharded import gather_full_weights
 from hf_lightning.data.datamodule import TransformerDataModule
 from hf_lightning.data.sampling import dataset_length
@@ -447,5 +447,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         checkpoint's model files too, into the temporary folder that is renamed once the checkpoint is complete."""
         folder = Path(output_dir if output_dir is not None else self.args.resolved_output_dir)
         logger.info(f"Saving model checkpoint to {folder}")
-        save_model_files(self.model, folder, self.processing_class, state_dict=state_dict)
-        torch_save(self.passed_args, folder / TRAINING_ARGS_NAME)
+        # a full disk: a checkpoint's unfinished folder is removed by the saver, the final model is written in place
+        advice = CHECKPOINT_ADVICE if folder.name.startswith(TMP_PREFIX) else final_save_advice(folder)
+        save_model_files(self.model, folder, self.processing_class, state_dict=state_dict, advice=advice)
+        torch_save(self.passed_args, folder / TRAINING_ARGS_NAME, advice=advice)

@@ -15,7 +15,8 @@ SPEC_JSON (a file) holds:
       PHASE: `step_begin` / `substep_end` / `pre_optimizer_step` / `step_end` (HF's events), `forward` (the model's
       forward in training), `eval` (the model's forward in an evaluation), `save` (the checkpoint of step N being
       written: the first `torch.save` of this process into it, on every rank, in the background thread with
-      `save_async`). Signal `RAISE` raises an `OSError` there instead.
+      `save_async`), `setup` (Lightning's `setup` hook of the fit: after tokenisation and the data checks, before the
+      resume is loaded; any step). Signal `RAISE` raises an `OSError` there instead.
   settings: TrainingArguments overrides (e.g. enable_jit_checkpoint, save_async, save_steps).
   ddp: 2 CPU processes (Lightning's DDP, gloo).
   slurm: run under Lightning's `SLURMEnvironment(auto_requeue=True)` (the SLURM_* variables set by the test).
@@ -29,6 +30,7 @@ import traceback
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+import lightning.pytorch as pl  # noqa: E402
 import torch  # noqa: E402
 from helpers import lm_dataset, tiny_gpt2  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
@@ -75,6 +77,19 @@ class Signaller(TrainerCallback):
         self.fire("forward" if module.training else "eval", self.trainer.state.global_step)
 
 
+class SetupSignaller(pl.Callback):
+    """The `setup` phase: Lightning's `setup` hook, before the fit loop installs its signal handlers."""
+
+    def __init__(self, signaller: Signaller) -> None:
+        self.signaller = signaller
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        for trigger in self.signaller.triggers:
+            if trigger["phase"] == "setup" and not trigger.get("fired"):
+                trigger["fired"] = True
+                os.kill(os.getpid(), getattr(signal, trigger["signal"]))
+
+
 SIGNALLERS: list = []
 _torch_save = torch.save
 
@@ -105,7 +120,7 @@ def make_trainer(out: str, triggers=(), ddp: bool = False, slurm: bool = False, 
         more["plugins"] = [SLURMEnvironment(auto_requeue=True)]
     trainer = hf_lightning.Trainer(
         model=model, args=hf_lightning.TrainingArguments(**settings), train_dataset=lm_dataset(n=16),
-        eval_dataset=lm_dataset(n=4, seed=1), callbacks=[signaller],
+        eval_dataset=lm_dataset(n=4, seed=1), callbacks=[signaller, SetupSignaller(signaller)],
         lightning_kwargs={"accelerator": "cpu", "logger": False, "enable_progress_bar": False, **more},
     )
     signaller.trainer = trainer
