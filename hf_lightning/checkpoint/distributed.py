@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["alias_tied_weights", "full_model_state_dict", "is_sharded", "load_model_state", "load_sharded_optimizer",
-           "save_sharded_optimizer", "tied_parameter_names"]
+__all__ = ["alias_tied_weights", "full_model_state_dict", "is_sharded", "load_full_optimizer", "load_model_state",
+           "load_sharded_optimizer", "save_sharded_optimizer", "tied_parameter_names"]
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -108,3 +108,28 @@ def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, f
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
     dcp.load(state, checkpoint_id=str(folder))
     set_optimizer_state_dict(model, optimizer, state["optimizer"])
+
+
+def load_full_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
+    """A whole optimizer state (`optimizer.pt`: a plain `optimizer.state_dict()` written by DDP, one process or
+    `transformers.Trainer`) into an optimizer over `model`'s sharded parameters (FSDP2 `DTensor`s, the FSDP1 root):
+    every rank passes the whole state, each keeps its shard (`set_optimizer_state_dict` with `full_state_dict`).
+
+    The saved state is keyed by position in its parameter groups; the same grouping of the same model orders the
+    parameters alike, so position `i` is the `i`-th parameter of this optimizer's groups, named by `model`.
+
+    Raises:
+        ValueError: the saved groups do not hold as many parameters as this optimizer's (another model).
+    """
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    names = {id(p): name for name, p in model.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    saved_count = sum(len(group["params"]) for group in saved["param_groups"])
+    if saved_count != len(order):
+        raise ValueError(f"the saved optimizer state holds {saved_count} parameters, this optimizer {len(order)}: "
+                         "it belongs to another model or another parameter grouping.")
+    state = {order[int(index)]: value for index, value in saved["state"].items()}
+    groups = [{**group, "params": [order[int(i)] for i in group["params"]]} for group in saved["param_groups"]]
+    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups},
+                             options=_options(full_state_dict=True))

@@ -19,11 +19,11 @@ import lightning.pytorch as pl
 
 from hf_lightning._lightning_compat import callbacks_of, datamodule_of, position_in_epoch
 from hf_lightning.args import TrainingArguments
-from hf_lightning.contracts import FlowDataModule
+from hf_lightning.contracts import ElasticTrainOrder, FlowDataModule
 
 __all__ = ["capture_lightning_state", "epoch_geometry", "geometry_changes", "restore_callback_states"]
 
-FORMAT = 2  # 2 added "geometry"
+FORMAT = 3  # 2 added "geometry", 3 "sample_position" (checkpoint/elastic.py)
 
 
 def epoch_geometry(trainer: pl.Trainer, args: TrainingArguments) -> dict[str, Any]:
@@ -78,6 +78,9 @@ def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False, ski
         "geometry": geometry or {"world_size": trainer.world_size},
         "callbacks": callbacks,
         "datamodule": datamodule.state_dict() if datamodule is not None else {},
+        # where the epoch's order stands, whatever geometry trained it: a resume in another one continues there
+        "sample_position": datamodule.sample_position(windows_done) if isinstance(datamodule, ElasticTrainOrder)
+        else None,
     }
 
 

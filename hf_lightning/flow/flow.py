@@ -54,7 +54,7 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.callbacks.lightning_console import tidy_lightning_console
 from hf_lightning.checkpoint.csv_logs import continue_resumed_logs
 from hf_lightning.checkpoint.lifecycle import Checkpoints
-from hf_lightning.checkpoint.restore import CheckpointRestorer
+from hf_lightning.checkpoint.restore import CheckpointRestorer, plan_for_resume
 from hf_lightning.console import install_console_filters
 from hf_lightning.contracts import HFEvaluationListener, HFLoopHooks, check_flow_contracts, flow_model, flow_module
 from hf_lightning.flow.evaluation import HFEvaluator
@@ -76,7 +76,6 @@ from hf_lightning.plan import (
     TrainingPlan,
     epoch_progress,
     evaluates_on_start,
-    plan_training,
     unreachable_best_checkpoint,
     unreachable_best_metric,
 )
@@ -267,7 +266,8 @@ class HFTrainerFlow(Callback):
         if stage != "fit":
             return
         self.preemption.guard.install(trainer)  # before Lightning registers its signal handlers (flow/preemption.py)
-        self.plan = plan = plan_training(self.args, datamodule.num_train_microbatches())
+        # knowing the checkpoint: `resume_keep_global_batch`, and the updates of a resume in another geometry
+        self.plan = plan = plan_for_resume(trainer, self.args, self.resume_from_checkpoint, datamodule)
         loss_only = flow_module(pl_module).prediction_loss_only(is_prediction=False)
         # an owner (`hf_lightning.Trainer`) checked the metric at construction, knowing which of its methods are
         # overridden to produce metrics of their own (trainer/overrides.py `METRIC_SOURCES`)
