@@ -180,6 +180,9 @@ def hf_rule_rows(saved: dict[str, Any] | None, before: dict[str, Any], now: dict
     if saved is None or not all(k in before for k in (*ELASTIC_KEYS, "train_samples")) or not before["train_samples"]:
         return "rows may be skipped or repeated (the checkpoint does not record which it trained)"
     rows = int(before["train_samples"])
+    if now.get("train_samples") != rows:
+        return (f"the dataset's length changed ({rows} -> {now.get('train_samples')} rows), so which rows are left "
+                "of the checkpoint's epoch is unknown")
     done = (saved["epoch"] + 1) * rows if saved["epoch_finished"] else saved["epoch"] * rows + min(
         saved["windows_done"] * global_batch(before), rows)
     placed = epoch * int(now.get("train_samples") or rows) + windows * global_batch(now)
