@@ -90,6 +90,8 @@ RESUMES = {
     "DDP -> FSDP2 (2 processes)": ("u2", 1, "ddp_to_fsdp2", 6),
     "FSDP2 -> DDP (2 processes)": ("u2_fsdp2", 1, "fsdp2_to_ddp", 6),
     "FSDP2 2 -> 1 process": ("u2_fsdp2", 1, "fsdp2_21", 11),
+    "FSDP1 -> DDP (2 processes)": ("u2_fsdp1", 1, "fsdp1_to_ddp", 6),
+    "DDP -> FSDP1 (2 processes)": ("u2", 1, "ddp_to_fsdp1", 6),
     "transformers.Trainer 1 process -> FSDP2 2 processes": ("hf_u1", 1, "hf_to_fsdp2", 12),
 }
 
@@ -123,11 +125,12 @@ def test_keeping_the_global_batch_continues_the_uninterrupted_run(runs, resumed,
 
 
 @pytest.mark.parametrize(("resumed", "uninterrupted"), [
-    ("ddp_to_fsdp2", "u2"), ("fsdp2_to_ddp", "u2_fsdp2"), ("fsdp2_21", "u2_fsdp2"), ("hf_to_fsdp2", "hf_u1")])
+    ("ddp_to_fsdp2", "u2"), ("fsdp2_to_ddp", "u2_fsdp2"), ("fsdp2_21", "u2_fsdp2"), ("hf_to_fsdp2", "hf_u1"),
+    ("fsdp1_to_ddp", "u2_fsdp1"), ("ddp_to_fsdp1", "u2")])
 def test_the_optimizer_state_at_the_first_resumed_update_is_the_saved_one(runs, resumed, uninterrupted):
     """The gathered `exp_avg` / `exp_avg_sq` / `step` of every parameter at the start of update 2 of the resumed run
     equal the uninterrupted run's there (before: plain tensors loaded into an optimizer over FSDP2 shards crashed
-    with "aten.lerp_.Scalar got mixed torch.Tensor and DTensor" at that update)."""
+    with "aten.lerp_.Scalar got mixed torch.Tensor and DTensor" at that update; FSDP1 runs on CPU processes too)."""
     out, _ = runs
     got = torch.load(out / resumed / "optimizer.pt")
     want = torch.load(out / uninterrupted / "optimizer.pt")

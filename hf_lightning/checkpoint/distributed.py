@@ -57,6 +57,13 @@ def tied_parameter_names(model: nn.Module) -> dict[str, str]:
     return tied
 
 
+def _clean_name(name: str) -> str:
+    """A parameter's name without the parts wrappers add (what state dict keys use)."""
+    for part in _WRAPPER_PARTS:
+        name = name.replace(part, "")
+    return name
+
+
 def alias_tied_weights(state: dict[str, Any], model: nn.Module) -> dict[str, Any]:
     """`state` (a gathered full state dict of `model`) with each tied name pointing at the same tensor as the first
     name of its parameter, as in the model's own `state_dict()` (in place; returned for chaining)."""
@@ -100,14 +107,43 @@ def save_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, f
     dcp.save({"optimizer": get_optimizer_state_dict(model, optimizer)}, checkpoint_id=str(folder))
 
 
+def _renamed(state: dict[str, Any], rename: Any) -> dict[str, Any]:
+    """An optimizer state dict keyed by parameter names (`get_optimizer_state_dict`'s) with each name renamed."""
+    return {**state, "state": {rename(k): v for k, v in state["state"].items()},
+            "param_groups": [{**g, "params": [rename(p) for p in g["params"]]} for g in state["param_groups"]]}
+
+
+def _saved_prefix(folder: str | Path, names: list[str]) -> tuple[str, str]:
+    """`(add, strip)`: how this optimizer's parameter names differ from those saved in `folder`: the FSDP1 root
+    names them from the LightningModule (`model.` first), FSDP2 and plain models from the HF model."""
+    import torch.distributed.checkpoint as dcp
+
+    saved = dcp.FileSystemReader(str(folder)).read_metadata().state_dict_metadata
+    probe = names[0] if names else ""
+    if any(k.startswith(f"optimizer.state.{probe}.") for k in saved):
+        return "", ""
+    if any(k.startswith(f"optimizer.state.model.{probe}.") for k in saved):
+        return "model.", ""
+    if probe.startswith("model.") and any(k.startswith(f"optimizer.state.{probe[6:]}.") for k in saved):
+        return "", "model."
+    return "", ""
+
+
 def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, folder: str | Path) -> None:
-    """Every rank reads its optimizer shard back from `folder` (a collective)."""
+    """Every rank reads its part of an optimizer state saved sharded in `folder` (a collective).
+
+    `torch.distributed.checkpoint` reshards it: written by another number of processes, or by FSDP2 / FSDP1 and read
+    into another of them, DDP or one process (whole tensors then). The names of an FSDP1 root (`model.` first) and
+    of the HF model are matched."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}
+    current = get_optimizer_state_dict(model, optimizer)
+    add, strip = _saved_prefix(folder, list(current["state"]))
+    state = {"optimizer": _renamed(current, lambda n: add + n.removeprefix(strip) if strip else add + n)}
     dcp.load(state, checkpoint_id=str(folder))
-    set_optimizer_state_dict(model, optimizer, state["optimizer"])
+    loaded = _renamed(state["optimizer"], lambda n: strip + n.removeprefix(add) if add else strip + n)
+    set_optimizer_state_dict(model, optimizer, loaded)
 
 
 def load_full_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> None:
@@ -123,7 +159,7 @@ def load_full_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, save
     """
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-    names = {id(p): name for name, p in model.named_parameters()}
+    names = {id(p): _clean_name(name) for name, p in model.named_parameters()}
     order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
     saved_count = sum(len(group["params"]) for group in saved["param_groups"])
     if saved_count != len(order):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.trainer_pt_utils import safe_globals
 
 from hf_lightning.data.sampling import shard_batches
 from hf_lightning.data.windows import window_sizes
@@ -42,8 +43,6 @@ def read_lightning_state(folder: str | Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        from transformers.trainer_pt_utils import safe_globals
-
         with safe_globals():
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # noqa: BLE001 - the restorer names the damaged file

@@ -71,15 +71,32 @@ def gathered_optimizer_state(model, optimizer) -> dict:
     return out
 
 
+def fsdp1_optimizer_state(root, optimizer) -> dict:
+    """`gathered_optimizer_state` under FSDP1: torch's full optimizer state dict of the root (names from the
+    LightningModule, `model.` first)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+    full = get_optimizer_state_dict(root, optimizer, options=StateDictOptions(full_state_dict=True))
+    return {name.removeprefix("model."): {k: v.detach().cpu().clone().float() for k, v in state.items()}
+            for name, state in full["state"].items()}
+
+
 class Recorder(TrainerCallback):
     """Captures the gathered optimizer state at the start of the update after `capture_at` updates."""
 
     def __init__(self, folder: str, capture_at: int | None) -> None:
         self.folder, self.capture_at = folder, capture_at
 
+    trainer = None
+
     def on_step_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         if self.capture_at is not None and state.global_step == self.capture_at:
-            captured = gathered_optimizer_state(model, optimizer)
+            lightning = getattr(self.trainer, "lightning_trainer", None)
+            if lightning is not None and type(lightning.strategy).__name__.endswith("FSDPStrategy"):
+                captured = fsdp1_optimizer_state(lightning.strategy.model, optimizer)
+            else:
+                captured = gathered_optimizer_state(model, optimizer)
             if rank() == 0:
                 torch.save(captured, os.path.join(self.folder, "optimizer.pt"))
             self.capture_at = None
@@ -112,6 +129,8 @@ def make_trainer(folder: str, hf: bool, strategy: str, devices: int, overrides: 
     lightning = {"accelerator": "cpu", "logger": False, "enable_progress_bar": False, "devices": devices}
     if strategy == "fsdp2":
         settings["fsdp"] = "full_shard auto_wrap"
+    elif strategy == "fsdp1":
+        settings.update(fsdp="full_shard auto_wrap", fsdp_config={"version": 1})
     elif devices > 1:
         lightning["strategy"] = "ddp"
     return row_logging(hf_lightning.Trainer)(
@@ -125,18 +144,20 @@ def run(out: str, name: str, *, resume: str | None = None, hf: bool = False, cap
     folder = os.path.join(out, name)
     os.makedirs(folder, exist_ok=True)
     rows: list = []
-    state = None
+    trainer = None
     try:  # an error (e.g. an argument this version lacks) is this scenario's result, not the launch's end
         trainer = make_trainer(folder, hf, strategy, devices, overrides)
         trainer.rows = rows
-        trainer.add_callback(Recorder(folder, capture_at))
-        state = trainer.state
+        recorder = Recorder(folder, capture_at)
+        recorder.trainer = trainer
+        trainer.add_callback(recorder)
         trainer.train(resume_from_checkpoint=resume)
         error = None
     except Exception as err:  # noqa: BLE001 - the test reads which
         error = f"{type(err).__name__}: {err}"
     with open(os.path.join(folder, f"rows_{rank()}.json"), "w") as f:
         json.dump(rows, f)
+    state = trainer.state if trainer is not None else None  # the Trainer replaces its state object in train()
     if rank() == 0:
         with open(os.path.join(folder, "log.json"), "w") as f:
             json.dump({"log": state.log_history if state else [], "global_step": state.global_step if state else 0,
@@ -169,6 +190,9 @@ def main(phase: str, out: str) -> None:
         run(out, "hf_to_fsdp2", resume=ckpt(out, "hf_u1", 1), capture_at=1, strategy="fsdp2",
             per_device_train_batch_size=2, **two)  # global batch 4 kept: transformers.Trainer's checkpoint
         run(out, "hf_r12", resume=ckpt(out, "hf_u1", 1), hf=True)  # transformers.Trainer's own 1 -> 2
+        run(out, "u2_fsdp1", capture_at=1, strategy="fsdp1", **two)  # torch runs FSDP1 on CPU with gloo
+        run(out, "fsdp1_to_ddp", resume=ckpt(out, "u2_fsdp1", 1), capture_at=1, **two)
+        run(out, "ddp_to_fsdp1", resume=ckpt(out, "u2", 1), capture_at=1, strategy="fsdp1", **two)
     elif phase == "three":
         three = {"devices": 3}
         run(out, "r23", resume=ckpt(out, "u2", 1), **three)  # 8 of 24 rows done
