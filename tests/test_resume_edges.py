@@ -272,3 +272,26 @@ def test_kept_rows_and_the_summary_of_a_resumed_fit():
     text = fit_summary(state, hf_lightning.TrainingArguments(output_dir="o"), resumed_from=("o/checkpoint-6", 6))
     assert "Resumed from " in text and "checkpoint-6 (step 6): updates from step 7 trained now" in text
     assert "Resumed" not in fit_summary(state, hf_lightning.TrainingArguments(output_dir="o"))
+
+
+def test_a_deepspeed_checkpoint_under_another_strategy_is_refused_before_loading(geometry_checkpoint, tmp_path,
+                                                                                  one_thread):
+    """A checkpoint whose optimizer state is only DeepSpeed's engine checkpoint (`global_step<N>/`, `latest`),
+    resumed without DeepSpeed: one error before anything is loaded, naming DeepSpeed's universal-checkpoint
+    conversion (before: the run trained on with a fresh optimizer, silently)."""
+    source = tmp_path / "checkpoint-9"
+    shutil.copytree(geometry_checkpoint, source)
+    (source / "optimizer.pt").unlink()
+    (source / "checkpoint_manifest.json").unlink()
+    (source / "global_step9").mkdir()
+    (source / "global_step9" / "mp_rank_00_model_states.pt").write_bytes(b"engine state")
+    (source / "latest").write_text("global_step9")
+    trainer = hf_lightning.Trainer(
+        model=_lm_model(99), args=hf_lightning.TrainingArguments(output_dir=str(tmp_path / "out"), **GEOMETRY_ARGS),
+        train_dataset=lm_dataset(n=24), lightning_kwargs=LIGHTNING)
+    with pytest.raises(ValueError, match=r"its optimizer state is DeepSpeed's partitioned engine checkpoint .*"
+                                         r"python -m deepspeed\.checkpoint\.ds_to_universal --input_folder "
+                                         r".*checkpoint-9/global_step9 "):
+        trainer.train(resume_from_checkpoint=str(source))
+    assert trainer.state.global_step == 0
+    assert not [p for p in (tmp_path / "out").glob("checkpoint-*")]

@@ -497,11 +497,12 @@ def _refuse_engine_state_elsewhere(files: CheckpointFiles, strategy: Strategy, w
     if is_deepspeed(strategy) and saved_world in (None, world_size):
         return
     now = f"{type(strategy).__name__} on {world_size} process(es)"
+    tag = (files.path / "latest").read_text().strip() or "global_step<N>"
     raise ValueError(
         f"resume_from_checkpoint={path!r}: its optimizer state is DeepSpeed's partitioned engine checkpoint "
         f"(written by {saved_world or 'an unknown number of'} process(es)), which {now} cannot load as it is. Convert "
         f"it with DeepSpeed's universal checkpoint (`python -m deepspeed.checkpoint.ds_to_universal --input_folder "
-        f"{path}/global_step<N> --output_folder {path}/global_step<N>_universal`, then resume under DeepSpeed with "
+        f"{path}/{tag} --output_folder {path}/{tag}_universal`, then resume under DeepSpeed with "
         "`\"checkpoint\": {\"load_universal\": true}`), or start the optimizer fresh from the checkpoint's weights "
         "(`from_pretrained`), or resume with the checkpoint's strategy and number of processes.")
 
