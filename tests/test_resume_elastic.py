@@ -171,3 +171,11 @@ def test_one_line_names_the_old_and_new_geometry(runs):
             "position epoch 0 continues its order after sample 4 of 24 (the 20 rows left, in 3 update(s))") in line
     assert "updates per epoch 6 -> 3; num_train_epochs=2 still ends the run at the end of its last epoch, now after " \
            "7 updates (was 12); the learning-rate schedule is built for 7 updates" in line
+
+
+def test_the_resumed_epoch_ends_at_a_whole_epoch(runs):
+    """The resumed epoch has fewer windows in the new geometry (here 2 of 2 + 1 micro-batches): its last update
+    still logs `epoch` 1.0, as the uninterrupted run's last update of an epoch does."""
+    out, _ = runs
+    epochs = {e["step"]: e["epoch"] for e in result(out, "r12_accum2")["log"] if "loss" in e}
+    assert epochs[5] == 1.0 and epochs[8] == 2.0

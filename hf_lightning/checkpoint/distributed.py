@@ -138,7 +138,7 @@ def load_sharded_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer, f
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
-    current = get_optimizer_state_dict(model, optimizer)
+    current: dict[str, Any] = dict(get_optimizer_state_dict(model, optimizer))
     add, strip = _saved_prefix(folder, list(current["state"]))
     state = {"optimizer": _renamed(current, lambda n: add + n.removeprefix(strip) if strip else add + n)}
     dcp.load(state, checkpoint_id=str(folder))

@@ -384,15 +384,17 @@ class HFTrainerFlow(Callback):
         self.steps.count_flos(flow_model(pl_module), window)
         self.tokens.add_window(self.state, window, flow_model(pl_module), self._pad_token_id(), trainer.strategy,
                                pl_module.device)
-        # every earlier window of the epoch is full, so this also holds after a mid-epoch resume
-        micro_done = batch_idx * self.args.gradient_accumulation_steps + len(window)
+        # every earlier window of the epoch is full, so this also holds after a mid-epoch resume; the last window of
+        # a sized epoch ends it (an epoch resumed in another geometry has fewer windows: checkpoint/elastic.py)
+        last_batch = position_in_epoch(trainer)[1]
+        micro_done = self.plan.microbatches_per_epoch if last_batch and self.plan.sized else (
+            batch_idx * self.args.gradient_accumulation_steps + len(window))
         self.state.global_step = trainer.global_step
         self.state.epoch = epoch_progress(self._epoch_index, micro_done, self.plan.microbatches_per_epoch)
         self.hf_event("on_step_end")  # `DefaultFlowCallback` first: the flags of `cadence.step_end_flags`
         self.steps.maybe_log_save_evaluate(pl_module, update, self._epoch_index)
         # HF leaves the epoch when a flag says so after the pass (T:1971-1974); max_steps sets should_training_stop.
         epoch_stop = self.control.should_epoch_stop or self.control.should_training_stop
-        last_batch = position_in_epoch(trainer)[1]
         if last_batch or epoch_stop or self.state.global_step >= self.plan.max_steps:
             self.hf_event("on_epoch_end")  # `DefaultFlowCallback`: the flags of `cadence.epoch_end_flags`
             self.steps.maybe_log_save_evaluate(pl_module, update, self._epoch_index)
