@@ -6,8 +6,10 @@ machinery re-runs `on_train_epoch_start` differently per restart stage and a pla
 (lightning 2.6 `loops/training_epoch_loop.py`, `_TrainingEpochLoop.reset` and `on_run_start`). Instead the loop
 counters are set before the fit loop starts from what this file records (`checkpoint/position.py`).
 An HF checkpoint has no such file: its position follows HF's own rule there. The file also records the epoch's
-geometry (batch size, accumulation, world size, training samples): a resumed run whose geometry differs cannot use
-the recorded window position and follows HF's rule too (`geometry_changes`).
+geometry (batch size, accumulation, world size, training samples) and the epoch's sample position (the order and
+the samples of it trained): a resumed run whose geometry differs cannot use the recorded window position; it
+continues at the sample position (`checkpoint/elastic.py`), or follows HF's rule when there is none
+(`geometry_changes`).
 """
 
 from __future__ import annotations
