@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from hf_lightning.module.evaluation import EvalRequest
 
 __all__ = [
-    "FlowDataModule", "FlowModule", "HFDataHooks", "HFEvaluationListener", "HFFlowView", "HFLoopHooks", "HFStepHooks",
-    "ResumableTrainStream", "TrainingStepListener",
+    "ElasticTrainOrder", "FlowDataModule", "FlowModule", "HFDataHooks", "HFEvaluationListener", "HFFlowView",
+    "HFLoopHooks", "HFStepHooks", "ResumableTrainStream", "TrainingStepListener",
     "TrainingStepOutput", "check_flow_contracts", "flow_model", "flow_module", "missing_members",
 ]
 
@@ -91,6 +91,24 @@ class FlowDataModule(Protocol):
 
     def train_loader(self) -> Any:
         """The micro-batch loader of the running fit (HF's `train_dataloader`, passed to HF callbacks)."""
+
+
+@runtime_checkable
+class ElasticTrainOrder(Protocol):
+    """A data module whose sized train order can be resumed at a sample position (`TransformerDataModule`): what an
+    elastic resume needs (`checkpoint/elastic.py`)."""
+
+    resume_start_sample: int
+    """Set on a resume with `resume_position`: the resumed epoch is the rest of its order after this many samples."""
+
+    def sample_position(self, windows_done: int) -> dict[str, Any] | None:
+        """The order and the samples of it trained after `windows_done` windows of the current epoch, or None."""
+
+    def train_order(self) -> dict[str, Any] | None:
+        """This run's train order (`num_samples`, `seed`, `shuffle`), or None when it cannot start at a sample."""
+
+    def rest_windows(self, start_sample: int) -> int | None:
+        """This run's windows left in an epoch resumed after `start_sample` samples, or None."""
 
 
 @runtime_checkable

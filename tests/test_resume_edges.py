@@ -3,8 +3,10 @@
 - At or past the end of the run (a finished run resumed with `resume_from_checkpoint=True`, a shorter
   `num_train_epochs`, `max_steps` reached): nothing is trained, `trainer.state` is the checkpoint's, the best model
   is loaded, `on_train_end` runs and `train()` returns HF's metrics; one line says there was nothing to train.
-- With another epoch geometry (batch size, accumulation, dataset length): a warning names each change and the run
-  follows HF's rule (`global_step // updates_per_epoch` epochs done), with HF's losses, epochs and steps.
+- With another epoch geometry: a checkpoint that records its sample position continues the epoch's order there
+  (every row once per epoch; tests/test_resume_elastic.py across processes); one written before hf_lightning
+  recorded it (or with another dataset length) follows HF's rule (`global_step // updates_per_epoch` epochs done),
+  with HF's losses, epochs and steps, and a warning naming each change and the rows skipped or repeated.
 """
 
 from __future__ import annotations
@@ -147,12 +149,15 @@ def geometry_checkpoint(tmp_path_factory):
     return root / "run" / "checkpoint-9"
 
 
-@pytest.mark.parametrize(("change", "named"), [
-    ({"per_device_train_batch_size": 4}, "per_device_train_batch_size: 2 in the checkpoint -> 4 now"),
-    ({"gradient_accumulation_steps": 2}, "gradient_accumulation_steps: 1 in the checkpoint -> 2 now"),
-    ({"samples": 16}, "training samples (len(train_dataset)): 24 in the checkpoint -> 16 now"),
+@pytest.mark.parametrize(("change", "named", "rows"), [
+    ({"per_device_train_batch_size": 4}, "per_device_train_batch_size: 2 in the checkpoint -> 4 now",
+     "18 row(s) of the order (samples 18..35, counted over epochs) are never trained"),
+    ({"gradient_accumulation_steps": 2}, "gradient_accumulation_steps: 1 in the checkpoint -> 2 now",
+     "18 row(s) of the order (samples 18..35, counted over epochs) are never trained"),
+    ({"samples": 16}, "training samples (len(train_dataset)): 24 in the checkpoint -> 16 now",
+     "the dataset's length changed (24 -> 16 rows)"),
 ], ids=["batch-size", "accumulation", "dataset-length"])
-def test_resume_with_another_epoch_geometry_follows_hf(geometry_checkpoint, tmp_path, change, named, caplog,
+def test_resume_with_another_epoch_geometry_follows_hf(geometry_checkpoint, tmp_path, change, named, rows, caplog,
                                                        one_thread):
     change = dict(change)
     samples = change.pop("samples", 24)
@@ -160,6 +165,7 @@ def test_resume_with_another_epoch_geometry_follows_hf(geometry_checkpoint, tmp_
     for name in ("ours", "hf"):
         source = tmp_path / name / "checkpoint-9"
         shutil.copytree(geometry_checkpoint, source)
+        as_written_before_sample_positions(source)
         settings = {**GEOMETRY_ARGS, **change}
         if name == "ours":
             trainer = hf_lightning.Trainer(
@@ -181,7 +187,52 @@ def test_resume_with_another_epoch_geometry_follows_hf(geometry_checkpoint, tmp_
     assert [x for g in got for x in g[2:]] == pytest.approx([x for w in want for x in w[2:]], rel=1e-5)
     assert ours.state.global_step == hf.state.global_step
     warnings = [r.getMessage() for r in caplog.records if "the epoch is not the checkpoint's" in r.getMessage()]
-    assert len(warnings) == 1 and named in warnings[0]
+    assert len(warnings) == 1 and named in warnings[0] and rows in warnings[0]
+
+
+def as_written_before_sample_positions(folder):
+    """`folder`'s `lightning_state.pt` as hf_lightning wrote it before it recorded the sample position (format 2; the
+    manifest goes too: older checkpoints may have none, and this one no longer matches the edited file)."""
+    state = torch.load(folder / "lightning_state.pt", weights_only=False)
+    state.pop("sample_position")
+    state["format"] = 2
+    torch.save(state, folder / "lightning_state.pt")
+    (folder / "checkpoint_manifest.json").unlink()
+
+
+def test_resume_with_another_batch_size_continues_at_the_sample_position(geometry_checkpoint, tmp_path, caplog,
+                                                                       one_thread):
+    """Batch 2 -> 4 after 9 updates (18 of 24 rows of epoch 0): the last 6 rows of epoch 0 in 2 updates (4 + 2),
+    then epoch 1 in 6: every row once per epoch. transformers.Trainer counts 9 updates as 1 epoch of 6 plus 3
+    batches of 4 to skip: the 6 rows of epoch 0 and 12 of epoch 1 are never trained (transformers#40245)."""
+    seen: list[int] = []
+
+    class Rows(hf_lightning.Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            seen.extend(int(i) for i in inputs["input_ids"][:, 0])
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+
+    trainer = Rows(model=_lm_model(99), args=hf_lightning.TrainingArguments(
+        output_dir=str(tmp_path / "ours"), **{**GEOMETRY_ARGS, "per_device_train_batch_size": 4}),
+        train_dataset=lm_dataset(n=24), lightning_kwargs=LIGHTNING)
+    with caplog.at_level(logging.WARNING, logger="hf_lightning"):
+        trainer.train(resume_from_checkpoint=str(geometry_checkpoint))
+    first_tokens = [row[0] for row in lm_dataset(n=24)["input_ids"]]
+    trained_before = [first_tokens[i] for i in _order_of_epoch_0()[:18]]
+    assert sorted(trained_before + seen[:6]) == sorted(first_tokens)  # epoch 0: every row once
+    assert sorted(seen[6:]) == sorted(first_tokens)  # epoch 1: every row once
+    assert trainer.state.global_step == 17 and trainer.state.epoch == 2.0
+    line = [r.getMessage() for r in caplog.records if "another geometry" in r.getMessage()]
+    assert len(line) == 1 and ("world size 1 -> 1, per-device batch 2 -> 4, accumulation 1 -> 1, global batch 2 -> 4"
+                               ". By its sample position epoch 0 continues its order after sample 18 of 24 (the 6 "
+                               "rows left, in 2 update(s))") in line[0]
+
+
+def _order_of_epoch_0() -> list[int]:
+    from hf_lightning.data.sampling import epoch_order
+
+    return epoch_order(24, GEOMETRY_ARGS["seed"], 0, True)
 
 
 # ----- the CSV log of a resumed run -----
@@ -221,3 +272,26 @@ def test_kept_rows_and_the_summary_of_a_resumed_fit():
     text = fit_summary(state, hf_lightning.TrainingArguments(output_dir="o"), resumed_from=("o/checkpoint-6", 6))
     assert "Resumed from " in text and "checkpoint-6 (step 6): updates from step 7 trained now" in text
     assert "Resumed" not in fit_summary(state, hf_lightning.TrainingArguments(output_dir="o"))
+
+
+def test_a_deepspeed_checkpoint_under_another_strategy_is_refused_before_loading(geometry_checkpoint, tmp_path,
+                                                                                  one_thread):
+    """A checkpoint whose optimizer state is only DeepSpeed's engine checkpoint (`global_step<N>/`, `latest`),
+    resumed without DeepSpeed: one error before anything is loaded, naming DeepSpeed's universal-checkpoint
+    conversion (before: the run trained on with a fresh optimizer, silently)."""
+    source = tmp_path / "checkpoint-9"
+    shutil.copytree(geometry_checkpoint, source)
+    (source / "optimizer.pt").unlink()
+    (source / "checkpoint_manifest.json").unlink()
+    (source / "global_step9").mkdir()
+    (source / "global_step9" / "mp_rank_00_model_states.pt").write_bytes(b"engine state")
+    (source / "latest").write_text("global_step9")
+    trainer = hf_lightning.Trainer(
+        model=_lm_model(99), args=hf_lightning.TrainingArguments(output_dir=str(tmp_path / "out"), **GEOMETRY_ARGS),
+        train_dataset=lm_dataset(n=24), lightning_kwargs=LIGHTNING)
+    with pytest.raises(ValueError, match=r"its optimizer state is DeepSpeed's partitioned engine checkpoint .*"
+                                         r"python -m deepspeed\.checkpoint\.ds_to_universal --input_folder "
+                                         r".*checkpoint-9/global_step9 "):
+        trainer.train(resume_from_checkpoint=str(source))
+    assert trainer.state.global_step == 0
+    assert not [p for p in (tmp_path / "out").glob("checkpoint-*")]

@@ -102,6 +102,9 @@ OURS: dict[str, str] = {
     "include_throughput": "`tokens_per_second` (and `mfu`) in every training log entry, `train_tokens_per_second` "
                           "(and `train_mfu`) in the end-of-training metrics",
     "peak_flops_per_device": "the device's peak FLOP/s for `mfu` (default: from a table of GPUs and the precision)",
+    "resume_keep_global_batch": "on a resume, `gradient_accumulation_steps` set so that per-device batch x "
+                                "accumulation x processes is the checkpoint's global batch (refused before training "
+                                "when it cannot divide) (README, 'Resuming on another number of processes')",
     "save_nonfinite_checkpoints": "default False: a save whose weights hold a NaN or inf stops the run with "
                                   "`NonFiniteWeightsError` (the step, the first such parameter) and writes nothing, "
                                   "so the last checkpoint stays the newest; True saves them, as HF does",

@@ -356,6 +356,10 @@ class TrainingArguments(ProcessLayoutMixin):
     `mfu` with every training log entry, and their averages in the end-of-training metrics."""
     peak_flops_per_device: float | None = None
     """Peak FLOP/s of one device for `mfu` (default: looked up from the GPU name and precision; unknown on CPU)."""
+    resume_keep_global_batch: bool = False
+    """On a resume: set `gradient_accumulation_steps` so that per-device batch x accumulation x processes is the
+    checkpoint's global batch (refused before training when it cannot divide); the resumed run's updates are then
+    the uninterrupted run's, on any number of processes."""
     save_nonfinite_checkpoints: bool = False
     """Write a checkpoint even when a weight is NaN or inf (HF's behaviour). By default such a save stops the run
     with `NonFiniteWeightsError` naming the step and the first non-finite parameter, and writes nothing."""

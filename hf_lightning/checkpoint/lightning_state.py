@@ -6,8 +6,10 @@ machinery re-runs `on_train_epoch_start` differently per restart stage and a pla
 (lightning 2.6 `loops/training_epoch_loop.py`, `_TrainingEpochLoop.reset` and `on_run_start`). Instead the loop
 counters are set before the fit loop starts from what this file records (`checkpoint/position.py`).
 An HF checkpoint has no such file: its position follows HF's own rule there. The file also records the epoch's
-geometry (batch size, accumulation, world size, training samples): a resumed run whose geometry differs cannot use
-the recorded window position and follows HF's rule too (`geometry_changes`).
+geometry (batch size, accumulation, world size, training samples) and the epoch's sample position (the order and
+the samples of it trained): a resumed run whose geometry differs cannot use the recorded window position; it
+continues at the sample position (`checkpoint/elastic.py`), or follows HF's rule when there is none
+(`geometry_changes`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ import lightning.pytorch as pl
 
 from hf_lightning._lightning_compat import callbacks_of, datamodule_of, position_in_epoch
 from hf_lightning.args import TrainingArguments
-from hf_lightning.contracts import FlowDataModule
+from hf_lightning.contracts import ElasticTrainOrder, FlowDataModule
 
 __all__ = ["capture_lightning_state", "epoch_geometry", "geometry_changes", "restore_callback_states"]
 
-FORMAT = 2  # 2 added "geometry"
+FORMAT = 3  # 2 added "geometry", 3 "sample_position" (checkpoint/elastic.py)
 
 
 def epoch_geometry(trainer: pl.Trainer, args: TrainingArguments) -> dict[str, Any]:
@@ -78,6 +80,9 @@ def capture_lightning_state(trainer: pl.Trainer, epoch_ending: bool = False, ski
         "geometry": geometry or {"world_size": trainer.world_size},
         "callbacks": callbacks,
         "datamodule": datamodule.state_dict() if datamodule is not None else {},
+        # where the epoch's order stands, whatever geometry trained it: a resume in another one continues there
+        "sample_position": datamodule.sample_position(windows_done) if isinstance(datamodule, ElasticTrainOrder)
+        else None,
     }
 
 

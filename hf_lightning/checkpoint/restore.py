@@ -17,8 +17,10 @@ output-directory rule applies (`say_replaced`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,7 +39,19 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.checkpoint import distributed as dist_state
 from hf_lightning.checkpoint.adapters import load_adapter_checkpoint
 from hf_lightning.checkpoint.changed_settings import read_recorded_arguments, setting_changes
-from hf_lightning.checkpoint.find import CheckpointFiles, check_checkpoint, replaced_checkpoints_notice
+from hf_lightning.checkpoint.elastic import (
+    ElasticResume,
+    elastic_line,
+    elastic_max_steps,
+    elastic_resume,
+    hf_rule_rows,
+    keep_global_batch_accumulation,
+    read_lightning_state,
+)
+from hf_lightning.checkpoint.elastic import (
+    updates_per_epoch as geometry_updates_per_epoch,
+)
+from hf_lightning.checkpoint.find import CheckpointFiles, check_checkpoint, replaced_checkpoints_notice, resume_folder
 from hf_lightning.checkpoint.io import TRAINER_STATE_NAME
 from hf_lightning.checkpoint.lightning_state import epoch_geometry, geometry_changes, restore_callback_states
 from hf_lightning.checkpoint.position import ResumePosition, apply_loop_position, resume_position
@@ -52,12 +66,12 @@ from hf_lightning.checkpoint.sharded import (
 from hf_lightning.checkpoint.stream_position import read_stream_position
 from hf_lightning.checkpoint.verify import checkpoint_error
 from hf_lightning.checkpoint.weight_files import is_adapter_file
-from hf_lightning.contracts import FlowDataModule, ResumableTrainStream, flow_model
+from hf_lightning.contracts import ElasticTrainOrder, FlowDataModule, ResumableTrainStream, flow_model
 from hf_lightning.flow.messages import logger as hf_logger
-from hf_lightning.plan import SavePolicy, TrainingPlan, resume_intervals, save_policy
+from hf_lightning.plan import SavePolicy, TrainingPlan, plan_training, resolve_interval, resume_intervals, save_policy
 
-__all__ = ["CallbackList", "CheckpointRestorer", "ModelFilesLoader", "RestoredState", "load_weights", "read_file",
-           "read_weights", "say_nothing_left", "say_replaced", "weight_mismatches"]
+__all__ = ["CallbackList", "CheckpointRestorer", "ModelFilesLoader", "RestoredState", "load_weights", "plan_for_resume",
+           "read_file", "read_weights", "say_nothing_left", "say_replaced", "weight_mismatches"]
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +264,7 @@ class CheckpointRestorer:
         model = flow_model(pl_module)
         strategy = trainer.strategy
         hf_logger.info(f"Loading model from {self.path}.")  # HF's message (T:3667)
+        _refuse_engine_state_elsewhere(files, strategy, trainer.world_size, self.path)
         if is_deepspeed(strategy):
             # the engine's checkpoint holds the fp32 master weights with the optimizer; HF resumes from it only
             if not load_engine_state(strategy, files.path):
@@ -266,8 +281,15 @@ class CheckpointRestorer:
         owner = optimizer_shard_owner(strategy, model)
         if optimizer is None or is_deepspeed(strategy):
             pass  # DeepSpeed: loaded with the engine's checkpoint above
-        elif files.sharded_optimizer is not None and owner is not None:
-            read_file(files.sharded_optimizer, lambda p: dist_state.load_sharded_optimizer(owner, optimizer, p))
+        elif files.sharded_optimizer is not None:
+            # written sharded (FSDP2 / FSDP1) by any number of processes: torch.distributed.checkpoint reshards it
+            # into this run's shards, or whole tensors for an unsharded optimizer (DDP, one process)
+            target = owner if owner is not None else model
+            read_file(files.sharded_optimizer, lambda p: dist_state.load_sharded_optimizer(target, optimizer, p))
+        elif files.optimizer is not None and owner is not None:
+            # whole tensors (DDP, one process, transformers.Trainer) into sharded parameters: each rank keeps its
+            # shard (loading them as they are crashed at the first update: plain tensors against DTensors)
+            dist_state.load_full_optimizer(owner, optimizer, _torch_load(files.optimizer))
         elif files.optimizer is not None:
             optimizer.load_state_dict(_torch_load(files.optimizer))
         if files.scheduler is not None and trainer.lr_scheduler_configs:
@@ -278,27 +300,47 @@ class CheckpointRestorer:
         # weights_only, as Lightning loads its own checkpoints: a checkpoint folder is not trusted code
         saved = _torch_load(files.lightning_state) if files.lightning_state else None
         position = resume_position(global_step, updates_per_epoch, saved)
+        datamodule: FlowDataModule = datamodule_of(trainer)  # checked by the flow's setup
         changes: list[str] = []
+        elastic: ElasticResume | None = None
         if saved is not None:
-            changes = geometry_changes(saved.get("geometry", {"world_size": saved.get("world_size")}),
-                                       epoch_geometry(trainer, self.args))
-            if changes:  # the recorded window position belongs to other epochs: HF's rule places the run
+            before = saved.get("geometry", {"world_size": saved.get("world_size")})
+            current = epoch_geometry(trainer, self.args)
+            changes = geometry_changes(before, current)
+            if updates_per_epoch and saved.get("global_step") == global_step:
+                elastic = _elastic_position(saved, current, datamodule, updates_per_epoch)
+            if elastic is not None:  # the saved sample position: every row once per epoch, whatever changed
+                position = ResumePosition(elastic.epoch, elastic.windows_done, global_step)
+                if changes and trainer.is_global_zero:
+                    log.warning(_elastic_message(self.path, saved, before, current, elastic, updates_per_epoch or 0,
+                                                 global_step, self.args))
+            elif changes:  # the recorded window position belongs to other epochs: HF's rule places the run
+                if not updates_per_epoch and position.windows and not self.args.ignore_data_skip:
+                    raise ValueError(
+                        f"resume_from_checkpoint={self.path!r}: the training stream was saved by "
+                        f"{before.get('world_size')} process(es) ({'; '.join(changes)}); its saved positions are per "
+                        "process and cannot be split over this geometry, and reading it again would train other rows. "
+                        "Resume with the checkpoint's number of processes, per-device batch and accumulation, or "
+                        "pass ignore_data_skip=True to start the stream's pass again.")
                 position = resume_position(global_step, updates_per_epoch)
                 if trainer.is_global_zero:
                     log.warning(
                         "resume_from_checkpoint=%r: the epoch is not the checkpoint's (%s). As transformers.Trainer "
                         "does, the %d updates done count as %d full epoch(s) of %s updates plus %d update(s) of epoch "
-                        "%d, whose first %d window(s) are skipped.", self.path, "; ".join(changes), global_step,
-                        position.epoch, updates_per_epoch, position.windows, position.epoch, position.windows)
+                        "%d, whose first %d window(s) are skipped: %s.", self.path, "; ".join(changes), global_step,
+                        position.epoch, updates_per_epoch, position.windows, position.epoch, position.windows,
+                        hf_rule_rows(saved, before, current, position.epoch, position.windows))
         if self.args.ignore_data_skip:  # HF replays the resumed epoch from its first batch (T:1706-1709)
-            position = ResumePosition(position.epoch, 0, global_step)
+            position, elastic = ResumePosition(position.epoch, 0, global_step), None
         self.position = position
         apply_loop_position(trainer, position)
         if saved is not None:
             restore_callback_states(trainer, saved)
-        datamodule: FlowDataModule = datamodule_of(trainer)  # checked by the flow's setup
         datamodule.resume_position = (position.epoch, position.windows)
-        if saved is not None and not changes and position.windows and isinstance(datamodule, ResumableTrainStream):
+        if isinstance(datamodule, ElasticTrainOrder):
+            datamodule.resume_start_sample = elastic.start_sample if elastic is not None else 0
+        if saved is not None and not changes and position.windows and isinstance(datamodule, ResumableTrainStream) \
+                and elastic is None:
             datamodule.resume_stream_position = read_stream_position(
                 files.path, position.epoch, position.windows, trainer.world_size, trainer.global_rank)
         self._rng_pending = True
@@ -398,6 +440,96 @@ class CheckpointRestorer:
                 torch.cuda.random.set_rng_state_all(cuda)
             else:
                 torch.cuda.random.set_rng_state(cuda)
+
+
+def plan_for_resume(trainer: pl.Trainer, args: TrainingArguments, resume: str | bool | None,
+                    datamodule: FlowDataModule) -> TrainingPlan:
+    """This run's plan (at `setup`, before the optimizer and its schedule are built), knowing the checkpoint it
+    resumes from (`checkpoint/elastic.py`):
+
+    - `resume_keep_global_batch`: `gradient_accumulation_steps` is set first, to keep the checkpoint's global batch
+      (refused with the numbers when it cannot divide);
+    - an epoch-based run resumed in another geometry by its sample position: `max_steps` counts the updates this run
+      really does (the resumed epoch's rest in this geometry), so the schedule ends with the run.
+
+    Raises:
+        ValueError: `resume_keep_global_batch` cannot keep the checkpoint's global batch.
+    """
+    folder = None
+    if resume is not False:
+        try:
+            folder = resume_folder(args, resume)
+        except ValueError:
+            folder = None  # named by the restorer at fit start, with the other checks of the folder
+    saved = read_lightning_state(folder) if folder else None
+    if args.resume_keep_global_batch and folder:
+        accumulation = keep_global_batch_accumulation(saved.get("geometry") if saved else None,
+                                                      args.per_device_train_batch_size, trainer.world_size, folder)
+        if accumulation != args.gradient_accumulation_steps and trainer.is_global_zero:
+            log.warning("resume_keep_global_batch=True: gradient_accumulation_steps %d -> %d, so %d per device x %d x "
+                        "%d process(es) is the checkpoint's global batch.", args.gradient_accumulation_steps,
+                        accumulation, args.per_device_train_batch_size, accumulation, trainer.world_size)
+        args.gradient_accumulation_steps = accumulation
+    plan = plan_training(args, datamodule.num_train_microbatches())
+    if saved is None or not plan.sized or args.max_steps > 0 or args.ignore_data_skip:
+        return plan
+    elastic = _elastic_position(saved, epoch_geometry(trainer, args), datamodule, plan.updates_per_epoch)
+    if elastic is None:
+        return plan
+    max_steps = elastic_max_steps(plan.max_steps, plan.updates_per_epoch, int(saved["global_step"]), elastic)
+    return dataclasses.replace(
+        plan, max_steps=max_steps, logging_steps=resolve_interval(args.logging_steps, max_steps),
+        eval_steps=resolve_interval(args.eval_steps, max_steps),
+        save_steps=resolve_interval(args.save_steps, max_steps))
+
+
+def _refuse_engine_state_elsewhere(files: CheckpointFiles, strategy: Strategy, world_size: int, path: str) -> None:
+    """A DeepSpeed checkpoint (its optimizer state only in the engine's `global_step<N>/`) read by another strategy
+    or another number of processes: refused before anything is loaded, naming DeepSpeed's conversion.
+
+    Raises:
+        ValueError: the checkpoint's optimizer state is DeepSpeed's and this run cannot load it as it is.
+    """
+    if files.engine_state is None or files.optimizer is not None or files.sharded_optimizer is not None:
+        return
+    saved = read_lightning_state(files.path) or {}
+    saved_world = (saved.get("geometry") or {}).get("world_size", saved.get("world_size"))
+    if is_deepspeed(strategy) and saved_world in (None, world_size):
+        return
+    now = f"{type(strategy).__name__} on {world_size} process(es)"
+    tag = (files.path / "latest").read_text().strip() or "global_step<N>"
+    raise ValueError(
+        f"resume_from_checkpoint={path!r}: its optimizer state is DeepSpeed's partitioned engine checkpoint "
+        f"(written by {saved_world or 'an unknown number of'} process(es)), which {now} cannot load as it is. Convert "
+        f"it with DeepSpeed's universal checkpoint (`python -m deepspeed.checkpoint.ds_to_universal --input_folder "
+        f"{path}/{tag} --output_folder {path}/{tag}_universal`, then resume under DeepSpeed with "
+        "`\"checkpoint\": {\"load_universal\": true}`), or start the optimizer fresh from the checkpoint's weights "
+        "(`from_pretrained`), or resume with the checkpoint's strategy and number of processes.")
+
+
+def _elastic_position(saved: dict[str, Any], current: dict[str, Any], datamodule: object, upe: int
+                      ) -> ElasticResume | None:
+    """The elastic position of a resume from `saved` (`elastic.elastic_resume`), asking the data module for its
+    order and for the windows left after the saved sample position."""
+    sample_position = saved.get("sample_position")
+    if sample_position is None or not isinstance(datamodule, ElasticTrainOrder):
+        return None
+    rest_windows = upe if saved["epoch_finished"] else datamodule.rest_windows(int(sample_position["samples_done"]))
+    return elastic_resume(saved, current, datamodule.train_order(), upe, rest_windows)
+
+
+def _elastic_message(path: str, saved: dict[str, Any], before: dict[str, Any], current: dict[str, Any],
+                     elastic: ElasticResume, upe: int, global_step: int, args: TrainingArguments) -> str:
+    """`elastic.elastic_line` for this resume (the old run's updates per epoch and `max_steps` from its geometry)."""
+    old_upe = geometry_updates_per_epoch(before) if all(
+        k in before for k in ("train_samples", "per_device_train_batch_size", "gradient_accumulation_steps",
+                              "world_size")) else upe
+    epochs = args.num_train_epochs
+    old_max = math.ceil(epochs * old_upe) if args.max_steps <= 0 else None
+    new_max = args.max_steps if args.max_steps > 0 else elastic_max_steps(math.ceil(epochs * upe), upe, global_step,
+                                                                          elastic)
+    return elastic_line(path, before, current, elastic, old_upe, upe, global_step, old_max, new_max, args.max_steps,
+                        epochs)
 
 
 def _check_changed_settings(trainer: pl.Trainer, files: CheckpointFiles, args: TrainingArguments, step: int) -> None:

@@ -144,6 +144,11 @@ class TransformerDataModule(pl.LightningDataModule):
         self._fit_loader: Any = None
         self.resume_position: tuple[int, int] | None = None
         """`(epoch, windows)`: the next train loader starts at that window of that epoch (set on resume, used once)."""
+        self.resume_start_sample = 0
+        """With `resume_position` (an elastic resume): the resumed epoch is the rest of its order after this many
+        samples, in this run's windows (`WindowStream.start_sample`); 0: `resume_position`'s windows are skipped."""
+        self.windows: WindowStream | None = None
+        """The windows of the current sized train loader (None for an unsized one)."""
         self.resume_stream_position: Any = None
         """With `resume_position`: the saved position of an unsized train stream after those windows (or None)."""
         self.resume_grouping_draw: GroupingDraw | None = None
@@ -493,21 +498,24 @@ class TransformerDataModule(pl.LightningDataModule):
         loader = self._fit_train_loader()
         accumulation = self.args.gradient_accumulation_steps
         if not is_sized(loader):
+            self.windows = None
             self.train_stream = stream_windows(loader, accumulation, self.resume_position, self.resume_stream_position)
             self.resume_position = self.resume_stream_position = None
             return self.train_stream
         self.train_stream = None
-        windows = WindowStream(loader, accumulation)
+        self.windows = windows = WindowStream(loader, accumulation)
         if self.resume_position is not None:
             # the resumed epoch starts at its window: O(1) for our samplers, index-only for a map-style loader
             epoch, windows.skip = self.resume_position
+            if self.resume_start_sample:  # an elastic resume: the rest of the epoch's order, in this run's windows
+                windows.skip, windows.start_sample = 0, self.resume_start_sample
             windows.set_epoch(epoch)
             sampler = getattr(loader, "batch_sampler", None)
             if windows.skip and self.resume_grouping_draw is not None and isinstance(sampler, WindowBatchSampler):
                 # inside an epoch its saved draw is its order; at an epoch start (or `ignore_data_skip`) the order
                 # is drawn after the RNG states are loaded, as HF's
                 sampler.restore_grouping_draw(self.resume_grouping_draw)
-            self.resume_position, self.resume_grouping_draw = None, None
+            self.resume_position, self.resume_grouping_draw, self.resume_start_sample = None, None, 0
         return windows
 
     @override
@@ -524,6 +532,37 @@ class TransformerDataModule(pl.LightningDataModule):
         """A checkpoint's `state_dict()`, restored on resume before the train loader is made."""
         saved = state_dict.get("length_grouping")
         self.resume_grouping_draw = GroupingDraw.from_dict(saved) if saved else None
+
+    def sample_position(self, windows_done: int) -> dict[str, Any] | None:
+        """Where the current epoch's order stands after `windows_done` windows (Lightning's count): the order
+        (`num_samples`, `seed`, `shuffle`) and the samples of it trained over all processes (`samples_done`), for a
+        resume in any geometry (`checkpoint/elastic.py`); None when the order is not hf_lightning's own (a sampler
+        override, `group_by_length`, an unsized loader)."""
+        sampler = getattr(self._fit_loader, "batch_sampler", None)
+        if self.windows is None or not isinstance(sampler, WindowBatchSampler) or sampler.lengths is not None:
+            return None
+        done = self.windows.samples_done(windows_done)
+        if done is None:
+            return None
+        return {"samples_done": done, "num_samples": sampler.num_samples, "seed": sampler.seed,
+                "shuffle": sampler.shuffle}
+
+    def train_order(self) -> dict[str, Any] | None:
+        """This run's train order as `sample_position` records it (`num_samples`, `seed`, `shuffle`), or None when it
+        is not hf_lightning's own `seed + epoch` order."""
+        sampler = getattr(self._fit_train_loader(), "batch_sampler", None)
+        if not isinstance(sampler, WindowBatchSampler) or sampler.lengths is not None:
+            return None
+        return {"num_samples": sampler.num_samples, "seed": sampler.seed, "shuffle": sampler.shuffle}
+
+    def rest_windows(self, start_sample: int) -> int | None:
+        """Windows of this run left in an epoch resumed after `start_sample` samples of its order (None: the train
+        order is not hf_lightning's own, so it cannot start at a sample)."""
+        loader = self._fit_train_loader()
+        sampler = getattr(loader, "batch_sampler", None)
+        if not isinstance(sampler, WindowBatchSampler) or sampler.lengths is not None:
+            return None
+        return WindowStream(loader, self.args.gradient_accumulation_steps).rest_windows(start_sample)
 
     def train_stream_position(self, windows_done: int) -> Any:
         """The position of the unsized train stream after `windows_done` windows of the current pass (saved in

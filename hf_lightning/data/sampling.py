@@ -35,7 +35,7 @@ from hf_lightning.data.length_grouping import draw_grouping_state, length_groupe
 
 __all__ = [
     "BatchShard", "ContiguousShardSampler", "EpochSampler", "GroupingDraw", "OrderBatchSampler", "WindowBatchSampler",
-    "batch_shard_problem", "dataset_length", "epoch_order", "shard_batches", "split_by_node",
+    "batch_shard_problem", "dataset_length", "epoch_order", "shard_batches", "shard_rest", "split_by_node",
 ]
 
 
@@ -124,6 +124,27 @@ def shard_batches(
             mine.append(batch)
         cursor, batch, idx = end, [], idx + 1
     return mine
+
+
+def shard_rest(rows: list[int], batch_size: int, world_size: int, rank: int, drop_last: bool) -> list[list[int]]:
+    """The micro-batches of one rank for the rest of an epoch resumed at a sample position (an elastic resume).
+
+    Full rounds of `batch_size x world_size` rows are handed out as accelerate does (batch `i` to rank
+    `i % world_size`); the tail round is split evenly (contiguous blocks, sizes differing by at most one) instead of
+    being completed with repeated rows, so every remaining row is trained exactly once. Only a tail with fewer rows
+    than processes is completed as accelerate does (`shard_batches`: some rows repeat). `drop_last` drops the tail.
+    """
+    round_size = batch_size * world_size
+    full = len(rows) // round_size
+    mine = [rows[(r * world_size + rank) * batch_size:(r * world_size + rank + 1) * batch_size] for r in range(full)]
+    tail = rows[full * round_size:]
+    if not tail or drop_last:
+        return mine
+    if len(tail) < world_size:
+        return mine + shard_batches(tail, batch_size, world_size, rank, False)
+    base, extra = divmod(len(tail), world_size)
+    start = rank * base + min(rank, extra)
+    return [*mine, tail[start:start + base + (1 if rank < extra else 0)]]
 
 
 def batch_shard_problem(num_batches: int, last_batch_full: bool, world_size: int, even_batches: bool) -> str | None:
@@ -218,6 +239,9 @@ class WindowBatchSampler(Sampler[list[int]]):
         self.rank = rank
         self.epoch = 0
         self.skip_windows = 0
+        self.start_sample = 0
+        """Elastic resume: the next iteration is the rest of the epoch's order after this many samples (`shard_rest`),
+        whatever geometry trained them; used once (0: the whole epoch)."""
         self.grouping_draw: GroupingDraw | None = None
         """`group_by_length`: the epoch whose order was drawn last, and the global generator state it was drawn
         from (what a checkpoint keeps)."""
@@ -252,10 +276,16 @@ class WindowBatchSampler(Sampler[list[int]]):
                 self.grouping_draw = GroupingDraw(epoch, draw_grouping_state(self.num_samples), self.num_samples,
                                                   self.group_size)
             order = length_grouped_order(self.lengths, self.group_size, self.grouping_draw.rng_state)
+        if self.start_sample:
+            return shard_rest(order[self.start_sample:], self.batch_size, self.world_size, self.rank, self.drop_last)
         return shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last)
 
-    def num_microbatches(self) -> int:
-        """Micro-batches per epoch for this rank (the same on every rank), without drawing a permutation."""
+    def num_microbatches(self, start_sample: int = 0) -> int:
+        """Micro-batches per epoch for this rank (the same on every rank), without drawing a permutation; with
+        `start_sample`, of the rest of the epoch after that many samples (`shard_rest`)."""
+        if start_sample:
+            rest = list(range(self.num_samples - start_sample))
+            return len(shard_rest(rest, self.batch_size, self.world_size, 0, self.drop_last))
         return len(shard_batches(list(range(self.num_samples)), self.batch_size, self.world_size, 0, self.drop_last))
 
     def __len__(self) -> int:
@@ -268,7 +298,7 @@ class WindowBatchSampler(Sampler[list[int]]):
             self.grouping_draw = restored if restored is not None and restored.fits(
                 self.epoch, self.num_samples, self.group_size) else None  # ... but the resumed epoch's saved one
         micro = self.microbatches()
-        start, self.skip_windows = self.skip_windows, 0
+        start, self.skip_windows, self.start_sample = self.skip_windows, 0, 0
         for w in range(start * self.accumulation, len(micro), self.accumulation):
             yield [i for batch in micro[w : w + self.accumulation] for i in batch]
 

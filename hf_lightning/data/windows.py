@@ -218,12 +218,58 @@ class WindowStream(_Windows):
                             "unsized one.")
         super().__init__(loader, accumulation)
 
+        self.start_sample = 0
+        """Elastic resume: every iteration of the resumed epoch (a second one too, e.g. after the RNG states are
+        loaded) is the rest of its order after this many samples (the batch sampler's `start_sample`), in windows of
+        this run's geometry; cleared when another epoch is set."""
+        self._epoch: int | None = None
+        self.epoch_start: tuple[int, int] = (0, 0)
+        """`(samples, windows)` the current iteration started after: the samples of the epoch's order trained before
+        it, and the windows Lightning counts as done then (`samples_done`)."""
+
     def __len__(self) -> int:
         return len(window_sizes(len(self.loader), self.accumulation))
 
+    def rest_windows(self, start_sample: int) -> int | None:
+        """Windows of the rest of the epoch after `start_sample` samples of its order, or None when the loader's
+        batch sampler cannot start at a sample (not hf_lightning's own order)."""
+        sampler: Any = getattr(self.loader, "batch_sampler", None)
+        if not hasattr(sampler, "start_sample"):
+            return None
+        return len(window_sizes(sampler.num_microbatches(start_sample), self.accumulation))
+
+    def samples_done(self, windows_done: int) -> int | None:
+        """Samples of the current epoch's order trained after `windows_done` windows (Lightning's count), over all
+        processes, or None when the order is not hf_lightning's own (then no sample position is recorded)."""
+        sampler: Any = getattr(self.loader, "batch_sampler", None)
+        if not hasattr(sampler, "start_sample"):
+            return None
+        start, offset = self.epoch_start
+        per_window = sampler.batch_size * sampler.world_size * self.accumulation
+        return min(start + max(windows_done - offset, 0) * per_window, sampler.num_samples)
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.start_sample and self._epoch is not None and epoch != self._epoch:
+            self.start_sample = 0  # the resumed epoch is over: the next ones are whole
+        self._epoch = epoch
+        super().set_epoch(epoch)
+
     def __iter__(self) -> Iterator[LazyWindow]:
-        sizes = window_sizes(len(self.loader), self.accumulation)
         skip, self.skip = self.skip, 0
+        start_sample = self.start_sample
+        if start_sample:
+            sampler = self.loader.batch_sampler
+            sizes = window_sizes(sampler.num_microbatches(start_sample), self.accumulation)
+            sampler.start_sample = start_sample
+            self.epoch_start = (start_sample, len(self) - len(sizes))
+            stream = MicroBatchStream(self.loader)
+            for size in sizes:
+                yield LazyWindow(stream, size)
+            return
+        sizes = window_sizes(len(self.loader), self.accumulation)
+        sampler = getattr(self.loader, "batch_sampler", None)
+        per_window = getattr(sampler, "batch_size", 0) * getattr(sampler, "world_size", 1) * self.accumulation
+        self.epoch_start = (skip * per_window, skip)
         source = start_after(self.loader, skip * self.accumulation) if skip else self.loader
         stream = MicroBatchStream(source)
         for size in sizes[skip:]:

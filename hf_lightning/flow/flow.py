@@ -56,7 +56,7 @@ from hf_lightning.callbacks.lightning_console import tidy_lightning_console
 from hf_lightning.checkpoint.csv_logs import continue_resumed_logs
 from hf_lightning.checkpoint.find import resume_folder
 from hf_lightning.checkpoint.lifecycle import Checkpoints
-from hf_lightning.checkpoint.restore import CheckpointRestorer
+from hf_lightning.checkpoint.restore import CheckpointRestorer, plan_for_resume
 from hf_lightning.console import install_console_filters
 from hf_lightning.contracts import HFEvaluationListener, HFLoopHooks, check_flow_contracts, flow_model, flow_module
 from hf_lightning.flow.evaluation import HFEvaluator
@@ -79,7 +79,6 @@ from hf_lightning.plan import (
     TrainingPlan,
     epoch_progress,
     evaluates_on_start,
-    plan_training,
     unreachable_best_checkpoint,
     unreachable_best_metric,
 )
@@ -272,7 +271,8 @@ class HFTrainerFlow(Callback):
         if stage != "fit":
             return
         self.preemption.guard.install(trainer)  # before Lightning registers its signal handlers (flow/preemption.py)
-        self.plan = plan = plan_training(self.args, datamodule.num_train_microbatches())
+        # knowing the checkpoint: `resume_keep_global_batch`, and the updates of a resume in another geometry
+        self.plan = plan = plan_for_resume(trainer, self.args, self.resume_from_checkpoint, datamodule)
         loss_only = flow_module(pl_module).prediction_loss_only(is_prediction=False)
         # an owner (`hf_lightning.Trainer`) checked the metric at construction, knowing which of its methods are
         # overridden to produce metrics of their own (trainer/overrides.py `METRIC_SOURCES`)
@@ -400,15 +400,17 @@ class HFTrainerFlow(Callback):
         self.steps.count_flos(flow_model(pl_module), window)
         self.tokens.add_window(self.state, window, flow_model(pl_module), self._pad_token_id(), trainer.strategy,
                                pl_module.device)
-        # every earlier window of the epoch is full, so this also holds after a mid-epoch resume
-        micro_done = batch_idx * self.args.gradient_accumulation_steps + len(window)
+        # every earlier window of the epoch is full, so this also holds after a mid-epoch resume; the last window of
+        # a sized epoch ends it (an epoch resumed in another geometry has fewer windows: checkpoint/elastic.py)
+        last_batch = position_in_epoch(trainer)[1]
+        micro_done = self.plan.microbatches_per_epoch if last_batch and self.plan.sized else (
+            batch_idx * self.args.gradient_accumulation_steps + len(window))
         self.state.global_step = trainer.global_step
         self.state.epoch = epoch_progress(self._epoch_index, micro_done, self.plan.microbatches_per_epoch)
         self.hf_event("on_step_end")  # `DefaultFlowCallback` first: the flags of `cadence.step_end_flags`
         self.steps.maybe_log_save_evaluate(pl_module, update, self._epoch_index)
         # HF leaves the epoch when a flag says so after the pass (T:1971-1974); max_steps sets should_training_stop.
         epoch_stop = self.control.should_epoch_stop or self.control.should_training_stop
-        last_batch = position_in_epoch(trainer)[1]
         if last_batch or epoch_stop or self.state.global_step >= self.plan.max_steps:
             self.hf_event("on_epoch_end")  # `DefaultFlowCallback`: the flags of `cadence.epoch_end_flags`
             self.steps.maybe_log_save_evaluate(pl_module, update, self._epoch_index)
