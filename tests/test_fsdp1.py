@@ -45,8 +45,17 @@ def _same_training(fsdp1: dict, reference: dict) -> None:
         assert x[1:] == pytest.approx(y[1:], rel=1e-5, abs=1e-7), x[0]
     assert sorted(fsdp1["weights"]) == sorted(reference["weights"])
     for name, value in reference["weights"].items():
-        torch.testing.assert_close(torch.tensor(fsdp1["weights"][name]), torch.tensor(value), rtol=1e-5, atol=1e-6,
-                                   msg=name)
+        got, want = torch.tensor(fsdp1["weights"][name]), torch.tensor(value)
+        if name.endswith("attn.c_attn.bias"):
+            # The key third of GPT-2's fused q/k/v bias has a true gradient of exactly 0 (adding a constant to every
+            # key shifts all of a query's scores equally, which softmax ignores), so its computed gradient is
+            # float32 rounding noise, which AdamW scales up to steps near eps-limited size: on an AVX-512 CPU the
+            # two reduction orders leave it up to 1.4e-6 apart after 3 updates. That slice is held to the noise
+            # bound, still ~1000x below one update at this learning rate (1e-2); q and v keep the tight check.
+            keys = slice(got.numel() // 3, 2 * got.numel() // 3)
+            torch.testing.assert_close(got[keys], want[keys], rtol=0, atol=1e-5, msg=f"{name} (key part)")
+            got[keys], want[keys] = 0.0, 0.0
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_fsdp1_trains_like_ddp_on_cpu_processes(tmp_path):
