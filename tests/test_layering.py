@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.args.hf_fields": 0,
     "hf_lightning.args.process": 0,
     "hf_lightning.args.field_types": 0,
+    "hf_lightning.args.accelerator_config": 0,
     "hf_lightning.args.report_to": 0,
     "hf_lightning.args.parallel": 0,
     "hf_lightning.args.deepspeed_config": 0,

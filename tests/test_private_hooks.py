@@ -14,6 +14,7 @@ import os
 
 import pytest
 import torch
+import transformers
 import torch.nn.functional as F
 from test_overrides_parity import assert_same_run, lm_dataset, pair, stable, tiny_gpt2, with_base
 from torch import nn
@@ -176,7 +177,9 @@ def test_model_accepts_loss_kwargs_set_on_the_trainer_is_honoured_and_kept(tmp_p
 # ----- accelerator -----
 def test_accelerator_config_that_changes_nothing_is_accepted_and_others_refused_by_name(tmp_path):
     args = hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"use_configured_state": True})
-    assert args.accelerator_config == {"use_configured_state": True}
+    # held as HF holds it once its device setup popped `use_configured_state` (HF's own needs an accelerate state)
+    assert args.accelerator_config.to_dict() == transformers.TrainingArguments(
+        output_dir=str(tmp_path)).accelerator_config.to_dict()
     hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"even_batches": True})
     with pytest.raises(ValueError, match=r"`accelerator_config`=\{'even_batches': False\}"):
         hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"even_batches": False})

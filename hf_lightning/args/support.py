@@ -131,6 +131,30 @@ ACCELERATOR_CONFIG_DEFAULTS: dict[str, Any] = {
 process, each process loading its own shard, the seeded order, eval results without duplicates."""
 
 
+def _accelerator_settings(value: Any) -> Mapping[str, Any] | None:
+    """An `accelerator_config` value as a mapping (a dict, an `AcceleratorConfig`, JSON text), or None for a path."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None  # a file path: its content could set anything
+    if not isinstance(value, Mapping):
+        to_dict = getattr(value, "to_dict", None)
+        if not callable(to_dict):
+            return None
+        value = to_dict()
+    return value
+
+
+def changed_accelerator_settings(value: Any) -> Any:
+    """The keys of an `accelerator_config` value that differ from accelerate's defaults (what an error shows)."""
+    settings = _accelerator_settings(value)
+    if settings is None:
+        return value
+    return {key: setting for key, setting in settings.items() if key != "use_configured_state"
+            and not (key in ACCELERATOR_CONFIG_DEFAULTS and ACCELERATOR_CONFIG_DEFAULTS[key] == setting)}
+
+
 def accelerator_config_changes_nothing(value: Any) -> bool:
     """Whether an `accelerator_config` value changes nothing under Lightning: None, or a mapping (or an
     `AcceleratorConfig`, or its JSON text) whose keys are accelerate's defaults except `use_configured_state`.
@@ -141,23 +165,14 @@ def accelerator_config_changes_nothing(value: Any) -> bool:
     """
     if value is None:
         return True
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return False  # a file path: its content could set anything
-    if not isinstance(value, Mapping):
-        to_dict = getattr(value, "to_dict", None)
-        if not callable(to_dict):
-            return False
-        value = to_dict()
-    return all(key == "use_configured_state" or (key in ACCELERATOR_CONFIG_DEFAULTS
-                                                 and ACCELERATOR_CONFIG_DEFAULTS[key] == setting)
-               for key, setting in value.items())
+    return _accelerator_settings(value) is not None and not changed_accelerator_settings(value)
 
 
 _NEUTRAL = {"accelerator_config": accelerator_config_changes_nothing}
 """Unsupported fields whose value may differ from the default when it changes nothing (the rule, per field)."""
+
+_SHOWN = {"accelerator_config": changed_accelerator_settings}
+"""How an error shows a field's value when its whole value would hide what was changed."""
 
 
 def unsupported_problem(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> str | None:
@@ -173,7 +188,7 @@ def unsupported_problem(values: Mapping[str, Any], defaults: Mapping[str, Any]) 
                and not (name in _NEUTRAL and _NEUTRAL[name](values[name]))]
     if not changed:
         return None
-    lines = [f"`{name}`={values[name]!r}: {UNSUPPORTED[name]}" for name in changed]
+    lines = [f"`{name}`={_SHOWN.get(name, lambda v: v)(values[name])!r}: {UNSUPPORTED[name]}" for name in changed]
     return (
         "these TrainingArguments fields are not supported by hf_lightning and must keep their defaults "
         "(README, 'HF argument map'):\n  * " + "\n  * ".join(lines)

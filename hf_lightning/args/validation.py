@@ -13,6 +13,7 @@ import posixpath
 from typing import Any, get_args
 
 from hf_lightning.args import choices
+from hf_lightning.args.accelerator_config import as_config_dict
 from hf_lightning.args.choices import OPTIMIZER_NAMES, SAMPLING_STRATEGIES, SCHEDULER_NAMES
 from hf_lightning.args.field_types import check_field_types
 from hf_lightning.args.hf_fields import hold_hf_enums, normalise_hf_fields
@@ -100,6 +101,12 @@ def _escapes(name: str) -> bool:
 
 def normalise_and_check(args: TrainingArguments) -> None:
     """Fill HF's derived defaults in place and raise one `ValueError` listing every invalid field."""
+    if isinstance(args.accelerator_config, type):  # HF's error and words (TA:1646-1650)
+        raise NotImplementedError(
+            "Tried passing in a callable to `accelerator_config`, but this is not supported. Please pass in a fully "
+            "constructed `AcceleratorConfig` object instead."
+        )
+    args.accelerator_config = as_config_dict(args.accelerator_config)  # checked as HF's `dict | str | None`
     type_issues = check_field_types(args)  # first: everything below relies on the types
     if type_issues:
         raise ValueError("Invalid TrainingArguments (types):\n- " + "\n- ".join(type_issues))
