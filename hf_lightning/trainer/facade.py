@@ -402,13 +402,13 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
         if isinstance(dataset, str):
             dataset = self.datamodule.get_eval_dataset(dataset)
-        request = EvalRequest(metric_key_prefix, ignore_keys)
+        request = EvalRequest(metric_key_prefix, ignore_keys, loss_per_batch=self._take_gather_function(None))
         with self.datamodule.evaluating(dataset, eval_dataset):  # its loader comes from `get_eval_dataloader`
             output = self.flow.evaluate_if_running(request)  # during train(): inside the running fit
             if output is not None:
                 return output.metrics
-            return self.flow.evaluate(self._lightning_trainer(), self.module, self.datamodule, ignore_keys,
-                                      metric_key_prefix).metrics
+            return self.flow.evaluate(self._lightning_trainer(), self.module, self.datamodule,
+                                      request=request).metrics
 
     def predict(
         self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
@@ -416,9 +416,10 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         """Predict on `test_dataset`; returns `PredictionOutput(predictions, label_ids, metrics)`, logs nothing."""
         if self._overridden & LOOP_OVERRIDES:  # HF's predict() body around the overridden loop
             return self._predict_through_loop(test_dataset, ignore_keys, metric_key_prefix)
+        per_batch = self._take_gather_function(None)
         with self.datamodule.predicting(test_dataset):  # its loader comes from `get_test_dataloader`
             result = self.flow.predict(self._lightning_trainer(), self.module, self.datamodule, ignore_keys,
-                                       metric_key_prefix)
+                                       metric_key_prefix, loss_per_batch=per_batch)
         return PredictionOutput(predictions=result.predictions, label_ids=result.label_ids, metrics=result.metrics)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
