@@ -103,7 +103,6 @@ def assert_close(ours, hf, where: str, rel: float = 1e-4) -> None:
 
 def normalised_card(text: str, values: bool = True) -> str:
     """The card with HF's known differences removed (trainer/model_card.py); numbers to 3 digits, or none (`values`)."""
-    text = re.sub(r"OptimizerNames\.(\w+)", lambda m: m[1].lower(), text)  # HF's enum print
     text = re.sub(r"^- (?:Lightning|hf_lightning) .*\n", "", text, flags=re.M)  # ours names them too
     if not values:  # the losses in the table and the results differ by the oracle's fix
         text = re.sub(r"(\| |: )\d+\.\d+", r"\1N", text)
