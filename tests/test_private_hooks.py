@@ -225,3 +225,59 @@ def test_batch_shards_are_accelerates_where_no_sample_repeats():
     assert "one batch fewer" in batch_shard_problem(3, True, 2, even_batches=False)
     assert "repeat batches" in batch_shard_problem(3, True, 2, even_batches=True)
     assert "last batch is short and even_batches=True" in batch_shard_problem(4, False, 2, even_batches=True)
+
+
+def test_get_output_dir_and_load_callback_state_are_hfs(tmp_path):
+    """HF's `_get_output_dir(trial)` (HF's JIT checkpoint manager calls it) and `_load_callback_state()` (HF's
+    callback tests call it after loading a state), on both trainers."""
+    common = dict(restore_callback_states_from_checkpoint=True, report_to="none")
+    built = {}
+    for name, trainer_cls, args_cls, extra in (
+            ("hf", transformers.Trainer, transformers.TrainingArguments, {"use_cpu": True}),
+            ("ours", hf_lightning.Trainer, hf_lightning.TrainingArguments, {})):
+        early = transformers.EarlyStoppingCallback(early_stopping_patience=2)
+        trainer = trainer_cls(model=tiny_gpt2(), args=args_cls(output_dir=str(tmp_path / name), **common, **extra),
+                              callbacks=[early])
+        assert trainer._get_output_dir(trial=None) == str(tmp_path / name)
+        trainer.state.stateful_callbacks = {
+            "EarlyStoppingCallback": {"args": {"early_stopping_patience": 5, "early_stopping_threshold": 0.1},
+                                      "attributes": {"early_stopping_patience_counter": 3}},
+            "TrainerControl": {"args": {"should_training_stop": True}, "attributes": {}},
+        }
+        trainer._load_callback_state()
+        restored = [cb for cb in trainer.callback_handler.callbacks
+                    if isinstance(cb, transformers.EarlyStoppingCallback)]
+        built[name] = ([(cb.early_stopping_patience, cb.early_stopping_threshold, cb.early_stopping_patience_counter)
+                        for cb in restored], restored[0] is early, trainer.control.should_training_stop)
+    assert built["ours"] == built["hf"] == ([(5, 0.1, 3)], False, True)
+
+
+def test_an_instance_patched_evaluate_drives_the_best_checkpoint_as_in_hf(tmp_path, one_thread):
+    """HF's `test_save_best_checkpoint` patches `trainer._evaluate` on the instance: the best checkpoint follows the
+    patched metrics."""
+    from unittest.mock import patch
+
+    results = {}
+    for name, trainer_cls, args_cls, extra in (
+            ("hf", transformers.Trainer, transformers.TrainingArguments, {"use_cpu": True}),
+            ("ours", hf_lightning.Trainer, hf_lightning.TrainingArguments,
+             {"lightning_kwargs": {"accelerator": "cpu", "logger": False}})):
+        lightning = extra.pop("lightning_kwargs", None)
+        args = args_cls(output_dir=str(tmp_path / name), per_device_train_batch_size=2, max_steps=3,
+                        eval_strategy="steps", eval_steps=1, save_strategy="best", metric_for_best_model="accuracy",
+                        report_to="none", disable_tqdm=True, **extra)
+        trainer = trainer_cls(model=tiny_gpt2(), args=args, train_dataset=lm_dataset(n=6),
+                              eval_dataset=lm_dataset(n=2, seed=1), **({"lightning_kwargs": lightning}
+                                                                        if lightning else {}))
+        calls = []
+
+        def patched(*args, **kwargs):
+            calls.append(args)
+            return {"eval_accuracy": [0.3, 0.9, 0.5, 0.1][min(len(calls), 4) - 1]}
+
+        with patch.object(trainer, "_evaluate", side_effect=patched):
+            trainer.train()
+        results[name] = (len(calls), trainer.state.best_metric, os.path.basename(trainer.state.best_model_checkpoint),
+                         sorted(p for p in os.listdir(tmp_path / name) if p.startswith("checkpoint-")))
+    assert results["ours"] == results["hf"]
+    assert results["hf"][1:3] == (0.9, "checkpoint-2")

@@ -262,10 +262,11 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         self.lightning_trainer: pl.Trainer | None = None
         self.module = self._build_module(model, optimizers)
         loss_only = self.module.prediction_loss_only(is_prediction=False)
-        problem = None if self._overridden & METRIC_SOURCES else \
+        # checked when `train()` starts (HF raises a KeyError at the first evaluation, after training time is spent):
+        # a method patched onto the instance after construction (HF's tests patch `trainer._evaluate`) may make
+        # the metric
+        self._best_metric_problem = None if self._overridden & METRIC_SOURCES else \
             unreachable_best_metric(self.args, self.datamodule.eval_dataset_names, loss_only)
-        if problem:  # HF raises a KeyError at the first evaluation, after training time is spent
-            raise ValueError(problem)
         self.init_script_api(args)  # the user's arguments object, `output_dir` created (trainer/script_api.py)
         self.flow.hf_init_end(model)
 
@@ -354,6 +355,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             ValueError: `resume_from_checkpoint=True` with no checkpoint in `output_dir`.
             FileNotFoundError: the checkpoint folder does not exist or is incomplete (names the missing file).
         """
+        if self._best_metric_problem and not METRIC_SOURCES & vars(self).keys():
+            raise ValueError(self._best_metric_problem)
         self.is_in_train = True
         try:
             if self.model_init is not None:
