@@ -124,6 +124,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.seq2seq.prompts": 1,
     "hf_lightning.tasks.generation": 1,
     "hf_lightning.tasks.hf_callbacks": 1,
+    "hf_lightning.callbacks.jit_checkpoint": 1,
     "hf_lightning.tasks.code_paths": 1,
     "hf_lightning.tasks.loading": 1,
     "hf_lightning.tasks.peft_config": 1,

@@ -281,3 +281,33 @@ def test_an_instance_patched_evaluate_drives_the_best_checkpoint_as_in_hf(tmp_pa
                          sorted(p for p in os.listdir(tmp_path / name) if p.startswith("checkpoint-")))
     assert results["ours"] == results["hf"]
     assert results["hf"][1:3] == (0.9, "checkpoint-2")
+
+
+def test_hfs_jit_checkpoint_callback_is_in_the_handler_with_our_signal_path(tmp_path):
+    """With `enable_jit_checkpoint=True` HF's handler holds a `JITCheckpointCallback` bound to the trainer, with a
+    `CheckpointManager` (code looking for it finds HF's objects); ours installs no SIGTERM handler at construction:
+    the pre-emption path handles the signal during `train()` (tests/test_preemption.py)."""
+    import signal
+
+    from transformers.trainer_jit_checkpoint import CheckpointManager, JITCheckpointCallback
+
+    before = signal.getsignal(signal.SIGTERM)
+    found = {}
+    try:
+        for name, trainer_cls, args_cls, extra in (
+                ("hf", transformers.Trainer, transformers.TrainingArguments, {"use_cpu": True}),
+                ("ours", hf_lightning.Trainer, hf_lightning.TrainingArguments, {})):
+            signal.signal(signal.SIGTERM, before)
+            trainer = trainer_cls(model=tiny_gpt2(), args=args_cls(output_dir=str(tmp_path / name), report_to="none",
+                                                                   enable_jit_checkpoint=True, **extra))
+            jit = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, JITCheckpointCallback)]
+            found[name] = (len(jit), jit[0].trainer is trainer, isinstance(jit[0].jit_manager, CheckpointManager),
+                           jit[0].jit_manager.trainer is trainer)
+            if name == "ours":
+                assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert found["ours"] == found["hf"] == (1, True, True, True)
+    plain = hf_lightning.Trainer(model=tiny_gpt2(), args=hf_lightning.TrainingArguments(
+        output_dir=str(tmp_path / "plain"), report_to="none"))
+    assert not [cb for cb in plain.callback_handler.callbacks if isinstance(cb, JITCheckpointCallback)]

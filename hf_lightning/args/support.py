@@ -90,7 +90,9 @@ DIFFERENCES: dict[str, str] = {
     "enable_jit_checkpoint": "on SIGTERM / SIGUSR1 every process agrees at the next update boundary, writes "
                              "`checkpoint-<step>` through the normal atomic save (no 3 s wait, no sentinel file) and "
                              "`train()` raises `TrainingPreempted` (exit status 143); False: the same stop and "
-                             "status without the save (HF: killed by the signal) (README, 'Checkpoints and resume')",
+                             "status without the save (HF: killed by the signal); HF's `JITCheckpointCallback` is in "
+                             "`callback_handler`, its manager installing no signal handler of its own (README, "
+                             "'Checkpoints and resume')",
     "auto_find_batch_size": "`args.per_device_train_batch_size` is back to your value after `train()`; "
                             "`state.train_batch_size` holds the size that fit",
 }

@@ -30,6 +30,7 @@ from transformers.utils import logging as hf_logging
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
+from hf_lightning.callbacks.jit_checkpoint import LightningJITCheckpointCallback
 from hf_lightning.checkpoint.checks import output_dir_problem
 from hf_lightning.checkpoint.distributed import full_model_state_dict
 from hf_lightning.checkpoint.final_model import TRAINING_ARGS_NAME
@@ -246,11 +247,14 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         else:
             console = [console_callback(bool(self.args.disable_tqdm))]  # resolved by the arguments (never None)
             self._trainer_kwargs["enable_progress_bar"] = False
-        hf_callbacks = [*_integration_callbacks(self.args), *hf_callbacks]  # before the user's, as HF
+        jit = [LightningJITCheckpointCallback()] if self.args.enable_jit_checkpoint else []  # HF's, in its place
+        hf_callbacks = [*_integration_callbacks(self.args), *jit, *hf_callbacks]  # before the user's, as HF
         # the flow calls this trainer's overridden HF loop methods and its `evaluate` where HF's loop calls them
         self.flow = build_flow(self.args, [*hf_callbacks, *console], processing_class, owner=self,
                                overridden=self._overridden,
                                resume_hint="trainer.train(resume_from_checkpoint={path!r})")
+        for callback in jit:
+            callback.set_trainer(self)
         checkpoints = self.flow.checkpoints
         if own_save:  # HF's `_save_checkpoint` calls `save_model(folder, _internal_call=True)`, which calls `_save`
             checkpoints.write_model_files = lambda folder: self.save_model(folder, _internal_call=True)
