@@ -71,3 +71,19 @@ def test_accelerator_config_is_held_as_hf_holds_it(tmp_path):
     with pytest.raises(NotImplementedError, match="Tried passing in a callable to `accelerator_config`"):
         hf_lightning.TrainingArguments(output_dir=str(tmp_path),
                                        accelerator_config=transformers.trainer_pt_utils.AcceleratorConfig)
+
+
+def test_loaders_and_accelerator_carry_accelerates_members(tmp_path):
+    """HF's `test_train_and_eval_dataloaders` reads `total_batch_size` on the loaders; TRL and HF's accelerator-config
+    tests read `accelerator.dispatch_batches` (accelerate's default None)."""
+    seen = {}
+    for name, trainer_cls, args_cls, extra in (
+            ("hf", transformers.Trainer, transformers.TrainingArguments, {"use_cpu": True}),
+            ("ours", hf_lightning.Trainer, hf_lightning.TrainingArguments, {})):
+        args = args_cls(output_dir=str(tmp_path / name), per_device_train_batch_size=3, per_device_eval_batch_size=5,
+                        report_to="none", **extra)
+        trainer = trainer_cls(model=_model(), args=args, train_dataset=_Rows(), eval_dataset=_Rows())
+        train, evaluation = trainer.get_train_dataloader(), trainer.get_eval_dataloader()
+        seen[name] = (train.total_batch_size, evaluation.total_batch_size, len(train), len(evaluation),
+                      trainer.get_test_dataloader(_Rows()).total_batch_size, trainer.accelerator.dispatch_batches)
+    assert seen["ours"] == seen["hf"] == (3, 5, 3, 2, 5, None)
