@@ -87,3 +87,27 @@ def test_loaders_and_accelerator_carry_accelerates_members(tmp_path):
         seen[name] = (train.total_batch_size, evaluation.total_batch_size, len(train), len(evaluation),
                       trainer.get_test_dataloader(_Rows()).total_batch_size, trainer.accelerator.dispatch_batches)
     assert seen["ours"] == seen["hf"] == (3, 5, 3, 2, 5, None)
+
+
+def test_accelerator_config_settings_honoured_as_hf(tmp_path):
+    """`gradient_accumulation_kwargs["num_steps"]` becomes `gradient_accumulation_steps` when the Trainer is built
+    (HF's rule and error); `non_blocking` is accepted (Lightning's CUDA transfers are non-blocking); a setting
+    hf_lightning cannot honour is refused by name."""
+    def config():  # a fresh one each time: HF's Trainer sets the dict's `num_steps` to 1 in place
+        return {"gradient_accumulation_kwargs": {"num_steps": 3, "sync_with_dataloader": True}, "non_blocking": True}
+
+    steps = {}
+    for name, trainer_cls, args_cls, extra in (
+            ("hf", transformers.Trainer, transformers.TrainingArguments, {"use_cpu": True}),
+            ("ours", hf_lightning.Trainer, hf_lightning.TrainingArguments, {})):
+        args = args_cls(output_dir=str(tmp_path / name), report_to="none", accelerator_config=config(), **extra)
+        trainer = trainer_cls(model=_model(), args=args, train_dataset=_Rows())
+        steps[name] = trainer.args.gradient_accumulation_steps
+        args = args_cls(output_dir=str(tmp_path / name), report_to="none", accelerator_config=config(),
+                        gradient_accumulation_steps=2, **extra)
+        with pytest.raises(ValueError, match="The `AcceleratorConfig`'s `num_steps` is set but"):
+            trainer_cls(model=_model(), args=args, train_dataset=_Rows())
+    assert steps["ours"] == steps["hf"] == 3
+    with pytest.raises(ValueError, match=r"`accelerator_config`=\{'gradient_accumulation_kwargs': \{'sync_each_batch'"):
+        hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={
+            "gradient_accumulation_kwargs": {"sync_each_batch": True}})

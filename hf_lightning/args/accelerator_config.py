@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AcceleratorConfig", "as_config_dict", "build_accelerator_config"]
+__all__ = ["AcceleratorConfig", "apply_accumulation_steps", "as_config_dict", "build_accelerator_config"]
 
 
 @dataclass
@@ -87,3 +87,23 @@ def build_accelerator_config(value: Any, issues: list[str]) -> AcceleratorConfig
             return None
     issues.append(f"`accelerator_config`={value!r} must be a dict, a JSON file path or an `AcceleratorConfig`.")
     return None
+
+
+def apply_accumulation_steps(args: Any) -> None:
+    """HF's `Trainer` rule for `gradient_accumulation_kwargs["num_steps"]` (T:810-823), at the trainer's
+    construction as there: it becomes `args.gradient_accumulation_steps` when that is 1.
+
+    Raises:
+        ValueError: `num_steps` with `gradient_accumulation_steps` > 1 (HF's words).
+    """
+    config = args.accelerator_config
+    kwargs = getattr(config, "gradient_accumulation_kwargs", None) or {}
+    if "num_steps" not in kwargs:
+        return
+    if args.gradient_accumulation_steps > 1:
+        raise ValueError(
+            "The `AcceleratorConfig`'s `num_steps` is set but `gradient_accumulation_steps` is greater than 1 in the "
+            "passed `TrainingArguments`If using the passed `AcceleratorConfig` is desired, do not set the "
+            "`TrainingArguments` `gradient_accumulation_steps`."
+        )
+    args.gradient_accumulation_steps = kwargs["num_steps"]

@@ -39,9 +39,11 @@ UNSUPPORTED: dict[str, str] = {
     "hub_model_id": _HUB,
     "hub_always_push": _HUB,
     "hub_revision": _HUB,
-    "accelerator_config": "no accelerate: Lightning owns devices; set them in `lightning_kwargs` (accepted: only "
-                          "`use_configured_state`, with accelerate's defaults for the other keys, which changes "
-                          "nothing under Lightning)",
+    "accelerator_config": "no accelerate: Lightning owns devices and loaders; set them in `lightning_kwargs` "
+                          "(accepted: `use_configured_state`, `non_blocking` (Lightning's CUDA transfers are "
+                          "non-blocking), `gradient_accumulation_kwargs` with `num_steps` (HF's rule), "
+                          "`sync_with_dataloader=True`, `sync_each_batch=False`; `split_batches`, "
+                          "`dispatch_batches`, `even_batches`, `use_seedable_sampler` only at accelerate's defaults)",
     "parallelism_config": _STRATEGY,
     "dataloader_multiprocessing_context": "pass `DataLoader`s with your own `multiprocessing_context` (override "
                                           "`train_dataloader`)",
@@ -148,13 +150,30 @@ def _accelerator_settings(value: Any) -> Mapping[str, Any] | None:
     return value
 
 
+_ACCUMULATION_HONOURED = {"num_steps": None, "sync_with_dataloader": True, "sync_each_batch": False}
+"""`gradient_accumulation_kwargs` keys hf_lightning honours, with the one value it honours (None: any). `num_steps`
+is HF's Trainer rule (`accelerator_config.apply_accumulation_steps`); an update window always ends with the loader
+(`sync_with_dataloader=True`); gradients are synced once per update (`sync_each_batch=False`)."""
+
+
+def _honoured(key: str, setting: Any) -> bool:
+    """Whether hf_lightning does what this `accelerator_config` setting asks (module docstring of `support.py`)."""
+    if key in ("use_configured_state", "non_blocking"):
+        # no accelerate state under Lightning; Lightning moves every batch to CUDA with `non_blocking=True` (and
+        # blocking to the CPU / MPS) whatever the value: the same tensors either way
+        return True
+    if key == "gradient_accumulation_kwargs" and isinstance(setting, Mapping):
+        return all(name in _ACCUMULATION_HONOURED and _ACCUMULATION_HONOURED[name] in (None, value)
+                   for name, value in setting.items())
+    return key in ACCELERATOR_CONFIG_DEFAULTS and ACCELERATOR_CONFIG_DEFAULTS[key] == setting
+
+
 def changed_accelerator_settings(value: Any) -> Any:
-    """The keys of an `accelerator_config` value that differ from accelerate's defaults (what an error shows)."""
+    """The keys of an `accelerator_config` value hf_lightning does not honour (what an error shows)."""
     settings = _accelerator_settings(value)
     if settings is None:
         return value
-    return {key: setting for key, setting in settings.items() if key != "use_configured_state"
-            and not (key in ACCELERATOR_CONFIG_DEFAULTS and ACCELERATOR_CONFIG_DEFAULTS[key] == setting)}
+    return {key: setting for key, setting in settings.items() if not _honoured(key, setting)}
 
 
 def accelerator_config_changes_nothing(value: Any) -> bool:

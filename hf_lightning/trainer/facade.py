@@ -28,6 +28,7 @@ from transformers.trainer_utils import PredictionOutput, TrainOutput
 from transformers.utils import logging as hf_logging
 
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.accelerator_config import apply_accumulation_steps
 from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs
 from hf_lightning.callbacks.jit_checkpoint import LightningJITCheckpointCallback
@@ -200,6 +201,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         eval_loss_weighting: str = "samples",
     ) -> None:
         self.args = self._resolve_args(args)
+        apply_accumulation_steps(self.args)  # HF's Trainer rule for `gradient_accumulation_kwargs["num_steps"]`
         # a library trainer's constructor (TRL's) has no `lightning_kwargs`: the ones given to
         # `use_as_transformers_trainer` stand in
         self.lightning_kwargs = dict(default_lightning_kwargs() if lightning_kwargs is None else lightning_kwargs)
