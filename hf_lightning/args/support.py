@@ -25,13 +25,16 @@ _TRACKIO = "trackio has no Lightning logger: pass a Lightning logger in `lightni
 UNSUPPORTED: dict[str, str] = {
     "optim_target_modules": "GaLore / APOLLO optimizers are not built; pass your own `optimizers=(optimizer, None)`",
     "tf32": "set `torch.backends.cuda.matmul.allow_tf32` (or `torch.set_float32_matmul_precision`) yourself",
-    "use_liger_kernel": "apply the Liger kernels to the model yourself",
+    "use_liger_kernel": "HF patches the model's modules with the liger-kernel package's Triton kernels (CUDA only, "
+                        "not a dependency here); apply them to the model yourself before passing it "
+                        "(`liger_kernel.transformers._apply_liger_kernel_to_instance(model=model)`)",
     "liger_kernel_config": "apply the Liger kernels to the model yourself",
     "project": _TRACKIO,
     "trackio_space_id": _TRACKIO,
     "trackio_bucket_id": _TRACKIO,
     "trackio_static_space_id": _TRACKIO,
-    "eval_use_gather_object": "gather Python objects in your `compute_metrics` yourself",
+    "eval_use_gather_object": "evaluation results are gathered as tensors inside Lightning's loop (no object "
+                              "gathering); gather Python objects in your `compute_metrics` yourself",
     "save_on_each_node": "checkpoints are written by global rank 0 (use a shared file system)",
     "push_to_hub": _HUB,
     "hub_token": _HUB,
@@ -48,12 +51,16 @@ UNSUPPORTED: dict[str, str] = {
     "dataloader_multiprocessing_context": "pass `DataLoader`s with your own `multiprocessing_context` (override "
                                           "`train_dataloader`)",
     "dataloader_in_order": "batches are always yielded in order",
-    "skip_memory_metrics": "memory metrics are not collected (Lightning's `DeviceStatsMonitor` reports memory)",
+    "skip_memory_metrics": "HF's memory metrics (`train_mem_cpu_alloc_delta`...) are not implemented (HF's "
+                           "`TrainerMemoryTracker` does not run around train / evaluate / predict); Lightning's "
+                           "`DeviceStatsMonitor` reports memory",
 }
 """Fields that keep their default; a different value raises, and this says what to use instead."""
 
 DIFFERENCES: dict[str, str] = {
-    "optim": "`adamw_torch`, `adamw_torch_fused`, `sgd`, `adafactor`, `adagrad`, `rmsprop` only",
+    "optim": "`adamw_torch`, `adamw_torch_fused`, `sgd`, `adafactor`, `adagrad`, `rmsprop` only (`adamw_anyprecision` "
+             "is refused with its reason: HF builds it from torchdistx, which has no torch 2 release; pass the "
+             "optimizer in `optimizers`)",
     "gradient_accumulation_steps": "the loss is token-normalised for every model (HF skips it for BERT-like models)",
     "bf16": "becomes Lightning `precision=\"bf16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` "
             "wins",

@@ -130,7 +130,13 @@ def normalise_and_check(args: TrainingArguments) -> None:
                       f"(token-balanced batches are not implemented); allowed: {', '.join(SAMPLING_STRATEGIES)}.")
     else:
         _check_choice(issues, "train_sampling_strategy", args.train_sampling_strategy, SAMPLING_STRATEGIES)
-    _check_choice(issues, "optim", args.optim, OPTIMIZER_NAMES)
+    if args.optim == "adamw_anyprecision":  # HF builds it from torchdistx, which has no build for torch 2
+        issues.append("`optim`='adamw_anyprecision' is not supported by hf_lightning: HF builds torchdistx's "
+                      "`AnyPrecisionAdamW` (HF: 'Please install https://github.com/pytorch/torchdistx', a package "
+                      "with no release for torch 2); pass `optimizers=(AnyPrecisionAdamW(model.parameters(), ...), "
+                      f"None)` yourself, or choose one of: {', '.join(OPTIMIZER_NAMES)}.")
+    else:
+        _check_choice(issues, "optim", args.optim, OPTIMIZER_NAMES)
     _check_choice(issues, "lr_scheduler_type", args.lr_scheduler_type, SCHEDULER_NAMES)
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
         value = getattr(args, name)
