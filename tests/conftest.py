@@ -49,6 +49,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join([_REPO, *(p for p in os.environ.get("
 TIERS = {
     "test_args.py": "unit",
     "test_args_hf_fields.py": "parity",
+    "test_hf_trainer_on_our_args.py": "parity",
     "test_as_transformers.py": "unit",
     "test_args_types.py": "parity",
     "test_callback_contract.py": "unit",

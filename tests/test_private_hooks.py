@@ -14,6 +14,7 @@ import os
 
 import pytest
 import torch
+import transformers
 import torch.nn.functional as F
 from test_overrides_parity import assert_same_run, lm_dataset, pair, stable, tiny_gpt2, with_base
 from torch import nn
@@ -176,7 +177,9 @@ def test_model_accepts_loss_kwargs_set_on_the_trainer_is_honoured_and_kept(tmp_p
 # ----- accelerator -----
 def test_accelerator_config_that_changes_nothing_is_accepted_and_others_refused_by_name(tmp_path):
     args = hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"use_configured_state": True})
-    assert args.accelerator_config == {"use_configured_state": True}
+    # held as HF holds it once its device setup popped `use_configured_state` (HF's own needs an accelerate state)
+    assert args.accelerator_config.to_dict() == transformers.TrainingArguments(
+        output_dir=str(tmp_path)).accelerator_config.to_dict()
     hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"even_batches": True})
     with pytest.raises(ValueError, match=r"`accelerator_config`=\{'even_batches': False\}"):
         hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"even_batches": False})
@@ -222,3 +225,89 @@ def test_batch_shards_are_accelerates_where_no_sample_repeats():
     assert "one batch fewer" in batch_shard_problem(3, True, 2, even_batches=False)
     assert "repeat batches" in batch_shard_problem(3, True, 2, even_batches=True)
     assert "last batch is short and even_batches=True" in batch_shard_problem(4, False, 2, even_batches=True)
+
+
+def test_get_output_dir_and_load_callback_state_are_hfs(tmp_path):
+    """HF's `_get_output_dir(trial)` (HF's JIT checkpoint manager calls it) and `_load_callback_state()` (HF's
+    callback tests call it after loading a state), on both trainers."""
+    common = dict(restore_callback_states_from_checkpoint=True, report_to="none")
+    built = {}
+    for name, trainer_cls, args_cls, extra in (
+            ("hf", transformers.Trainer, transformers.TrainingArguments, {"use_cpu": True}),
+            ("ours", hf_lightning.Trainer, hf_lightning.TrainingArguments, {})):
+        early = transformers.EarlyStoppingCallback(early_stopping_patience=2)
+        trainer = trainer_cls(model=tiny_gpt2(), args=args_cls(output_dir=str(tmp_path / name), **common, **extra),
+                              callbacks=[early])
+        assert trainer._get_output_dir(trial=None) == str(tmp_path / name)
+        trainer.state.stateful_callbacks = {
+            "EarlyStoppingCallback": {"args": {"early_stopping_patience": 5, "early_stopping_threshold": 0.1},
+                                      "attributes": {"early_stopping_patience_counter": 3}},
+            "TrainerControl": {"args": {"should_training_stop": True}, "attributes": {}},
+        }
+        trainer._load_callback_state()
+        restored = [cb for cb in trainer.callback_handler.callbacks
+                    if isinstance(cb, transformers.EarlyStoppingCallback)]
+        built[name] = ([(cb.early_stopping_patience, cb.early_stopping_threshold, cb.early_stopping_patience_counter)
+                        for cb in restored], restored[0] is early, trainer.control.should_training_stop)
+    assert built["ours"] == built["hf"] == ([(5, 0.1, 3)], False, True)
+
+
+def test_an_instance_patched_evaluate_drives_the_best_checkpoint_as_in_hf(tmp_path, one_thread):
+    """HF's `test_save_best_checkpoint` patches `trainer._evaluate` on the instance: the best checkpoint follows the
+    patched metrics."""
+    from unittest.mock import patch
+
+    results = {}
+    for name, trainer_cls, args_cls, extra in (
+            ("hf", transformers.Trainer, transformers.TrainingArguments, {"use_cpu": True}),
+            ("ours", hf_lightning.Trainer, hf_lightning.TrainingArguments,
+             {"lightning_kwargs": {"accelerator": "cpu", "logger": False}})):
+        lightning = extra.pop("lightning_kwargs", None)
+        args = args_cls(output_dir=str(tmp_path / name), per_device_train_batch_size=2, max_steps=3,
+                        eval_strategy="steps", eval_steps=1, save_strategy="best", metric_for_best_model="accuracy",
+                        report_to="none", disable_tqdm=True, **extra)
+        trainer = trainer_cls(model=tiny_gpt2(), args=args, train_dataset=lm_dataset(n=6),
+                              eval_dataset=lm_dataset(n=2, seed=1), **({"lightning_kwargs": lightning}
+                                                                        if lightning else {}))
+        calls = []
+
+        def patched(*args, **kwargs):
+            calls.append(args)
+            return {"eval_accuracy": [0.3, 0.9, 0.5, 0.1][min(len(calls), 4) - 1]}
+
+        with patch.object(trainer, "_evaluate", side_effect=patched):
+            trainer.train()
+        results[name] = (len(calls), trainer.state.best_metric, os.path.basename(trainer.state.best_model_checkpoint),
+                         sorted(p for p in os.listdir(tmp_path / name) if p.startswith("checkpoint-")))
+    assert results["ours"] == results["hf"]
+    assert results["hf"][1:3] == (0.9, "checkpoint-2")
+
+
+def test_hfs_jit_checkpoint_callback_is_in_the_handler_with_our_signal_path(tmp_path):
+    """With `enable_jit_checkpoint=True` HF's handler holds a `JITCheckpointCallback` bound to the trainer, with a
+    `CheckpointManager` (code looking for it finds HF's objects); ours installs no SIGTERM handler at construction:
+    the pre-emption path handles the signal during `train()` (tests/test_preemption.py)."""
+    import signal
+
+    from transformers.trainer_jit_checkpoint import CheckpointManager, JITCheckpointCallback
+
+    before = signal.getsignal(signal.SIGTERM)
+    found = {}
+    try:
+        for name, trainer_cls, args_cls, extra in (
+                ("hf", transformers.Trainer, transformers.TrainingArguments, {"use_cpu": True}),
+                ("ours", hf_lightning.Trainer, hf_lightning.TrainingArguments, {})):
+            signal.signal(signal.SIGTERM, before)
+            trainer = trainer_cls(model=tiny_gpt2(), args=args_cls(output_dir=str(tmp_path / name), report_to="none",
+                                                                   enable_jit_checkpoint=True, **extra))
+            jit = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, JITCheckpointCallback)]
+            found[name] = (len(jit), jit[0].trainer is trainer, isinstance(jit[0].jit_manager, CheckpointManager),
+                           jit[0].jit_manager.trainer is trainer)
+            if name == "ours":
+                assert signal.getsignal(signal.SIGTERM) is before
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert found["ours"] == found["hf"] == (1, True, True, True)
+    plain = hf_lightning.Trainer(model=tiny_gpt2(), args=hf_lightning.TrainingArguments(
+        output_dir=str(tmp_path / "plain"), report_to="none"))
+    assert not [cb for cb in plain.callback_handler.callbacks if isinstance(cb, JITCheckpointCallback)]

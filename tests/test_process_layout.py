@@ -74,9 +74,9 @@ def test_serialisation_is_hfs(no_launcher, tmp_path):
     assert set(our_dict) == set(hf_dict) | set(OURS)
     our_dict = {k: v for k, v in our_dict.items() if k not in OURS}
     same = {k for k in hf_dict if hf_dict[k] == our_dict[k]}
-    # the rest: values HF fills in for a feature we refuse (accelerate's config) and our scheduler dict; `debug` is
+    # the rest: our scheduler dict (accelerate's config is held as HF holds it); `debug` is
     # HF's list since `debug="underflow_overflow"` is supported
-    assert set(hf_dict) - same == {"accelerator_config", "lr_scheduler_kwargs"}
+    assert set(hf_dict) - same == {"lr_scheduler_kwargs"}
     assert {k: v for k, v in json.loads(ours.to_json_string()).items() if k not in OURS} == our_dict
     sanitized = ours.to_sanitized_dict()
     assert set(sanitized) == set(hf.to_sanitized_dict()) | set(OURS)

@@ -177,6 +177,10 @@ class ProcessLayoutMixin:
 
     use_cpu: bool
     deepspeed: Any
+    fsdp: Any
+    ddp_timeout: int
+    fp16: bool
+    bf16: bool
     log_on_each_node: bool
     save_on_each_node: bool
     log_level: str
@@ -244,6 +248,67 @@ class ProcessLayoutMixin:
             with open(config) as f:
                 config = json.load(f)
         return DeepSpeedPlugin(zero_stage(dict(config)), dict(config))
+
+    @property
+    def mixed_precision(self) -> str:
+        """HF's `mixed_precision` (TA:1601-1606): `fp16` / `bf16` from the flags, else `ACCELERATE_MIXED_PRECISION`
+        (default `no`); read by `transformers.Trainer` built on these arguments."""
+        if self.fp16:
+            return "fp16"
+        if self.bf16:
+            return "bf16"
+        return os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+
+    @property
+    def fsdp_plugin_args(self) -> dict[str, Any] | None:
+        """HF's accelerate FSDP plugin arguments, read by `transformers.Trainer` built on these arguments: None
+        without `fsdp`.
+
+        Raises:
+            NotImplementedError: `fsdp` is set (hf_lightning turns it into a Lightning strategy, not accelerate's
+                plugin): build `transformers.TrainingArguments` for HF's own Trainer with FSDP.
+        """
+        if not self.fsdp:
+            return None
+        raise NotImplementedError(
+            f"`fsdp`={self.fsdp!r}: hf_lightning's TrainingArguments turn FSDP into a Lightning strategy "
+            "and hold no accelerate FSDP plugin; to run transformers.Trainer with FSDP, build "
+            "transformers.TrainingArguments."
+        )
+
+    @property
+    def _n_gpu(self) -> int:
+        """HF's private `_n_gpu` (`n_gpu` is derived from it there); `transformers.Trainer` reads it, and sets it to
+        1 for a model-parallel model, which is what `n_gpu` answers at most here (no `DataParallel`)."""
+        return self.n_gpu
+
+    @_n_gpu.setter
+    def _n_gpu(self, value: int) -> None:
+        if value > self.n_gpu:
+            raise ValueError(f"`_n_gpu`={value}: hf_lightning never uses DataParallel (at most 1 GPU per process).")
+
+    @property
+    def _setup_devices(self) -> Any:
+        """HF's private `_setup_devices` (`transformers.Trainer` touches it to set up devices): the `device`; there
+        is nothing to set up before Lightning's strategy starts (accelerate's `Accelerator` makes its own state)."""
+        return self.device
+
+    @property
+    def place_model_on_device(self) -> bool | None:
+        """HF's hook for integrations (None: `transformers.Trainer` decides); Lightning places the model here."""
+        return None
+
+    @property
+    def ddp_timeout_delta(self) -> Any:
+        """`ddp_timeout` as a `datetime.timedelta` (HF's)."""
+        import datetime
+
+        return datetime.timedelta(seconds=self.ddp_timeout)
+
+    @property
+    def _no_sync_in_gradient_accumulation(self) -> bool:
+        """HF's: skip gradient syncs inside an accumulation window unless DeepSpeed handles it."""
+        return not self.deepspeed
 
     @property
     def parallel_mode(self) -> Any:

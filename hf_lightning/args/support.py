@@ -25,13 +25,16 @@ _TRACKIO = "trackio has no Lightning logger: pass a Lightning logger in `lightni
 UNSUPPORTED: dict[str, str] = {
     "optim_target_modules": "GaLore / APOLLO optimizers are not built; pass your own `optimizers=(optimizer, None)`",
     "tf32": "set `torch.backends.cuda.matmul.allow_tf32` (or `torch.set_float32_matmul_precision`) yourself",
-    "use_liger_kernel": "apply the Liger kernels to the model yourself",
+    "use_liger_kernel": "HF patches the model's modules with the liger-kernel package's Triton kernels (CUDA only, "
+                        "not a dependency here); apply them to the model yourself before passing it "
+                        "(`liger_kernel.transformers._apply_liger_kernel_to_instance(model=model)`)",
     "liger_kernel_config": "apply the Liger kernels to the model yourself",
     "project": _TRACKIO,
     "trackio_space_id": _TRACKIO,
     "trackio_bucket_id": _TRACKIO,
     "trackio_static_space_id": _TRACKIO,
-    "eval_use_gather_object": "gather Python objects in your `compute_metrics` yourself",
+    "eval_use_gather_object": "evaluation results are gathered as tensors inside Lightning's loop (no object "
+                              "gathering); gather Python objects in your `compute_metrics` yourself",
     "save_on_each_node": "checkpoints are written by global rank 0 (use a shared file system)",
     "push_to_hub": _HUB,
     "hub_token": _HUB,
@@ -39,19 +42,25 @@ UNSUPPORTED: dict[str, str] = {
     "hub_model_id": _HUB,
     "hub_always_push": _HUB,
     "hub_revision": _HUB,
-    "accelerator_config": "no accelerate: Lightning owns devices; set them in `lightning_kwargs` (accepted: only "
-                          "`use_configured_state`, with accelerate's defaults for the other keys, which changes "
-                          "nothing under Lightning)",
+    "accelerator_config": "no accelerate: Lightning owns devices and loaders; set them in `lightning_kwargs` "
+                          "(accepted: `use_configured_state`, `non_blocking` (Lightning's CUDA transfers are "
+                          "non-blocking), `gradient_accumulation_kwargs` with `num_steps` (HF's rule), "
+                          "`sync_with_dataloader=True`, `sync_each_batch=False`; `split_batches`, "
+                          "`dispatch_batches`, `even_batches`, `use_seedable_sampler` only at accelerate's defaults)",
     "parallelism_config": _STRATEGY,
     "dataloader_multiprocessing_context": "pass `DataLoader`s with your own `multiprocessing_context` (override "
                                           "`train_dataloader`)",
     "dataloader_in_order": "batches are always yielded in order",
-    "skip_memory_metrics": "memory metrics are not collected (Lightning's `DeviceStatsMonitor` reports memory)",
+    "skip_memory_metrics": "HF's memory metrics (`train_mem_cpu_alloc_delta`...) are not implemented (HF's "
+                           "`TrainerMemoryTracker` does not run around train / evaluate / predict); Lightning's "
+                           "`DeviceStatsMonitor` reports memory",
 }
 """Fields that keep their default; a different value raises, and this says what to use instead."""
 
 DIFFERENCES: dict[str, str] = {
-    "optim": "`adamw_torch`, `adamw_torch_fused`, `sgd`, `adafactor`, `adagrad`, `rmsprop` only",
+    "optim": "`adamw_torch`, `adamw_torch_fused`, `sgd`, `adafactor`, `adagrad`, `rmsprop` only (`adamw_anyprecision` "
+             "is refused with its reason: HF builds it from torchdistx, which has no torch 2 release; pass the "
+             "optimizer in `optimizers`)",
     "gradient_accumulation_steps": "the loss is token-normalised for every model (HF skips it for BERT-like models)",
     "bf16": "becomes Lightning `precision=\"bf16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` "
             "wins",
@@ -90,7 +99,9 @@ DIFFERENCES: dict[str, str] = {
     "enable_jit_checkpoint": "on SIGTERM / SIGUSR1 every process agrees at the next update boundary, writes "
                              "`checkpoint-<step>` through the normal atomic save (no 3 s wait, no sentinel file) and "
                              "`train()` raises `TrainingPreempted` (exit status 143); False: the same stop and "
-                             "status without the save (HF: killed by the signal) (README, 'Checkpoints and resume')",
+                             "status without the save (HF: killed by the signal); HF's `JITCheckpointCallback` is in "
+                             "`callback_handler`, its manager installing no signal handler of its own (README, "
+                             "'Checkpoints and resume')",
     "auto_find_batch_size": "`args.per_device_train_batch_size` is back to your value after `train()`; "
                             "`state.train_batch_size` holds the size that fit",
 }
@@ -134,6 +145,47 @@ ACCELERATOR_CONFIG_DEFAULTS: dict[str, Any] = {
 process, each process loading its own shard, the seeded order, eval results without duplicates."""
 
 
+def _accelerator_settings(value: Any) -> Mapping[str, Any] | None:
+    """An `accelerator_config` value as a mapping (a dict, an `AcceleratorConfig`, JSON text), or None for a path."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None  # a file path: its content could set anything
+    if not isinstance(value, Mapping):
+        to_dict = getattr(value, "to_dict", None)
+        if not callable(to_dict):
+            return None
+        value = to_dict()
+    return value
+
+
+_ACCUMULATION_HONOURED = {"num_steps": None, "sync_with_dataloader": True, "sync_each_batch": False}
+"""`gradient_accumulation_kwargs` keys hf_lightning honours, with the one value it honours (None: any). `num_steps`
+is HF's Trainer rule (`accelerator_config.apply_accumulation_steps`); an update window always ends with the loader
+(`sync_with_dataloader=True`); gradients are synced once per update (`sync_each_batch=False`)."""
+
+
+def _honoured(key: str, setting: Any) -> bool:
+    """Whether hf_lightning does what this `accelerator_config` setting asks (module docstring of `support.py`)."""
+    if key in ("use_configured_state", "non_blocking"):
+        # no accelerate state under Lightning; Lightning moves every batch to CUDA with `non_blocking=True` (and
+        # blocking to the CPU / MPS) whatever the value: the same tensors either way
+        return True
+    if key == "gradient_accumulation_kwargs" and isinstance(setting, Mapping):
+        return all(name in _ACCUMULATION_HONOURED and _ACCUMULATION_HONOURED[name] in (None, value)
+                   for name, value in setting.items())
+    return key in ACCELERATOR_CONFIG_DEFAULTS and ACCELERATOR_CONFIG_DEFAULTS[key] == setting
+
+
+def changed_accelerator_settings(value: Any) -> Any:
+    """The keys of an `accelerator_config` value hf_lightning does not honour (what an error shows)."""
+    settings = _accelerator_settings(value)
+    if settings is None:
+        return value
+    return {key: setting for key, setting in settings.items() if not _honoured(key, setting)}
+
+
 def accelerator_config_changes_nothing(value: Any) -> bool:
     """Whether an `accelerator_config` value changes nothing under Lightning: None, or a mapping (or an
     `AcceleratorConfig`, or its JSON text) whose keys are accelerate's defaults except `use_configured_state`.
@@ -144,23 +196,14 @@ def accelerator_config_changes_nothing(value: Any) -> bool:
     """
     if value is None:
         return True
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return False  # a file path: its content could set anything
-    if not isinstance(value, Mapping):
-        to_dict = getattr(value, "to_dict", None)
-        if not callable(to_dict):
-            return False
-        value = to_dict()
-    return all(key == "use_configured_state" or (key in ACCELERATOR_CONFIG_DEFAULTS
-                                                 and ACCELERATOR_CONFIG_DEFAULTS[key] == setting)
-               for key, setting in value.items())
+    return _accelerator_settings(value) is not None and not changed_accelerator_settings(value)
 
 
 _NEUTRAL = {"accelerator_config": accelerator_config_changes_nothing}
 """Unsupported fields whose value may differ from the default when it changes nothing (the rule, per field)."""
+
+_SHOWN = {"accelerator_config": changed_accelerator_settings}
+"""How an error shows a field's value when its whole value would hide what was changed."""
 
 
 def unsupported_problem(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> str | None:
@@ -176,7 +219,7 @@ def unsupported_problem(values: Mapping[str, Any], defaults: Mapping[str, Any]) 
                and not (name in _NEUTRAL and _NEUTRAL[name](values[name]))]
     if not changed:
         return None
-    lines = [f"`{name}`={values[name]!r}: {UNSUPPORTED[name]}" for name in changed]
+    lines = [f"`{name}`={_SHOWN.get(name, lambda v: v)(values[name])!r}: {UNSUPPORTED[name]}" for name in changed]
     return (
         "these TrainingArguments fields are not supported by hf_lightning and must keep their defaults "
         "(README, 'HF argument map'):\n  * " + "\n  * ".join(lines)

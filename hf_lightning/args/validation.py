@@ -13,6 +13,7 @@ import posixpath
 from typing import Any, get_args
 
 from hf_lightning.args import choices
+from hf_lightning.args.accelerator_config import as_config_dict
 from hf_lightning.args.choices import OPTIMIZER_NAMES, SAMPLING_STRATEGIES, SCHEDULER_NAMES
 from hf_lightning.args.field_types import check_field_types
 from hf_lightning.args.hf_fields import hold_hf_enums, normalise_hf_fields
@@ -100,6 +101,12 @@ def _escapes(name: str) -> bool:
 
 def normalise_and_check(args: TrainingArguments) -> None:
     """Fill HF's derived defaults in place and raise one `ValueError` listing every invalid field."""
+    if isinstance(args.accelerator_config, type):  # HF's error and words (TA:1646-1650)
+        raise NotImplementedError(
+            "Tried passing in a callable to `accelerator_config`, but this is not supported. Please pass in a fully "
+            "constructed `AcceleratorConfig` object instead."
+        )
+    args.accelerator_config = as_config_dict(args.accelerator_config)  # checked as HF's `dict | str | None`
     type_issues = check_field_types(args)  # first: everything below relies on the types
     if type_issues:
         raise ValueError("Invalid TrainingArguments (types):\n- " + "\n- ".join(type_issues))
@@ -123,7 +130,13 @@ def normalise_and_check(args: TrainingArguments) -> None:
                       f"(token-balanced batches are not implemented); allowed: {', '.join(SAMPLING_STRATEGIES)}.")
     else:
         _check_choice(issues, "train_sampling_strategy", args.train_sampling_strategy, SAMPLING_STRATEGIES)
-    _check_choice(issues, "optim", args.optim, OPTIMIZER_NAMES)
+    if args.optim == "adamw_anyprecision":  # HF builds it from torchdistx, which has no build for torch 2
+        issues.append("`optim`='adamw_anyprecision' is not supported by hf_lightning: HF builds torchdistx's "
+                      "`AnyPrecisionAdamW` (HF: 'Please install https://github.com/pytorch/torchdistx', a package "
+                      "with no release for torch 2); pass `optimizers=(AnyPrecisionAdamW(model.parameters(), ...), "
+                      f"None)` yourself, or choose one of: {', '.join(OPTIMIZER_NAMES)}.")
+    else:
+        _check_choice(issues, "optim", args.optim, OPTIMIZER_NAMES)
     _check_choice(issues, "lr_scheduler_type", args.lr_scheduler_type, SCHEDULER_NAMES)
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
         value = getattr(args, name)

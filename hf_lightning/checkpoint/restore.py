@@ -366,11 +366,11 @@ class CheckpointRestorer:
         state.is_local_process_zero = trainer.local_rank == 0
         state.is_world_process_zero = trainer.is_global_zero
         if self.args.restore_callback_states_from_checkpoint:
-            control = self._restore_hf_callbacks(callbacks, control, state)
+            control = self.restore_hf_callbacks(callbacks, control, state)
         return RestoredState(state, plan, control)
 
     @staticmethod
-    def _restore_hf_callbacks(handler: CallbackList, control: TrainerControl, state: TrainerState) -> TrainerControl:
+    def restore_hf_callbacks(handler: CallbackList, control: TrainerControl, state: TrainerState) -> TrainerControl:
         """HF `_load_callback_state` (T:4028-4065): rebuild each stored `ExportableState` from its args/attributes;
         the rebuilt callbacks replace theirs in `handler`; returns the control (rebuilt, when it was stored)."""
         originals: list[TrainerCallback | TrainerControl] = [*handler.callbacks, control]

@@ -444,7 +444,17 @@ class TransformerDataModule(pl.LightningDataModule):
         self, dataset: Any, description: str, batch_size: int, sampler_fn: Callable[[Any], Any] | None = None,
         is_training: bool = False, dataloader_key: str | None = None,
     ) -> DataLoader:
-        """HF's `_get_dataloader` (T:1007-1069): unused columns removed, `sampler_fn`'s order, sharded per process."""
+        """HF's `_get_dataloader` (T:1007-1069): unused columns removed, `sampler_fn`'s order, sharded per process.
+
+        The loader carries accelerate's `total_batch_size` (what HF's prepared `DataLoaderShard` reports: the batch
+        of all processes together, `batch_size` per process times the processes; read by HF's tests and libraries).
+        """
+        loader = self._build_loader(dataset, description, batch_size, sampler_fn, is_training)
+        loader.total_batch_size = batch_size * self._world()[0]
+        return loader
+
+    def _build_loader(self, dataset: Any, description: str, batch_size: int,
+                      sampler_fn: Callable[[Any], Any] | None, is_training: bool) -> DataLoader:
         if is_training:
             self.check_training_labels(dataset)
         dataset, collate = self._with_columns(dataset, description)

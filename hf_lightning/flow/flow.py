@@ -251,10 +251,12 @@ class HFTrainerFlow(Callback):
     def predict(
         self, trainer: pl.Trainer, module: pl.LightningModule, datamodule: pl.LightningDataModule,
         ignore_keys: list[str] | None = None, metric_key_prefix: str = "test", ckpt_path: str | None = None,
+        loss_per_batch: bool | None = None,
     ) -> EvalResult:
-        """HF's `predict()` with `trainer.predict`: the predictions, labels and metrics (`PredictionOutput`'s)."""
+        """HF's `predict()` with `trainer.predict`: the predictions, labels and metrics (`PredictionOutput`'s);
+        `loss_per_batch` is the caller's gathering (`EvalRequest.loss_per_batch`)."""
         cast_for_full_eval(flow_model(module), self.args)
-        request = EvalRequest(metric_key_prefix, ignore_keys, is_prediction=True)
+        request = EvalRequest(metric_key_prefix, ignore_keys, is_prediction=True, loss_per_batch=loss_per_batch)
         with self.preemption.outside_training(trainer):
             return self.evaluator.predict(trainer, module, datamodule, request, ckpt_path)
 

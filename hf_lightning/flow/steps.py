@@ -132,8 +132,12 @@ class HFLoopSteps:
         return state
 
     def _override(self, name: str) -> HFLoopHooks | None:
-        """The owner, when its class overrides the loop method `name`; else None (the built-in runs)."""
-        return self.owner if name in self._overridden else None
+        """The owner, when its class overrides the loop method `name` or the instance itself holds one (a method
+        patched onto the trainer, as HF's tests patch `trainer._evaluate`); else None (the built-in runs)."""
+        if self.owner is None:
+            return None
+        patched = name in LOOP_METHODS and name in getattr(self.owner, "__dict__", {})
+        return self.owner if name in self._overridden or patched else None
 
     # ----- the fit the steps run in -----
     def start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -52,6 +52,10 @@ class EvalRequest:
             the predictions as a `predict()` does.
         prediction_loss_only: the `evaluation_loop` call's resolved `prediction_loss_only`; None: HF's rule of
             `evaluate()` / `predict()` (the module's `prediction_loss_only`).
+        loss_per_batch: how the caller gathers (HF's `gather_function`): True for `accelerator.gather` (every
+            batch's mean loss counts `per_device_eval_batch_size` times, HF's `Seq2SeqTrainer.evaluate/predict`),
+            False for `gather_for_metrics` (counted per sample, HF's `evaluation_loop` default); None: the module's
+            own rule (`eval_settings`).
     """
 
     metric_key_prefix: str = "eval"
@@ -59,6 +63,7 @@ class EvalRequest:
     is_prediction: bool = False
     description: str | None = None
     prediction_loss_only: bool | None = None
+    loss_per_batch: bool | None = None
 
     @property
     def keeps_predictions(self) -> bool:

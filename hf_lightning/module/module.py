@@ -17,6 +17,7 @@ The module implements `hf_lightning.contracts.FlowModule`: `HFTrainerFlow` ends 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -365,7 +366,12 @@ class TransformerModule(HFHooksModule):
         """A fresh accumulator for one dataset of an evaluation / prediction run (see `FlowModule`); it runs padding
         steps on a short shard when `eval_forwards_in_lockstep` (see `module/eval_run.py`)."""
         pad_step = self.padding_step(is_prediction) if self.eval_forwards_in_lockstep(world_size) else None
-        return EvalAccumulator(self.eval_settings(), self.prediction_loss_only(is_prediction), is_prediction,
+        settings = self.eval_settings()
+        per_batch = self._eval_request.loss_per_batch
+        if per_batch is not None:  # the caller's gathering decides, as HF's `gather_function` (EvalRequest)
+            settings = dataclasses.replace(
+                settings, eval_loss_repeats=self.args.per_device_eval_batch_size if per_batch else None)
+        return EvalAccumulator(settings, self.prediction_loss_only(is_prediction), is_prediction,
                                world_size, self.device, loader=loader, pad_step=pad_step)
 
     def eval_forwards_in_lockstep(self, world_size: int) -> bool:

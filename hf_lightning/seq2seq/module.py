@@ -10,8 +10,9 @@ generated_ids, labels)` returned. Differences (README "Generation-based evaluati
 - a decoder-only model (HF has no support) generates completions of left-padded prompts; the predictions are the
   completion tokens and the labels the reference completions (format in `prompts.py`).
 
-`eval_loss` is weighted as HF's `Seq2SeqTrainer` weights it (`EvalSettings.eval_loss_repeats`): every batch's mean
-loss counts `per_device_eval_batch_size` times, a short last batch as a full one.
+`eval_loss` is weighted as HF's `Seq2SeqTrainer.evaluate` / `predict` weight it (`EvalSettings.eval_loss_repeats`):
+every batch's mean loss counts `per_device_eval_batch_size` times, a short last batch as a full one; a direct
+`evaluation_loop` call counts it per sample, as HF's (the caller's `gather_function`, `EvalRequest.loss_per_batch`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class Seq2SeqTransformerModule(TransformerModule):
         if generation is not None and generation.generation_config is not None:
             model.generation_config = load_generation_config(generation.generation_config)
         self.gen_kwargs: dict[str, Any] = resolve_gen_kwargs(self.args)
+        self._gen_kwargs_from_caller = False  # set by `set_gen_kwargs` until the evaluation it is for has run
 
     @property
     def generation_args(self) -> Seq2SeqTrainingArguments | None:
@@ -120,13 +122,32 @@ class Seq2SeqTransformerModule(TransformerModule):
             return True
         return super().eval_forwards_in_lockstep(world_size)
 
+    def set_gen_kwargs(self, gen_kwargs: dict[str, Any]) -> None:
+        """The kwargs the next evaluation / prediction generates with, set by its caller (`Seq2SeqTrainer`'s
+        `evaluate` / `predict`, or a subclass setting `_gen_kwargs`): kept for an evaluation during `train()` too."""
+        self.gen_kwargs = gen_kwargs
+        self._gen_kwargs_from_caller = True
+
     @override
     def on_validation_epoch_start(self) -> None:
-        """HF's training-time evaluation calls `evaluate()` without kwargs: the args' values apply (and persist)."""
+        """HF's training-time evaluation calls `evaluate()` without kwargs: the args' values apply (and persist),
+        unless the evaluation's caller (an overridden `evaluate`) set them."""
         super().on_validation_epoch_start()
         trainer = attached_trainer(self)
-        if trainer is not None and trainer.state.fn == "fit":
+        if trainer is not None and trainer.state.fn == "fit" and not self._gen_kwargs_from_caller:
             self.gen_kwargs = resolve_gen_kwargs(self.args)
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        """The caller's kwargs were for this evaluation; the next one during `train()` starts from the args'."""
+        super().on_validation_epoch_end()
+        self._gen_kwargs_from_caller = False
+
+    @override
+    def on_predict_epoch_end(self) -> None:
+        """As `on_validation_epoch_end`, for a `predict()` run."""
+        super().on_predict_epoch_end()
+        self._gen_kwargs_from_caller = False
 
     # ----- generation -----
     def generation_is_synced(self) -> bool:

@@ -12,7 +12,7 @@ from torch import nn
 from hf_lightning.args import TrainingArguments
 from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.seq2seq.args import SEQ2SEQ_FIELDS, Seq2SeqTrainingArguments
-from hf_lightning.seq2seq.gen_kwargs import resolve_gen_kwargs
+from hf_lightning.seq2seq.gen_kwargs import check_gen_kwargs, resolve_gen_kwargs
 from hf_lightning.seq2seq.module import Seq2SeqTransformerModule
 from hf_lightning.trainer.facade import Trainer
 from hf_lightning.trainer.script_api import PassedArguments
@@ -47,8 +47,11 @@ class Seq2SeqTrainer(Trainer):
     """Drop-in for `transformers.Seq2SeqTrainer`: same constructor as `hf_lightning.Trainer`, generation settings in
     `Seq2SeqTrainingArguments`, and `evaluate` / `predict` taking `generate` keyword arguments.
 
-    The kwargs of the last `evaluate` / `predict` call persist (HF's `_gen_kwargs`) in `module.gen_kwargs`;
-    evaluations during `train()` use the args' `generation_max_length` / `generation_num_beams`.
+    The kwargs of the last `evaluate` / `predict` call persist (HF's `_gen_kwargs`, settable) in
+    `module.gen_kwargs`; evaluations during `train()` use the args' `generation_max_length` /
+    `generation_num_beams` unless an overridden `evaluate` sets `_gen_kwargs` itself. `evaluate` / `predict` set
+    `gather_function` to `accelerator.gather` (each batch's mean loss counted as a full batch, as HF); a direct
+    `evaluation_loop` call counts it per sample, as HF's.
     """
 
     module_class = Seq2SeqTransformerModule
@@ -90,8 +93,18 @@ class Seq2SeqTrainer(Trainer):
 
     @property
     def _gen_kwargs(self) -> dict[str, Any]:
-        """HF's attribute name for the stored `generate` kwargs."""
+        """HF's attribute for the stored `generate` kwargs, which `prediction_step` uses.
+
+        Settable, as HF's plain attribute: HF's `trainer_seq2seq_qa.py` sets it in its own `evaluate` / `predict`
+        before calling `evaluation_loop`; the value is used as given (HF's `evaluate` fills `max_length` /
+        `num_beams` from the args, a direct assignment does not), also for evaluations during `train()`.
+        """
         return self.module.gen_kwargs
+
+    @_gen_kwargs.setter
+    def _gen_kwargs(self, gen_kwargs: dict[str, Any]) -> None:
+        check_gen_kwargs(gen_kwargs)
+        self.module.set_gen_kwargs(dict(gen_kwargs))
 
     def evaluate(
         self,
@@ -105,7 +118,8 @@ class Seq2SeqTrainer(Trainer):
         Raises:
             ValueError: `num_beams` < 1 or a non-positive `max_length` / `max_new_tokens`.
         """
-        self.module.gen_kwargs = resolve_gen_kwargs(self.args, gen_kwargs)
+        self.gather_function = self.accelerator.gather  # HF S2S:189: each batch's loss counts as a full batch
+        self._gen_kwargs = resolve_gen_kwargs(self.args, gen_kwargs)
         return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)
 
     def predict(
@@ -116,5 +130,6 @@ class Seq2SeqTrainer(Trainer):
         **gen_kwargs: Any,
     ) -> Any:
         """HF's `Seq2SeqTrainer.predict`: `PredictionOutput` with generated ids when `predict_with_generate`."""
-        self.module.gen_kwargs = resolve_gen_kwargs(self.args, gen_kwargs)
+        self.gather_function = self.accelerator.gather  # HF S2S:250, as `evaluate`
+        self._gen_kwargs = resolve_gen_kwargs(self.args, gen_kwargs)
         return super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix)

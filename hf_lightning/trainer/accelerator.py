@@ -28,7 +28,8 @@ from hf_lightning.module.module import TransformerModule
 __all__ = ["AcceleratorState", "LightningAccelerator", "SUPPORTED", "StrategyPlugin"]
 
 SUPPORTED = (
-    "autocast", "backward", "device", "distributed_type", "even_batches", "gather", "gather_for_metrics",
+    "autocast", "backward", "device", "dispatch_batches", "distributed_type", "even_batches", "gather",
+    "gather_for_metrics",
     "gradient_accumulation_steps", "is_local_main_process", "is_main_process", "local_process_index",
     "mixed_precision", "no_sync", "num_processes", "optimizer_step_was_skipped", "pad_across_processes",
     "parallelism_config", "prepare", "prepare_model", "print", "process_index", "reduce", "scaler", "split_batches",
@@ -329,6 +330,13 @@ class LightningAccelerator:
         """False: batch sizes are per process (`per_device_*_batch_size`), as HF's default; HF's
         `accelerator_config` (which could set it) is refused by hf_lightning."""
         return False
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        """The `dispatch_batches` of accelerate: `args.accelerator_config.dispatch_batches` (None, accelerate's default:
+        every process reads its own shard; other values are refused by the arguments)."""
+        config = getattr(self._owner.args, "accelerator_config", None)
+        return getattr(config, "dispatch_batches", None)
 
     @property
     def even_batches(self) -> bool:

@@ -15,6 +15,7 @@ around it (`get_eval_dataloader` / `get_test_dataloader`, the loop, speed metric
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from hf_lightning.flow.flow import HFTrainerFlow
 from hf_lightning.flow.hf_callbacks import HFCallbackHandler
 from hf_lightning.module.evaluation import EvalRequest
 from hf_lightning.module.module import TransformerModule
+from hf_lightning.trainer.accelerator import LightningAccelerator
 
 __all__ = ["EvalLoopHooks", "LOOP_OVERRIDES", "SPEED_SUFFIXES"]
 
@@ -58,9 +60,51 @@ class EvalLoopHooks:
     state: TrainerState
     control: TrainerControl
 
-    if TYPE_CHECKING:  # `LoopHooks.callback_handler`, a read-only property there
+    if TYPE_CHECKING:  # `LoopHooks.callback_handler` / `accelerator`, read-only properties there
         @property
         def callback_handler(self) -> HFCallbackHandler: ...
+
+        @property
+        def accelerator(self) -> LightningAccelerator: ...
+
+    @property
+    def gather_function(self) -> Callable[..., Any]:
+        """HF's `gather_function`: how the next evaluation gathers its losses, predictions and labels.
+
+        `accelerator.gather_for_metrics` by default (each batch's loss counted per sample); HF's
+        `Seq2SeqTrainer.evaluate` / `predict` set `accelerator.gather` (each batch counted as a full batch), and a
+        subclass may set either. As in HF, an `evaluation_loop` run uses it and resets it to the default.
+        """
+        chosen = self.__dict__.get("_gather_function")
+        if chosen is not None:
+            return chosen
+        return functools.partial(self.accelerator.gather_for_metrics,
+                                 use_gather_object=self.args.eval_use_gather_object)
+
+    @gather_function.setter
+    def gather_function(self, function: Callable[..., Any]) -> None:
+        self.__dict__["_gather_function"] = function
+
+    def _take_gather_function(self, default: bool | None) -> bool | None:
+        """How the set `gather_function` weighs the eval loss (`EvalRequest.loss_per_batch`): True for `gather`,
+        False for `gather_for_metrics`, `default` when none was set; then back to the default, as HF's loop.
+
+        Raises:
+            ValueError: `gather_function` is another function (hf_lightning gathers inside Lightning's loop).
+        """
+        chosen = self.__dict__.pop("_gather_function", None)
+        if chosen is None:
+            return default
+        function = chosen.func if isinstance(chosen, functools.partial) else chosen
+        if function == self.accelerator.gather:
+            return True
+        if function == self.accelerator.gather_for_metrics:
+            return False
+        raise ValueError(
+            f"`gather_function`={chosen!r}: hf_lightning gathers evaluation results inside Lightning's loop and "
+            "honours `self.accelerator.gather` (every batch's loss counted as a full batch, HF's Seq2SeqTrainer) "
+            "or `self.accelerator.gather_for_metrics` (counted per sample); set one of those."
+        )
 
     def evaluation_loop(
         self, dataloader: Any, description: str, prediction_loss_only: bool | None = None,
@@ -88,7 +132,8 @@ class EvalLoopHooks:
             nothing: Any = None
             return EvalLoopOutput(predictions=nothing, label_ids=None, metrics={}, num_samples=0)
         loss_only = bool(self.args.prediction_loss_only) if prediction_loss_only is None else bool(prediction_loss_only)
-        request = EvalRequest(metric_key_prefix, ignore_keys, description=description, prediction_loss_only=loss_only)
+        request = EvalRequest(metric_key_prefix, ignore_keys, description=description, prediction_loss_only=loss_only,
+                              loss_per_batch=self._take_gather_function(False))
         module = self.module
         saved = module.compute_metrics
         module.compute_metrics = self.compute_metrics  # read at the call, as HF's loop reads `self.compute_metrics`

@@ -20,7 +20,7 @@ from torch import nn
 from transformers import TrainerControl, TrainerState
 
 from hf_lightning.args import TrainingArguments
-from hf_lightning.checkpoint.restore import load_weights
+from hf_lightning.checkpoint.restore import CheckpointRestorer, load_weights
 from hf_lightning.checkpoint.weight_files import weights_file
 from hf_lightning.data.collate import signature_columns
 from hf_lightning.flow.flow import HFTrainerFlow
@@ -134,6 +134,19 @@ class LoopHooks:
         if not skip_scheduler:
             self.flow.steps.step_plateau_scheduler(metrics)
         return metrics
+
+    def _get_output_dir(self, trial: Any) -> str:
+        """HF's `_get_output_dir`: where this run's checkpoints go (HF's JIT checkpoint manager calls it):
+        `args.output_dir`, which during a `hyperparameter_search` trial already is the trial's folder
+        (`hp_name(trial)`, else `run-<trial number>`, set by `trainer/hp_search.py`), so `trial` changes nothing."""
+        return self.args.resolved_output_dir
+
+    def _load_callback_state(self) -> None:
+        """HF's `_load_callback_state`: with `restore_callback_states_from_checkpoint`, the callbacks (and
+        `control`) stored in `self.state.stateful_callbacks` rebuilt in `callback_handler`, as a resume does."""
+        if not self.args.restore_callback_states_from_checkpoint:
+            return
+        self.control = CheckpointRestorer.restore_hf_callbacks(self.callback_handler, self.control, self.state)
 
     def _save_checkpoint(self, model: nn.Module, trial: Any) -> None:
         """HF's `_save_checkpoint` at every checkpoint save during `train()`: `checkpoint-<global_step>` with the

@@ -8,8 +8,6 @@ Here the same summary is filled from our trainer's state (`model_card_summary`) 
 
 - no hub request: HF looks the base model's license up on the hub when `license` is not given; here only the
   `license` argument counts (offline, nothing is guessed);
-- the optimizer line names the optimizer (`adamw_torch_fused`), where HF 5 on Python 3.11 prints the enum
-  (`OptimizerNames.ADAMW_TORCH_FUSED`);
 - the framework versions also list Lightning and hf_lightning, which did the training;
 - a dataset built in memory (`Dataset.from_dict`, no builder) is "an unknown dataset", where HF writes "the None
   dataset" and a `null` dataset tag.
@@ -64,8 +62,8 @@ def hyperparameters_of(args: TrainingArguments, model_world_size: int) -> dict[s
     total_eval = args.eval_batch_size * model_world_size
     if total_eval != out["eval_batch_size"]:
         out["total_eval_batch_size"] = total_eval
-    # the name, as HF means (HF's f-string prints `OptimizerNames.ADAMW_TORCH_FUSED` on Python >= 3.11, a bug)
-    optimizer = str(getattr(args.optim, "value", args.optim))
+    # HF's f-string of its str enum: `OptimizerNames.ADAMW_TORCH_FUSED` on Python >= 3.11 (the file is HF's text)
+    optimizer = f"{args.optim}"
     if optimizer:
         extra = args.optim_args or "No additional optimizer arguments"
         if "adam" in optimizer.lower():
