@@ -290,3 +290,38 @@ def ddp_train_runs(tmp_path_factory) -> dict[str, dict]:
                           capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return {mode: json.loads((out.parent / f"out-{mode}.json").read_text()) for mode in modes}
+
+
+_SESSION_ENVIRON = dict(os.environ)
+"""The environment this pytest process started with (after this file set PYTHONPATH)."""
+
+_PROCESS_GROUP_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK",
+                            "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+"""What Lightning's launcher and strategies write into `os.environ` when a run in THIS process sets up a process
+group (a 1-device FSDP2 run, `devices=2` from the pytest process)."""
+
+
+@pytest.fixture(autouse=True)
+def _process_state_restored():
+    """Each test leaves this process as it found it: no process group, no launcher variables, no other environment
+    change. Why: a run in the pytest process that set up a process group (FSDP2 on 1 device does) left it, and
+    Lightning's MASTER_PORT / WORLD_SIZE / LOCAL_RANK, behind; every later test of the same process (one xdist
+    worker) then saw a distributed run: HF's Trainer in-process turned MULTI_CPU, Lightning wrapped models in DDP,
+    and child processes inherited the variables (their own launches then met a port in use or the wrong ranks)."""
+    environ = dict(os.environ)
+    yield
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)
+    for key in _PROCESS_GROUP_VARIABLES:  # also what a module or session fixture's in-process run set
+        if key in _SESSION_ENVIRON:
+            environ[key] = _SESSION_ENVIRON[key]
+        else:
+            environ.pop(key, None)
+    if os.environ != environ:
+        os.environ.clear()
+        os.environ.update(environ)
