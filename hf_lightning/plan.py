@@ -56,6 +56,7 @@ __all__ = [
     "unreachable_best_checkpoint",
     "unreachable_best_metric",
     "updates_per_epoch",
+    "with_max_steps",
 ]
 
 _HF_DEFAULT_INTERVAL = 500  # TrainerState's default when an interval argument is None (CB:98-100)
@@ -143,6 +144,15 @@ def plan_training(args: TrainingArguments, microbatches_per_epoch: int | None) -
         save_steps=resolve_interval(args.save_steps, max_steps),
         sized=sized,
     )
+
+
+def with_max_steps(plan: TrainingPlan, args: TrainingArguments, max_steps: int) -> TrainingPlan:
+    """`plan` ending after `max_steps` updates, its fractional log / eval / save intervals resolved against that
+    total (an elastic resume recounts an epoch-based run's updates: checkpoint/elastic.py `elastic_max_steps`)."""
+    return dataclasses.replace(
+        plan, max_steps=max_steps, logging_steps=resolve_interval(args.logging_steps, max_steps),
+        eval_steps=resolve_interval(args.eval_steps, max_steps),
+        save_steps=resolve_interval(args.save_steps, max_steps))
 
 
 def epoch_progress(epoch_index: int, microbatches_done: int, microbatches_per_epoch: int) -> float:

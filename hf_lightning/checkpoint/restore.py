@@ -17,7 +17,6 @@ output-directory rule applies (`say_replaced`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -68,7 +67,7 @@ from hf_lightning.checkpoint.verify import checkpoint_error
 from hf_lightning.checkpoint.weight_files import is_adapter_file
 from hf_lightning.contracts import ElasticTrainOrder, FlowDataModule, ResumableTrainStream, flow_model
 from hf_lightning.flow.messages import logger as hf_logger
-from hf_lightning.plan import SavePolicy, TrainingPlan, plan_training, resolve_interval, resume_intervals, save_policy
+from hf_lightning.plan import SavePolicy, TrainingPlan, plan_training, resume_intervals, save_policy, with_max_steps
 
 __all__ = ["CallbackList", "CheckpointRestorer", "ModelFilesLoader", "RestoredState", "load_weights", "plan_for_resume",
            "read_file", "read_weights", "say_nothing_left", "say_replaced", "weight_mismatches"]
@@ -477,10 +476,7 @@ def plan_for_resume(trainer: pl.Trainer, args: TrainingArguments, resume: str | 
     if elastic is None:
         return plan
     max_steps = elastic_max_steps(plan.max_steps, plan.updates_per_epoch, int(saved["global_step"]), elastic)
-    return dataclasses.replace(
-        plan, max_steps=max_steps, logging_steps=resolve_interval(args.logging_steps, max_steps),
-        eval_steps=resolve_interval(args.eval_steps, max_steps),
-        save_steps=resolve_interval(args.save_steps, max_steps))
+    return with_max_steps(plan, args, max_steps)
 
 
 def _refuse_engine_state_elsewhere(files: CheckpointFiles, strategy: Strategy, world_size: int, path: str) -> None:
