@@ -191,13 +191,16 @@ def test_resume_with_another_epoch_geometry_follows_hf(geometry_checkpoint, tmp_
 
 
 def as_written_before_sample_positions(folder):
-    """`folder`'s `lightning_state.pt` as hf_lightning wrote it before it recorded the sample position (format 2; the
-    manifest goes too: older checkpoints may have none, and this one no longer matches the edited file)."""
+    """`folder`'s `lightning_state.pt` as hf_lightning wrote it before it recorded the sample position (format 2),
+    with its manifest recorded again for the edited file, as that version wrote one (a folder of ours without its
+    manifest is refused as damaged)."""
+    from hf_lightning.checkpoint.manifest import write_manifest
+
     state = torch.load(folder / "lightning_state.pt", weights_only=False)
     state.pop("sample_position")
     state["format"] = 2
     torch.save(state, folder / "lightning_state.pt")
-    (folder / "checkpoint_manifest.json").unlink()
+    write_manifest(folder, int(state["global_step"]))
 
 
 def test_resume_with_another_batch_size_continues_at_the_sample_position(geometry_checkpoint, tmp_path, caplog,
@@ -279,13 +282,15 @@ def test_a_deepspeed_checkpoint_under_another_strategy_is_refused_before_loading
     """A checkpoint whose optimizer state is only DeepSpeed's engine checkpoint (`global_step<N>/`, `latest`),
     resumed without DeepSpeed: one error before anything is loaded, naming DeepSpeed's universal-checkpoint
     conversion (before: the run trained on with a fresh optimizer, silently)."""
+    from hf_lightning.checkpoint.manifest import write_manifest
+
     source = tmp_path / "checkpoint-9"
     shutil.copytree(geometry_checkpoint, source)
     (source / "optimizer.pt").unlink()
-    (source / "checkpoint_manifest.json").unlink()
     (source / "global_step9").mkdir()
     (source / "global_step9" / "mp_rank_00_model_states.pt").write_bytes(b"engine state")
     (source / "latest").write_text("global_step9")
+    write_manifest(source, 9)  # as a DeepSpeed run of ours records it
     trainer = hf_lightning.Trainer(
         model=_lm_model(99), args=hf_lightning.TrainingArguments(output_dir=str(tmp_path / "out"), **GEOMETRY_ARGS),
         train_dataset=lm_dataset(n=24), lightning_kwargs=LIGHTNING)
