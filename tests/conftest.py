@@ -7,7 +7,7 @@ Every test gets one tier marker from its file (`TIERS`), plus `distributed` / `s
   rule against HF's own implementation of it.
 - `e2e`: whole runs through the public entry points (facade, CLI, notebooks, quickstart, resume, checkpoints).
 - `distributed`: spawns 2 real processes (gloo on CPU); a test is marked by `DISTRIBUTED` or by its decorator. These
-  tests are one xdist group (`PROCESSES_GROUP`): under `--dist loadgroup` one worker runs them one after another. A
+  tests are one xdist scope (`PROCESSES_GROUP`): under `--dist loadgroup` one worker runs them one after another. A
   new multi-process scenario joins an existing launch where one fits (`ddp_train_runs` below, checkpoint_train.py
   `many`): a launch's start-up (2 interpreters importing torch, transformers and Lightning) costs more than a tiny run.
 - `slow`: the long end-to-end runs (notebooks, quickstart, processes killed mid-save, the heaviest script and fault
@@ -195,6 +195,12 @@ DISTRIBUTED = {
     "test_preemption.py::test_under_slurm_auto_requeue_the_requeue_signal_requeues_after_the_checkpoint",
     "test_fsdp1.py::test_fsdp1_trains_like_ddp_on_cpu_processes",
     "test_fsdp1.py::test_fsdp1_checkpoints_and_resumes_exactly_on_cpu_processes",
+    "test_cli_library.py::test_sft_config_under_torchrun_equals_run_sft_on_two_hf_processes",
+    "test_examples.py::test_script_under_two_process_ddp_matches_transformers",
+    "test_process_layout.py::test_main_process_first_is_a_barrier_under_torchrun",
+    "test_process_layout.py::test_main_process_first_with_lightnings_own_launcher",
+    "test_sentence_transformers.py::test_two_processes_do_the_math_of_one",
+    "test_trl_parity.py::test_sft_on_two_processes_equals_hfs_two_processes",
 }
 """Files, or `file::test` names, whose tests spawn 2 processes."""
 
@@ -225,13 +231,41 @@ SLOW = {
 
 
 PROCESSES_GROUP = "processes"
-"""The xdist group of the multi-process tests: under `-n 2 --dist loadgroup` they all run on one worker, in order,
-while the other worker runs the single-process tests."""
+"""The xdist scope of the multi-process tests: under `-n 2 --dist loadgroup` they all run on one worker, in order,
+while the other worker runs the single-process tests (`pytest_xdist_make_scheduler` below)."""
+
+
+def _in(file: str, test: str, names: set[str]) -> bool:
+    return file in names or f"{file}::{test}" in names
 
 
 def _matches(item: pytest.Item, names: set[str]) -> bool:
-    file = Path(str(item.fspath)).name
-    return file in names or f"{file}::{item.originalname}" in names  # type: ignore[attr-defined]
+    return _in(Path(str(item.fspath)).name, item.originalname, names)  # type: ignore[attr-defined]
+
+
+def runs_processes(nodeid: str) -> bool:
+    """Whether the test `nodeid` starts several processes (by its file's tier or `DISTRIBUTED`): what xdist's
+    controller, which sees node ids only, schedules onto one worker."""
+    parts = nodeid.split("::")
+    file, test = Path(parts[0]).name, parts[-1].split("[")[0]
+    return TIERS.get(file) == "distributed" or _in(file, test, DISTRIBUTED)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # noqa: ANN201 - xdist's scheduler type is private
+    """`--dist loadgroup`: every multi-process test in one scope, run one after another on one worker.
+
+    xdist's own loadgroup reads `xdist_group` markers by rewriting node ids, which pytest 9.2 no longer lets it do
+    (`Node.nodeid` is derived from a structured id), so every test ran on whichever worker was free: two 2-process
+    launches at once put 4 processes on CI's 2 cores. The rule is applied here, in the controller, instead."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ProcessesOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return PROCESSES_GROUP if runs_processes(nodeid) else nodeid
+
+    return ProcessesOnOneWorker(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -241,10 +275,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(getattr(pytest.mark, tier))
         if _matches(item, DISTRIBUTED) and tier != "distributed":
             item.add_marker(pytest.mark.distributed)
-        if item.get_closest_marker("distributed") is not None:
-            # one xdist worker runs every multi-process test, one after another (`--dist loadgroup`, what .ci/run
-            # uses): two 2-process launches at once would put 4 processes on CI's 2 cores
-            item.add_marker(pytest.mark.xdist_group(PROCESSES_GROUP))
+        if item.get_closest_marker("distributed") is not None and not runs_processes(item.nodeid):
+            # the xdist scheduler sees node ids only (`runs_processes`): a test marked by its decorator alone must be
+            # named in DISTRIBUTED too, or it would run beside another multi-process test
+            raise pytest.UsageError(f"{item.nodeid} is marked distributed: add it to DISTRIBUTED in tests/conftest.py")
         if _matches(item, SLOW):
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
