@@ -3,12 +3,13 @@
 - `configure_model_for_strategy`: under a `ModelParallelStrategy` (ours from `fsdp=...`, or a plain one the user
   chose), shard the model with FSDP2 per layer (`parallel/fsdp2.py`), with HF's mixed-precision policy for the run's
   precision (`parallel/precision.py`): no `configure_model` of one's own is needed.
-- `micro_batch_context`: the gradient sync of a micro-batch. DDP / FSDP skip it on every micro-batch but the last
-  (`block_backward_sync`); DeepSpeed is told the accumulation boundary instead, as accelerate does for HF
-  (`engine.set_gradient_accumulation_boundary`), because its engine reduces and steps by that flag. DDP with
-  `static_graph` (`ddp_static_graph`) syncs every micro-batch: Lightning 2.6 flushes the static graph's first
-  reduction after the first backward of a manual-optimisation step (`DDPStrategy.post_backward`), which fails when
-  that backward ran without sync (a reducer assertion); the gradients are the same, with more communication.
+- `micro_batch_context`: the gradient sync of a micro-batch. DDP / FSDP on several processes skip it on every
+  micro-batch but the last (`block_backward_sync`); DeepSpeed is told the accumulation boundary instead, as
+  accelerate does for HF (`engine.set_gradient_accumulation_boundary`), because its engine reduces and steps by
+  that flag. DDP with `static_graph` (`ddp_static_graph`) syncs every micro-batch: Lightning 2.6 flushes the static
+  graph's first reduction after the first backward of a manual-optimisation step (`DDPStrategy.post_backward`),
+  which fails when that backward ran without sync (a reducer assertion); the gradients are the same, with more
+  communication.
 - `clip_by_strategy`: FSDP1 clips with the root's `clip_grad_norm_` (the norm over every shard); DeepSpeed clips
   inside `engine.step()` with the config's `gradient_clipping` (HF's `max_grad_norm`), so the norm is read after
   the step (`deepspeed_step_report`), as HF reads `get_global_grad_norm()`.
@@ -77,11 +78,17 @@ def configure_model_for_strategy(module: pl.LightningModule, model: nn.Module) -
 
 
 def micro_batch_context(strategy: Strategy, last: bool) -> AbstractContextManager[Any]:
-    """The context of one micro-batch's backward pass; `last`: the window's last micro-batch (gradients sync)."""
+    """The context of one micro-batch's backward pass; `last`: the window's last micro-batch (gradients sync).
+
+    One process has nothing to synchronise: no context, as accelerate's `no_sync` only applies with several processes
+    (`use_distributed`). FSDP1 runs a one-process group as `NO_SHARD`, whose `no_sync` keeps a mixed-precision run's
+    bf16 / fp16 gradients on float32 parameters, which torch refuses at the next forward (`grad_dtype`).
+    """
     if isinstance(strategy, DeepSpeedStrategy):
         strategy.deepspeed_engine.set_gradient_accumulation_boundary(last)
         return nullcontext()
-    if isinstance(strategy, ParallelStrategy) and not last and not getattr(strategy.model, "static_graph", False):
+    if isinstance(strategy, ParallelStrategy) and not last and strategy.world_size > 1 \
+            and not getattr(strategy.model, "static_graph", False):
         return strategy.block_backward_sync()
     return nullcontext()
 

@@ -67,15 +67,18 @@ class FSDP2Module(TransformerModule):
         fully_shard(self.model, mesh=mesh)
 
 
+SETTINGS = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=6, learning_rate=1e-2,
+                warmup_steps=1, logging_steps=1, save_strategy="steps", save_steps=2, seed=5, report_to="none",
+                disable_tqdm=True, optim="adamw_torch", max_grad_norm=1.0)
+"""The runs' training arguments besides `output_dir` (tests/scripts/sharded_twins.py gives HF's Trainer the same)."""
+
+
 def make_trainer(output_dir: str, lightning_kwargs: dict, module_class=None, **overrides) -> hf_lightning.Trainer:
-    settings = dict(output_dir=output_dir, per_device_train_batch_size=2, gradient_accumulation_steps=2,
-                    max_steps=6, learning_rate=1e-2, warmup_steps=1, logging_steps=1, save_strategy="steps",
-                    save_steps=2, seed=5, report_to="none", disable_tqdm=True, optim="adamw_torch",
-                    max_grad_norm=1.0)
+    settings: dict = dict(output_dir=output_dir, **SETTINGS)
     settings.update(overrides)
     eval_dataset = settings.pop("eval_dataset", None)
     trainer = hf_lightning.Trainer(
-        model=tiny_gpt2(dropout=0.1, seed=settings.pop("model_seed", 0)),
+        model=tiny_gpt2(dropout=settings.pop("dropout", 0.1), seed=settings.pop("model_seed", 0)),
         args=hf_lightning.TrainingArguments(**settings), train_dataset=lm_dataset(n=24), eval_dataset=eval_dataset,
         lightning_kwargs={"accelerator": "cpu", "logger": False, "enable_progress_bar": False, **lightning_kwargs},
     )
@@ -86,8 +89,8 @@ def make_trainer(output_dir: str, lightning_kwargs: dict, module_class=None, **o
 
 
 def kill(out_dir: str, point: str) -> None:
-    from hf_lightning.checkpoint import write as saving
     from hf_lightning.checkpoint import content, io
+    from hf_lightning.checkpoint import write as saving
 
     def die(*_args, **_kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
