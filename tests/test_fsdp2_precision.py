@@ -119,6 +119,18 @@ def test_fsdp1_mixed_precision_is_accelerates():
         assert FSDPPrecision(lightning).mixed_precision_config == _accelerate_policy(1, hf)
 
 
+def test_fsdp1_bf16_on_one_process_accumulates_gradients(tmp_path, one_thread):
+    """FSDP1 on one process is torch's NO_SHARD; its `no_sync` would keep the micro-batches' bf16 gradients on the
+    float32 parameters, which torch refuses at the next forward. One process has nothing to sync (accelerate's
+    `no_sync` only applies with several): the run accumulates as HF's does (a one-GPU `fsdp_config` version 1 +
+    bf16 run takes the same torch path: tests/test_gpu.py's "gpu-fsdp1-bf16" on a one-GPU machine would fail)."""
+    trainer, seen, _ = _run(tmp_path, {}, bf16=True, fsdp_config={"version": 1}, gradient_accumulation_steps=2)
+    assert type(trainer.lightning_trainer.strategy).__name__ == "HFFSDPStrategy"
+    assert seen and set(seen) == {torch.bfloat16}  # FSDP1's MixedPrecision gathers bf16
+    assert trainer.state.global_step == 3
+    assert all(e["grad_norm"] == e["grad_norm"] for e in trainer.state.log_history if "loss" in e)
+
+
 @pytest.mark.parametrize(("overrides", "lightning_kwargs", "message"), [
     ({}, {"precision": "64-true"}, "precision='64-true' with FSDP2 cannot run"),
     ({"fsdp_config": {"version": 1}}, {"precision": "16-mixed"},
