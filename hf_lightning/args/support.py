@@ -90,7 +90,8 @@ DIFFERENCES: dict[str, str] = {
             "(`FSDPStrategy`, CUDA); a strategy in `lightning_kwargs` / `trainer.strategy` wins (README, 'Swapping "
             "strategies')",
     "fsdp_config": "checkpoints always hold the gathered full weights, whatever `state_dict_type`; FSDP2 mixed "
-                   "precision is Lightning's autocast (README, 'Swapping strategies')",
+                   "precision is accelerate's `MixedPrecisionPolicy` with float32 masters (README, 'Swapping "
+                   "strategies')",
     "deepspeed": "Lightning's `DeepSpeedStrategy` (CUDA) with HF's `\"auto\"` values filled; ZeRO-3 checkpoints always "
                  "hold gathered weights",
     "ddp_static_graph": "gradients sync on every micro-batch of a window (Lightning's static-graph flush needs it)",
