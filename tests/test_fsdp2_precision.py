@@ -111,6 +111,28 @@ def test_fp16_with_fsdp_on_a_gpu_gets_the_fp16_plugin_not_lightnings_refused_str
     assert fsdp2_policy(torch.float16) == _accelerate_policy(2, "fp16")
 
 
+@pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
+def test_the_cli_trains_fsdp2_fp16_with_accelerates_policy(tmp_path, monkeypatch, one_thread, capsys):
+    """`hf-lightning fit --args.fsdp ... --trainer.precision 16-mixed` (the string Lightning alone refuses with a
+    ModelParallelStrategy) trains with the fp16 plugin: every FSDP2 group has accelerate's fp16 policy, float32
+    masters, a grad scaler. (`--args.bf16` takes the same `lightning_trainer_kwargs` as the facade above.)"""
+    from pathlib import Path
+
+    from hf_lightning.cli import run_cli
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the config names its data from the repository root
+    cli = run_cli(["fit", "--config", "configs/causal_lm.yaml", "--args.output_dir", str(tmp_path), "--args.max_steps",
+                   "2", "--args.eval_strategy", "no", "--args.save_strategy", "no", "--data.max_train_samples", "16",
+                   "--trainer.enable_progress_bar", "false", "--args.fsdp", "full_shard auto_wrap",
+                   "--trainer.precision", "16-mixed"])
+    model = cli.trainer.lightning_module.model
+    assert cli.trainer.global_step == 2 and str(cli.trainer.precision) == "16-mixed"
+    assert isinstance(cli.trainer.precision_plugin.scaler, torch.amp.GradScaler)
+    policies = _policies(model)
+    assert len(policies) == 3 and all(p == _accelerate_policy(2, "fp16") for p in policies)
+    assert {p.to_local().dtype for p in model.parameters()} == {torch.float32}
+
+
 def test_fsdp1_mixed_precision_is_accelerates():
     """FSDP1 takes Lightning's FSDPPrecision: the same torch `MixedPrecision` accelerate's FSDP1 plugin sets."""
     from lightning.pytorch.plugins.precision import FSDPPrecision
