@@ -76,6 +76,18 @@ def test_bf16_under_fsdp2_gathers_bf16_over_fp32_masters(tmp_path, one_thread):
     assert len(losses) == 3 and all(torch.tensor(x).to(torch.bfloat16).item() == x for x in losses)
 
 
+def test_bf16_with_a_plain_model_parallel_strategy_gets_the_same_policy(tmp_path, one_thread):
+    """A `ModelParallelStrategy` of the user's own, no `fsdp=`: the default sharding gets accelerate's bf16 policy
+    too (the precision plugin decides it, not the HF arguments)."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    strategy = ModelParallelStrategy(data_parallel_size=1, tensor_parallel_size=1)
+    trainer, seen, _ = _run(tmp_path, {"strategy": strategy}, fsdp=None, bf16=True)
+    assert trainer.lightning_trainer.strategy is strategy and seen and set(seen) == {torch.bfloat16}
+    assert all(p == _accelerate_policy(2, "bf16") for p in _policies(trainer.model))
+    assert {p.to_local().dtype for p in trainer.model.parameters()} == {torch.float32}
+
+
 def test_fp16_under_fsdp2_gathers_fp16_with_a_grad_scaler_and_counts_skipped_steps(tmp_path, one_thread):
     """Explicit "16-mixed" (Lightning refuses the string with a ModelParallelStrategy): float16 autocast, the policy,
     a grad scaler. The fp16 loss times the initial scale 2^16 overflows float16 in the backward, so the first
