@@ -235,7 +235,6 @@ def test_sharded_mixed_precision_on_two_ranks_trains_as_one_process_and_as_hf(
     _same_training(two, one_process[f"hf-{scenario}"], u, f"{scenario}: 2 processes vs HF in one")
 
 
-@pytest.mark.distributed
 def test_hf_refuses_fsdp_in_one_cpu_process(tmp_path: Path) -> None:
     """Why the HF reference is its one-process run without `fsdp` (`hf_parity_trainer`)."""
     import transformers
