@@ -216,14 +216,26 @@ def _parity_twin(twins: Path, name: str) -> tuple[list[dict], dict]:
     return data["full"], load_file(str(twins / name / "final" / "model.safetensors"))
 
 
+def _hf_refuses_fsdp_in_one_cpu_process(tmp_path: Path) -> None:
+    """Why the HF reference is its one-process run without `fsdp` (`hf_parity_trainer`)."""
+    import transformers
+    from helpers import lm_dataset, tiny_gpt2
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf-fsdp"), use_cpu=True, bf16=True,
+                                          fsdp="full_shard auto_wrap", report_to="none")
+    with pytest.raises(ValueError, match="Using fsdp only works in distributed training"):
+        transformers.Trainer(model=tiny_gpt2(), args=args, train_dataset=lm_dataset(n=4))
+
+
 @pytest.mark.distributed
 @pytest.mark.parametrize("scenario", list(PARITY))
 def test_sharded_mixed_precision_on_two_ranks_trains_as_one_process_and_as_hf(
-        twins: Path, one_process: dict, scenario: str) -> None:
+        twins: Path, one_process: dict, scenario: str, tmp_path: Path) -> None:
     """FSDP2 bf16 / fp16 and FSDP1 bf16 on 2 CPU processes against the same run in one process (same precision,
     same 8 samples per update) and against HF's Trainer in one process (HF's `fsdp` cannot run on one CPU process
     and is DDP on several: `hf_parity_trainer`), bf16 runs against HF's bf16; fp16 against HF's `fp16=True` on the
     CPU, which trains in float32 (so the bound is fp16's rounding against exact float32)."""
+    _hf_refuses_fsdp_in_one_cpu_process(tmp_path)
     u = UNIT_ROUNDOFF[scenario[-4:]]
     two = _parity_twin(twins, scenario)
     for run in (one_process[scenario], one_process[f"hf-{scenario}"]):
@@ -233,14 +245,3 @@ def test_sharded_mixed_precision_on_two_ranks_trains_as_one_process_and_as_hf(
     assert set(seen) == {PARITY[scenario][0]}  # one process gathers in the policy's dtype too
     _same_training(two, (history, weights), u, f"{scenario}: 2 processes vs 1")
     _same_training(two, one_process[f"hf-{scenario}"], u, f"{scenario}: 2 processes vs HF in one")
-
-
-def test_hf_refuses_fsdp_in_one_cpu_process(tmp_path: Path) -> None:
-    """Why the HF reference is its one-process run without `fsdp` (`hf_parity_trainer`)."""
-    import transformers
-    from helpers import lm_dataset, tiny_gpt2
-
-    args = transformers.TrainingArguments(output_dir=str(tmp_path), use_cpu=True, bf16=True,
-                                          fsdp="full_shard auto_wrap", report_to="none")
-    with pytest.raises(ValueError, match="Using fsdp only works in distributed training"):
-        transformers.Trainer(model=tiny_gpt2(), args=args, train_dataset=lm_dataset(n=4))
