@@ -178,8 +178,10 @@ def _same_training(got: tuple, want: tuple, u: float, what: str) -> None:
       gradient left unreduced, or a shard not updated, moves a tensor by the order of its whole change).
     - The key third of each `attn.c_attn.bias`: its true gradient is exactly 0 (a constant added to every key
       shifts all of a query's scores equally, which softmax ignores), so its computed gradient is rounding noise
-      that AdamW turns into full learning-rate steps of either sign: held to 2x the learning rates' sum (both
-      runs' steps bounded), checked for being finite and within that.
+      that AdamW turns into full learning-rate steps of either sign. AdamW moves an element by at most the
+      learning rate times |m_hat| / sqrt(v_hat), which Cauchy-Schwarz bounds by 1.016 over 6 updates with betas
+      (0.9, 0.999) (eps only lowers it; weight decay is 0): that slice is held to 2 x 1.02 x the learning rates' sum
+      (the two runs moving it apart as far as they can), which also rejects a NaN.
     """
     a, b = _losses(got[0]), _losses(want[0])
     assert [e[0] for e in a] == [e[0] for e in b] == [1, 2, 3, 4, 5, 6], what
@@ -194,7 +196,7 @@ def _same_training(got: tuple, want: tuple, u: float, what: str) -> None:
         assert got[1][name].dtype == torch.float32, (what, name)  # the float32 masters, gathered
         if name.endswith("attn.c_attn.bias"):
             keys = slice(x.numel() // 3, 2 * x.numel() // 3)
-            assert bool((x[keys] - y[keys]).abs().max() <= 2 * steps), (what, name)
+            assert bool((x[keys] - y[keys]).abs().max() <= 2 * 1.02 * steps), (what, name)
             x, y, start = x.clone(), y.clone(), start.clone()
             x[keys] = y[keys] = start[keys] = 0.0
         ratio = float((x - y).norm() / (y - start).norm())
