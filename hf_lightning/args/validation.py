@@ -99,6 +99,28 @@ def _escapes(name: str) -> bool:
     return posixpath.isabs(name) or ntpath.isabs(name) or bool(ntpath.splitdrive(name)[0]) or ".." in parts
 
 
+def _check_auto_micro_batch(args: TrainingArguments, issues: list[str]) -> None:
+    """`auto_micro_batch` where it cannot work: with HF's other out-of-memory rule, or with a strategy whose forward
+    or backward runs collectives (README "Micro-batching that keeps the global batch", the rule)."""
+    if not args.auto_micro_batch:
+        return
+    if args.auto_find_batch_size:
+        issues.append("`auto_micro_batch`=True and `auto_find_batch_size`=True: choose one out-of-memory rule "
+                      "(auto_micro_batch keeps the global batch and retries the update; auto_find_batch_size is HF's: "
+                      "training starts again with a smaller batch).")
+    if args.fsdp:
+        issues.append(f"`auto_micro_batch`=True with `fsdp`={args.fsdp!r}: not supported (FSDP all-gathers inside "
+                      "every forward, so a process that runs out of memory there would leave the others waiting in "
+                      "a collective). Drop auto_micro_batch, or train with DDP.")
+    if args.deepspeed:
+        issues.append("`auto_micro_batch`=True with `deepspeed`: not supported (DeepSpeed's engine owns the "
+                      "micro-batch and the accumulation: set `train_micro_batch_size_per_gpu` in its config). Drop "
+                      "one of them.")
+    if args.ddp_static_graph:
+        issues.append("`auto_micro_batch`=True with `ddp_static_graph`=True: not supported (the static graph "
+                      "synchronises gradients inside every backward). Drop one of them.")
+
+
 def normalise_and_check(args: TrainingArguments) -> None:
     """Fill HF's derived defaults in place and raise one `ValueError` listing every invalid field."""
     if isinstance(args.accelerator_config, type):  # HF's error and words (TA:1646-1650)
@@ -193,6 +215,7 @@ def normalise_and_check(args: TrainingArguments) -> None:
         issues.append(f"`run_name`={args.run_name!r} names the logs' folder inside output_dir (runs/<run_name>); it "
                       "must be a relative name without '..', so nothing is written outside output_dir.")
     _check_choice(issues, "hub_strategy", args.hub_strategy, _choices("HubStrategyName"))
+    _check_auto_micro_batch(args, issues)
     if issues:
         raise ValueError("Invalid TrainingArguments:\n- " + "\n- ".join(issues))
     hold_hf_enums(args)

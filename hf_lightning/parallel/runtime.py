@@ -21,6 +21,14 @@
   root's parameters, and hooks the backward that finalises the gradient shards, only around a root forward. A plain
   `FSDPStrategy` calls the whole update from inside one root forward, which FSDP1 cannot run: refused
   (`check_update_strategy`).
+- `auto_micro_batch` (`module/micro_batching.py`): an update that may be retried after an out-of-memory error runs
+  no collective inside any forward or backward, so a process that fails anywhere in them reaches the same next
+  collective as the others: the agreement (`any_process_failed`, one all-reduce per update try, after its last
+  micro-batch). Under DDP, `hold_gradient_sync` keeps every backward of the update local (DDP's own reduction in the
+  last backward, and the reducer preparation at the end of DDP's forward, are both off) and `reduce_gradients`
+  averages the gradients after the agreement, as DDP would (bucketed all-reduces of the gradients divided by the
+  world size). Strategies whose forwards run collectives (FSDP1, FSDP2, DeepSpeed) are refused
+  (`check_micro_batch_strategy`).
 """
 
 from __future__ import annotations
@@ -32,14 +40,17 @@ from typing import Any, cast
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import (
+    DDPStrategy,
     DeepSpeedStrategy,
     FSDPStrategy,
     ModelParallelStrategy,
     ParallelStrategy,
     Strategy,
 )
+from torch import distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from transformers.optimization import GreedyLR
 
@@ -51,7 +62,8 @@ from hf_lightning.parallel.strategies import HFFSDP2Strategy, HFFSDPStrategy
 
 __all__ = ["configure_model_for_strategy", "micro_batch_context", "clip_by_strategy", "deepspeed_step_report",
            "generation_context", "steps_like_a_scheduler",
-           "steps_on_metrics", "step_model", "check_update_strategy", "FSDPRootCall"]
+           "steps_on_metrics", "step_model", "check_update_strategy", "FSDPRootCall", "check_micro_batch_strategy",
+           "hold_gradient_sync", "any_process_failed", "reduce_gradients"]
 
 
 def configure_model_for_strategy(module: pl.LightningModule, model: nn.Module) -> None:
@@ -175,3 +187,88 @@ def check_update_strategy(strategy: Strategy) -> None:
             "whole update (backward and optimizer step included). Use HF's `fsdp=\"full_shard auto_wrap\"` with "
             "`fsdp_config={\"version\": 1}`, or `hf_lightning.parallel.strategies.HFFSDPStrategy` (the same "
             "arguments as FSDPStrategy) in place of FSDPStrategy.")
+
+
+def check_micro_batch_strategy(strategy: Strategy) -> None:
+    """Refuse `auto_micro_batch` under a strategy whose forwards or backwards run collectives (module docstring).
+
+    Raises:
+        ValueError: FSDP1, FSDP2 (`ModelParallelStrategy`), DeepSpeed, DDP with a static graph, or another strategy
+            of several processes that is not DDP, naming it.
+    """
+    if not isinstance(strategy, ParallelStrategy):
+        return  # one device
+    static = bool(getattr(getattr(strategy, "model", None), "static_graph", False))  # wrapped before on_fit_start
+    if isinstance(strategy, DDPStrategy) and not isinstance(strategy, DeepSpeedStrategy) and not static:
+        return
+    if isinstance(strategy, (DDPStrategy, FSDPStrategy, ModelParallelStrategy)) or strategy.world_size > 1:
+        raise ValueError(
+            f"auto_micro_batch=True under {type(strategy).__name__}: not supported. A retried update must run no "
+            "collective inside a forward or backward (a process out of memory there would leave the others waiting), "
+            "which holds on one process and under DDP (without `static_graph`) only. Drop auto_micro_batch or use DDP.")
+
+
+def hold_gradient_sync(strategy: Strategy, hold: bool) -> None:
+    """Under DDP, keep every backward of the update local (`hold=True`, at its start) or give DDP its own sync back
+    (`hold=False`, once the update's forward has returned; the next forward broadcasts the buffers, as after a
+    synchronised update). Nothing elsewhere."""
+    model = getattr(strategy, "model", None)
+    if not isinstance(model, DistributedDataParallel):
+        return
+    # `no_sync()` sets this flag too; held for the whole of DDP's forward (Lightning runs the update inside it), so
+    # its end does not prepare the reducer for a backward: a later local backward would then all-reduce buckets
+    model.require_backward_grad_sync = not hold
+    if not hold:
+        model.require_forward_param_sync = True
+
+
+def _group(strategy: Strategy) -> Any:
+    model = getattr(strategy, "model", None)
+    return model.process_group if isinstance(model, DistributedDataParallel) else None
+
+
+def any_process_failed(strategy: Strategy, failed: bool) -> bool:
+    """Whether any process's try of the update failed: one all-reduce (max) of a flag on several processes."""
+    if not isinstance(strategy, ParallelStrategy) or strategy.world_size <= 1 or not dist.is_initialized():
+        return failed
+    flag = torch.tensor([1 if failed else 0], dtype=torch.int32, device=strategy.root_device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_group(strategy))
+    return bool(flag.item())
+
+
+_BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket size
+
+
+def reduce_gradients(strategy: Strategy, params: list[nn.Parameter]) -> None:
+    """Under DDP held by `hold_gradient_sync`: the gradients averaged over the processes, as DDP's reducer does (each
+    divided by the world size, then summed), in buckets of DDP's default size. A parameter without a gradient on
+    this process joins with zeros, and keeps no gradient when no process has one."""
+    model = getattr(strategy, "model", None)
+    if not isinstance(model, DistributedDataParallel) or not isinstance(strategy, ParallelStrategy) or \
+            strategy.world_size <= 1:
+        return
+    group = model.process_group
+    world = dist.get_world_size(group)
+    missing = [p.grad is None for p in params]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    buckets: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
+    filled: dict[tuple[torch.dtype, torch.device], int] = {}
+    for grad in grads:
+        key = (grad.dtype, grad.device)
+        chunks = buckets.setdefault(key, [[]])
+        if chunks[-1] and filled[key] >= _BUCKET_BYTES:
+            chunks.append([])
+            filled[key] = 0
+        chunks[-1].append(grad)
+        filled[key] = filled.get(key, 0) + grad.numel() * grad.element_size()
+    for chunks in buckets.values():
+        for chunk in chunks:
+            flat = torch.cat([g.reshape(-1) for g in chunk]).div_(world)
+            dist.all_reduce(flat, group=group)
+            offset = 0
+            for grad in chunk:
+                grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+                offset += grad.numel()
+    for param, grad, was_missing in zip(params, grads, missing):
+        if was_missing and bool(grad.any()):
+            param.grad = grad
