@@ -41,8 +41,9 @@ class OutOfMemoryModel(GPT2LMHeadModel):
     raised = 0
 
     @classmethod
-    def build(cls, limit: int | None, where: str = "forward", rank: int | None = None) -> OutOfMemoryModel:
-        reference = tiny_gpt2(dropout=0.1, seed=5)
+    def build(cls, limit: int | None, where: str = "forward", rank: int | None = None, dropout: float = 0.1
+              ) -> OutOfMemoryModel:
+        reference = tiny_gpt2(dropout=dropout, seed=5)
         model = cls(reference.config)
         model.load_state_dict(reference.state_dict())
         model.limit, model.where, model.rank = limit, where, rank
@@ -70,11 +71,11 @@ class OutOfMemoryModel(GPT2LMHeadModel):
 
 
 def train(out_dir: str, per_device: int, accumulation: int, limit: int | None = None, where: str = "forward",
-          rank: int | None = None, auto: bool = True, resume: str | None = None, **overrides: Any
-          ) -> tuple[hf_lightning.Trainer, OutOfMemoryModel]:
+          rank: int | None = None, auto: bool = True, resume: str | None = None, dropout: float = 0.1,
+          **overrides: Any) -> tuple[hf_lightning.Trainer, OutOfMemoryModel]:
     """One run: `per_device` x `accumulation` (x the processes) rows per update, 4 updates, an evaluation every 2."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    model = OutOfMemoryModel.build(limit, where, rank)
+    model = OutOfMemoryModel.build(limit, where, rank, dropout)
     extra = {"ddp_backend": "gloo"} if world > 1 else {}
     args = hf_lightning.TrainingArguments(
         output_dir=out_dir, per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation,
@@ -103,11 +104,14 @@ def split_of(trainer: hf_lightning.Trainer) -> tuple[int, int]:
 
 
 SCENARIOS = {
-    "reference": dict(per_device=2, accumulation=4, auto=False),
-    "forward": dict(per_device=8, accumulation=1, limit=2, where="forward", rank=1),
-    "backward": dict(per_device=8, accumulation=1, limit=2, where="backward", rank=1),
+    "reference": dict(per_device=2, accumulation=4, auto=False, dropout=0.0),
+    "forward": dict(per_device=8, accumulation=1, limit=2, where="forward", rank=1, dropout=0.0),
+    "backward": dict(per_device=8, accumulation=1, limit=2, where="backward", rank=1, dropout=0.0),
 }
-"""Under 2 processes: the reference at micro-batch 2 x 4, then 8 x 1 where only rank 1 runs out of memory."""
+"""Under 2 processes: the reference at micro-batch 2 x 4, then 8 x 1 where only rank 1 runs out of memory. Without
+dropout: the update's 16 samples are the same, but each process holds other ones of them (accelerate shards each
+global micro-batch: rows 0-7 / 8-15 at 8 x 1, rows 0-1 / 2-3 of every 4 at 2 x 4), so dropout masks would fall on
+other samples (the one-process test, tests/test_auto_micro_batch.py, checks the RNG with dropout on)."""
 
 
 def main(out_dir: str) -> None:
