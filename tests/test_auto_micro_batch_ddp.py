@@ -1,10 +1,14 @@
 """`auto_micro_batch` under DDP on 2 CPU processes (gloo) where only rank 1 runs out of memory, in its forward or in
-its backward: ONE `torchrun` launch runs the scenarios of tests/scripts/auto_micro_batch.py (`SCENARIOS`).
+its backward, in the first update or from the second one on: ONE `torchrun` launch runs the scenarios of tests/scripts/auto_micro_batch.py (`SCENARIOS`).
 
 What must hold: no process is left waiting in a collective (the launch ends, within its timeout), both processes
 agree on the new size (rank 0, which never failed, also ends at pieces of 2 rows), and the run equals the one started
 at 2 x 4 per process: the same losses, gradient norms and weights (<= 1e-6). Evaluation runs no collective inside a
 batch, so only the failing rank splits its evaluation batches.
+
+The rule is what keeps this from failing: with DDP's own gradient all-reduce in the last backward (no agreement
+first), the "backward" scenario stops with gloo's "Received data size doesn't match expected size. Is there a
+distributed collective mismatch" (rank 0's gradient bucket against rank 1's flag); on NCCL it would hang.
 """
 
 from __future__ import annotations
@@ -30,13 +34,14 @@ def reports(tmp_path_factory) -> list[dict]:
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
-@pytest.mark.parametrize("where", ["forward", "backward"])
+@pytest.mark.parametrize("where", ["forward", "backward", "later"])
 def test_one_rank_out_of_memory_ends_both_at_two_by_four_as_a_run_started_there(reports, where):
     for rank, report in enumerate(reports):
         run, reference = report[where], report["reference"]
-        assert run["raised"] == (2 if rank == 1 else 0) + (2 if rank == 1 and where == "forward" else 0)
+        # rank 1: 8 and 4 rows failed once each in training (and in the first evaluation, which has no backward)
+        assert run["raised"] == (2 if rank == 1 else 0) + (2 if rank == 1 and where != "backward" else 0)
         # both processes train in pieces of 2 (agreed); evaluation splits on the failing process only
-        assert run["split"] == [4, 4 if rank == 1 and where == "forward" else 1]
+        assert run["split"] == [4, 4 if rank == 1 and where != "backward" else 1]
         assert run["weight_diff"] <= 1e-6
         assert len(run["log"]) == len(reference["log"]) == 6
         for got, want in zip(run["log"], reference["log"]):

@@ -216,7 +216,8 @@ def hold_gradient_sync(strategy: Strategy, hold: bool) -> None:
     if not isinstance(model, DistributedDataParallel):
         return
     # `no_sync()` sets this flag too; held for the whole of DDP's forward (Lightning runs the update inside it), so
-    # its end does not prepare the reducer for a backward: a later local backward would then all-reduce buckets
+    # that neither Lightning's `pre_backward` nor the end of DDP's forward prepares the reducer for a backward:
+    # nothing inside the update can start DDP's reduction
     model.require_backward_grad_sync = not hold
     if not hold:
         model.require_forward_param_sync = True

@@ -39,6 +39,9 @@ class OutOfMemoryModel(GPT2LMHeadModel):
     where = "forward"
     rank: int | None = None
     raised = 0
+    after = 0
+    """Training forwards that never fail (`after=1`: the first update runs at the size asked for)."""
+    forwards = 0
 
     @classmethod
     def build(cls, limit: int | None, where: str = "forward", rank: int | None = None, dropout: float = 0.1
@@ -53,7 +56,8 @@ class OutOfMemoryModel(GPT2LMHeadModel):
 
     def _fails(self, rows: int) -> bool:
         here = self.rank is None or int(os.environ.get("RANK", "0")) == self.rank
-        return self.limit is not None and rows > self.limit and here
+        late = not self.training or self.forwards > self.after
+        return self.limit is not None and rows > self.limit and here and late
 
     def _raise(self, rows: int) -> None:
         self.raised += 1
@@ -65,6 +69,7 @@ class OutOfMemoryModel(GPT2LMHeadModel):
             hidden.register_hook(lambda grad: self._raise(grad.shape[0]))
 
     def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+        self.forwards += int(self.training)
         if self.where == "forward" and input_ids is not None and self._fails(input_ids.shape[0]):
             self._raise(input_ids.shape[0])
         return super().forward(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
@@ -72,10 +77,11 @@ class OutOfMemoryModel(GPT2LMHeadModel):
 
 def train(out_dir: str, per_device: int, accumulation: int, limit: int | None = None, where: str = "forward",
           rank: int | None = None, auto: bool = True, resume: str | None = None, dropout: float = 0.1,
-          **overrides: Any) -> tuple[hf_lightning.Trainer, OutOfMemoryModel]:
+          after: int = 0, **overrides: Any) -> tuple[hf_lightning.Trainer, OutOfMemoryModel]:
     """One run: `per_device` x `accumulation` (x the processes) rows per update, 4 updates, an evaluation every 2."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     model = OutOfMemoryModel.build(limit, where, rank, dropout)
+    model.after = after
     extra = {"ddp_backend": "gloo"} if world > 1 else {}
     args = hf_lightning.TrainingArguments(
         output_dir=out_dir, per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation,
@@ -107,6 +113,8 @@ SCENARIOS = {
     "reference": dict(per_device=2, accumulation=4, auto=False, dropout=0.0),
     "forward": dict(per_device=8, accumulation=1, limit=2, where="forward", rank=1, dropout=0.0),
     "backward": dict(per_device=8, accumulation=1, limit=2, where="backward", rank=1, dropout=0.0),
+    # from the second update on: DDP has run one whole update (its forward, its reducer) before the failure
+    "later": dict(per_device=8, accumulation=1, limit=2, where="forward", rank=1, dropout=0.0, after=1),
 }
 """Under 2 processes: the reference at micro-batch 2 x 4, then 8 x 1 where only rank 1 runs out of memory. Without
 dropout: the update's 16 samples are the same, but each process holds other ones of them (accelerate shards each
