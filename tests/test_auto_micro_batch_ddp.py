@@ -1,5 +1,6 @@
 """`auto_micro_batch` under DDP on 2 CPU processes (gloo) where only rank 1 runs out of memory, in its forward or in
-its backward, in the first update or from the second one on: ONE `torchrun` launch runs the scenarios of tests/scripts/auto_micro_batch.py (`SCENARIOS`).
+its backward, in the first update or from the second one on: ONE `torchrun` launch runs the scenarios of
+tests/scripts/auto_micro_batch.py (`SCENARIOS`).
 
 What must hold: no process is left waiting in a collective (the launch ends, within its timeout), both processes
 agree on the new size (rank 0, which never failed, also ends at pieces of 2 rows), and the run equals the one started
