@@ -87,7 +87,8 @@ def test_out_of_memory_at_one_row_stops_with_the_sizes_named(tmp_path):
         script.train(str(tmp_path), per_device=2, accumulation=1, limit=0, eval_strategy="no")
 
 
-@pytest.mark.parametrize("other", [dict(auto_find_batch_size=True), dict(fsdp="full_shard"),
+@pytest.mark.parametrize("other", [dict(auto_find_batch_size=True),
+                                   dict(fsdp="full_shard", fsdp_config={"version": 1}),
                                    dict(deepspeed={"train_micro_batch_size_per_gpu": 2}),
                                    dict(ddp_static_graph=True)])
 def test_what_cannot_work_with_it_is_refused_at_construction(tmp_path, other):

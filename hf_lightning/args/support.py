@@ -123,7 +123,7 @@ OURS: dict[str, str] = {
                         "with micro-batches half as large and twice as many: the global batch, the samples and the "
                         "token-normalised loss are kept; evaluation batches are split alike; the size found is "
                         "logged once, kept in checkpoints and used on resume (README, 'Micro-batching that keeps "
-                        "the global batch'); single process or DDP",
+                        "the global batch'); single process, DDP or FSDP2",
 }
 """hf_lightning's own fields (not in `transformers.TrainingArguments`), with what they do (the README map's rows)."""
 

@@ -13,14 +13,17 @@ the same window is tried again. The optimizer has not stepped: all of this happe
 The rule under several processes: no collective runs inside a forward or backward of a guarded update, and every
 process reaches the agreement after its try (a failing one straight from its error), so no process can wait in a
 collective that another one will never enter. DDP's gradient reduction is held during the update and done after the
-agreement (`parallel/runtime.py`); strategies that all-gather inside forwards (FSDP, DeepSpeed) are refused. The
-gradient count of `average_tokens_across_devices` is one collective at the start of each try, entered by every
-process (the retry is agreed before it).
+agreement (`parallel/runtime.py`). Under FSDP2, whose forwards and backwards all-gather and reduce-scatter,
+each of FSDP's collectives is preceded by a flag all-reduce instead (`parallel/oom_agreement.py`): a failing process
+joins the others' next one from the end of its try, and they stop their try there; FSDP's iteration state is reset
+after a failed try. FSDP1 and DeepSpeed are refused. The gradient count of `average_tokens_across_devices` is one
+collective at the start of each try, entered by every process (the retry is agreed before it).
 
 Evaluation (`MicroBatchGuard.run_eval`): an evaluation / prediction batch is cut alike; the pieces' `(loss, logits,
 labels)` are joined into the batch's (the loss weighted by each piece's label tokens, or rows without labels): the
 same result as the whole batch, up to float rounding. Evaluation runs no collective inside a batch under DDP, so
-each process finds its own evaluation size.
+each process finds its own evaluation size; under FSDP2 the processes agree on it as in training (`AgreedEval`), and
+each runs as many forwards per batch (a short last batch repeats its last piece, the repeat's results dropped).
 
 The size found is logged once when it changes, kept in checkpoints by `MicroBatchRecord` (`lightning_state.pt`) and
 used by a resumed run from its first update.
@@ -28,6 +31,7 @@ used by a resumed run from its first update.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping
@@ -53,7 +57,7 @@ from hf_lightning.run_options.micro_batch import (
     split_micro_batch,
 )
 
-__all__ = ["MicroBatchGuard", "MicroBatchRecord", "TryUpdate"]
+__all__ = ["AgreedEval", "MicroBatchGuard", "MicroBatchRecord", "TryUpdate"]
 
 log = logging.getLogger(__name__)
 
@@ -146,9 +150,17 @@ class MicroBatchGuard:
             piece_size(per_device, self.split.train), accumulation * self.split.train, per_device, accumulation)
 
     def run_eval(self, batch: Mapping[str, Any], step: Callable[[dict[str, Any]], EvalStep], shift_labels: bool,
-                 is_global_zero: bool) -> EvalStep:
+                 is_global_zero: bool, agreed: AgreedEval | None = None) -> EvalStep:
         """One evaluation / prediction batch, cut into pieces at the split in effect, smaller after each
         out-of-memory error; the pieces' results joined into the batch's (module docstring).
+
+        Args:
+            batch: the evaluation batch.
+            step: one forward over a piece (HF's `prediction_step`).
+            shift_labels: whether the loss shifts labels (each piece's weight is its label tokens).
+            is_global_zero: whether this process logs the size found.
+            agreed: under FSDP2, whose forwards all-gather: every process runs as many forwards (a short batch
+                repeats its last piece, the repeats' results dropped) and a failure anywhere retries everywhere.
 
         Raises:
             torch.OutOfMemoryError: out of memory with pieces of one row.
@@ -158,15 +170,25 @@ class MicroBatchGuard:
         before = self.split.eval
         while True:
             pieces = split_micro_batch(batch, self.split.eval)
-            steps, error = _attempt(functools.partial(_run_all, step, pieces))
-            if error is None:
+            run = pieces
+            if agreed is not None:  # a full batch's count of pieces on every process
+                full = 1 if self.split.per_device_eval <= 1 else min(self.split.eval, self.split.per_device_eval)
+                run = pieces + pieces[-1:] * (full - len(pieces))
+            steps, error = _attempt(functools.partial(_run_all, step, run))
+            failed = agreed.any_failed(error is not None) if agreed is not None else error is not None
+            if not failed:
+                steps = steps[:len(pieces)]
                 break
-            del pieces
+            del pieces, run
+            if agreed is not None:
+                agreed.reset()
             empty_device_cache(collect_garbage=True)
             rng.restore()
-            split = next_split(rows_of(batch) or 1, self.split.eval)
+            rows = self.split.per_device_eval if agreed is not None else rows_of(batch) or 1  # the same everywhere
+            split = next_split(rows, self.split.eval)
             if split is None:
-                raise torch.OutOfMemoryError(f"auto_micro_batch: out of memory evaluating batches of one row: {error}")
+                where = error or "another process ran out of memory"
+                raise torch.OutOfMemoryError(f"auto_micro_batch: out of memory evaluating batches of one row: {where}")
             self.split.eval = split
         if self.split.eval != before and is_global_zero:
             log.warning("auto_micro_batch: out of memory evaluating batches of %d; evaluating on in pieces of %d "
@@ -177,6 +199,19 @@ class MicroBatchGuard:
             return steps[0]
         weights = [_loss_weight(piece, shift_labels) for piece in pieces]
         return join_eval_steps(steps, weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class AgreedEval:
+    """How evaluation pieces agree under FSDP2 (`parallel/oom_agreement.py`).
+
+    Attributes:
+        any_failed: the agreement at the end of a try: whether this or any other process failed.
+        reset: FSDP's iteration state reset after a failed try (no collective).
+    """
+
+    any_failed: Callable[[bool], bool]
+    reset: Callable[[], None]
 
 
 def _run_all(step: Callable[[dict[str, Any]], EvalStep], pieces: list[dict[str, Any]]) -> list[EvalStep]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -35,7 +35,7 @@ from hf_lightning.module.eval_run import EvalAccumulator
 from hf_lightning.module.evaluation import EvalRequest, EvalSettings, EvalStep
 from hf_lightning.module.hooks import HFHooksModule, WindowContext, current_lr
 from hf_lightning.module.loss import label_smoother, loss_shifts_labels, model_accepts_loss_kwargs
-from hf_lightning.module.micro_batching import MicroBatchGuard
+from hf_lightning.module.micro_batching import AgreedEval, MicroBatchGuard
 from hf_lightning.parallel.lockstep import needs_lockstep_forwards
 from hf_lightning.parallel.runtime import (
     any_process_failed,
@@ -44,15 +44,20 @@ from hf_lightning.parallel.runtime import (
     clip_by_strategy,
     configure_model_for_strategy,
     deepspeed_step_report,
+    failure_agreement,
     hold_gradient_sync,
     micro_batch_context,
     reduce_gradients,
+    reset_sharded_state,
     step_model,
     steps_like_a_scheduler,
 )
 from hf_lightning.run_options.activation_checkpointing import enable_activation_checkpointing
 from hf_lightning.run_options.device_cache import should_empty_cache
 from hf_lightning.run_options.torch_compile import model_to_call
+
+if TYPE_CHECKING:
+    from hf_lightning.parallel.oom_agreement import FailureAgreement
 
 __all__ = ["TransformerModule"]
 
@@ -136,6 +141,7 @@ class TransformerModule(HFHooksModule):
         self._step_listeners: list[TrainingStepListener] = []
         self._eval_request = EvalRequest()
         self._micro_batch_guard: MicroBatchGuard | None = None
+        self._agreement: tuple[nn.Module, FailureAgreement | None] | None = None
         self._sync_held = False
 
     @override
@@ -186,6 +192,20 @@ class TransformerModule(HFHooksModule):
         if self._micro_batch_guard is None:
             self._micro_batch_guard = MicroBatchGuard(self.args)
         return self._micro_batch_guard
+
+    def _failure_agreement(self) -> FailureAgreement | None:
+        """Under FSDP2 on several processes: the agreement before each of FSDP's collectives, installed on the
+        sharded model at its first guarded step (`parallel/oom_agreement.py`); None elsewhere."""
+        trainer = attached_trainer(self)
+        if trainer is None:
+            return None
+        if self._agreement is None or self._agreement[0] is not self.model:
+            self._agreement = (self.model, failure_agreement(trainer.strategy, self.model))
+        return self._agreement[1]
+
+    def _drop_failed_try(self) -> None:
+        """After a try that failed on some process: FSDP2's iteration state reset, the try's gradients dropped."""
+        reset_sharded_state(self.model, drop_grads=True)
 
     def end_guarded_update(self) -> None:
         """Give DDP its gradient sync back after an `auto_micro_batch` update (its forward has returned)."""
@@ -247,9 +267,10 @@ class TransformerModule(HFHooksModule):
                 run(window)
                 return
             params = self._trainable_params()
+            agreement = self._failure_agreement()
             guard.run_update(
-                window, try_update, zero_grads=lambda: self.model.zero_grad(set_to_none=True),
-                any_failed=lambda failed: any_process_failed(strategy, failed),
+                window, try_update, zero_grads=self._drop_failed_try,
+                any_failed=lambda failed: any_process_failed(strategy, failed, agreement),
                 reduce=lambda: reduce_gradients(strategy, params), is_global_zero=self.trainer.is_global_zero,
                 step=self.trainer.global_step + 1)
 
@@ -459,7 +480,11 @@ class TransformerModule(HFHooksModule):
         if guard is None:
             return step(dict(batch))
         trainer = attached_trainer(self)
-        return guard.run_eval(batch, step, self.shift_labels, trainer is None or trainer.is_global_zero)
+        agreement = self._failure_agreement()
+        if agreement is None:  # no collective inside an evaluation batch: each process finds its own size
+            return guard.run_eval(batch, step, self.shift_labels, trainer is None or trainer.is_global_zero)
+        return guard.run_eval(batch, step, self.shift_labels, trainer is None or trainer.is_global_zero,
+                              agreed=AgreedEval(agreement.any_failed, lambda: reset_sharded_state(self.model, drop_grads=False)))
 
     @override
     def validation_step(  # type: ignore[override]  # Lightning types step outputs as tensors / mappings

@@ -27,15 +27,17 @@
   micro-batch). Under DDP, `hold_gradient_sync` keeps every backward of the update local (DDP's own reduction in the
   last backward, and the reducer preparation at the end of DDP's forward, are both off) and `reduce_gradients`
   averages the gradients after the agreement, as DDP would (bucketed all-reduces of the gradients divided by the
-  world size). Strategies whose forwards run collectives (FSDP1, FSDP2, DeepSpeed) are refused
-  (`check_micro_batch_strategy`).
+  world size). Under FSDP2, whose forwards and backwards all-gather and reduce-scatter, `failure_agreement` puts a
+  flag all-reduce before each of FSDP's collectives instead (`parallel/oom_agreement.py`: a failing process joins
+  the next one from the end of its try), and `reset_sharded_state` resets FSDP's iteration state after a failed try.
+  FSDP1 and DeepSpeed, whose collectives have no such seam, are refused (`check_micro_batch_strategy`).
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import lightning.pytorch as pl
 import torch
@@ -60,10 +62,14 @@ from hf_lightning.parallel.fsdp2 import shard_model
 from hf_lightning.parallel.precision import policy_dtype
 from hf_lightning.parallel.strategies import HFFSDP2Strategy, HFFSDPStrategy
 
+if TYPE_CHECKING:
+    from hf_lightning.parallel.oom_agreement import FailureAgreement
+
 __all__ = ["configure_model_for_strategy", "micro_batch_context", "clip_by_strategy", "deepspeed_step_report",
            "generation_context", "steps_like_a_scheduler",
            "steps_on_metrics", "step_model", "check_update_strategy", "FSDPRootCall", "check_micro_batch_strategy",
-           "hold_gradient_sync", "any_process_failed", "reduce_gradients"]
+           "hold_gradient_sync", "any_process_failed", "reduce_gradients", "failure_agreement",
+           "reset_sharded_state"]
 
 
 def configure_model_for_strategy(module: pl.LightningModule, model: nn.Module) -> None:
@@ -190,22 +196,57 @@ def check_update_strategy(strategy: Strategy) -> None:
 
 
 def check_micro_batch_strategy(strategy: Strategy) -> None:
-    """Refuse `auto_micro_batch` under a strategy whose forwards or backwards run collectives (module docstring).
+    """Refuse `auto_micro_batch` under a strategy whose forwards or backwards run collectives that no agreement
+    precedes (module docstring).
 
     Raises:
-        ValueError: FSDP1, FSDP2 (`ModelParallelStrategy`), DeepSpeed, DDP with a static graph, or another strategy
-            of several processes that is not DDP, naming it.
+        ValueError: FSDP1, DeepSpeed, DDP with a static graph, a `ModelParallelStrategy` with a tensor-parallel axis,
+            or another strategy of several processes that is not DDP or FSDP2, naming it.
     """
     if not isinstance(strategy, ParallelStrategy):
         return  # one device
     static = bool(getattr(getattr(strategy, "model", None), "static_graph", False))  # wrapped before on_fit_start
     if isinstance(strategy, DDPStrategy) and not isinstance(strategy, DeepSpeedStrategy) and not static:
         return
+    if isinstance(strategy, ModelParallelStrategy) and strategy.device_mesh["tensor_parallel"].size() == 1:
+        return  # FSDP2: each of its collectives is preceded by an agreement (`parallel/oom_agreement.py`)
     if isinstance(strategy, (DDPStrategy, FSDPStrategy, ModelParallelStrategy)) or strategy.world_size > 1:
         raise ValueError(
             f"auto_micro_batch=True under {type(strategy).__name__}: not supported. A retried update must run no "
-            "collective inside a forward or backward (a process out of memory there would leave the others waiting), "
-            "which holds on one process and under DDP (without `static_graph`) only. Drop auto_micro_batch or use DDP.")
+            "collective inside a forward or backward that the processes have not agreed on first (a process out of "
+            "memory there would leave the others waiting), which holds on one process, under DDP (without "
+            "`static_graph`) and under FSDP2 (ModelParallelStrategy without tensor parallelism) only. Drop "
+            "auto_micro_batch, or use DDP or FSDP2.")
+
+
+def failure_agreement(strategy: Strategy, model: nn.Module) -> FailureAgreement | None:
+    """Under FSDP2 on several processes: the flag agreement installed on every FSDP group of `model` (before each
+    of FSDP's collectives, `parallel/oom_agreement.py`); None elsewhere (DDP's reduction is held instead)."""
+    if not isinstance(strategy, ModelParallelStrategy) or strategy.world_size <= 1 or not is_sharded(model):
+        return None
+    from hf_lightning.parallel.oom_agreement import install_agreement  # FSDP2's communication objects
+
+    return install_agreement(model, strategy.device_mesh["data_parallel"].get_group(), strategy.root_device)
+
+
+def reset_sharded_state(model: nn.Module, drop_grads: bool) -> None:
+    """After a try that failed on some process: FSDP2's per-iteration state reset on the root (no collective:
+    unsharded parameters freed, hooks' trackers cleared), so the retry starts as a new iteration; `drop_grads`: the
+    try's gradients dropped too. Nothing elsewhere.
+
+    FSDP's reset keeps the gradients of the parameters still unsharded (the root's, whose post-backward runs at the
+    end of the backward): they are dropped while those parameters are the module's, before the reset, or the retry
+    would add its gradients to them."""
+    reset = getattr(model, "reset_iter_state", None)
+    if not is_sharded(model) or not callable(reset):
+        if drop_grads:
+            model.zero_grad(set_to_none=True)
+        return
+    if drop_grads:
+        model.zero_grad(set_to_none=True)  # the unsharded parameters registered now, and the sharded ones
+    reset()
+    if drop_grads:
+        model.zero_grad(set_to_none=True)  # the sharded parameters registered again by the reset
 
 
 def hold_gradient_sync(strategy: Strategy, hold: bool) -> None:
@@ -228,8 +269,11 @@ def _group(strategy: Strategy) -> Any:
     return model.process_group if isinstance(model, DistributedDataParallel) else None
 
 
-def any_process_failed(strategy: Strategy, failed: bool) -> bool:
-    """Whether any process's try of the update failed: one all-reduce (max) of a flag on several processes."""
+def any_process_failed(strategy: Strategy, failed: bool, agreement: FailureAgreement | None = None) -> bool:
+    """Whether any process's try of the update failed: one all-reduce (max) of a flag on several processes (under
+    FSDP2 `agreement`'s, which knows when a hook has agreed already)."""
+    if agreement is not None:
+        return agreement.any_failed(failed)
     if not isinstance(strategy, ParallelStrategy) or strategy.world_size <= 1 or not dist.is_initialized():
         return failed
     flag = torch.tensor([1 if failed else 0], dtype=torch.int32, device=strategy.root_device)

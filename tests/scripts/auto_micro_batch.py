@@ -4,8 +4,8 @@ Imported by tests/test_auto_micro_batch.py (one process), and run by tests/test_
 `torchrun --nproc_per_node 2` (gloo): ONE launch runs every scenario of `SCENARIOS` in turn (the processes and the
 process group are shared) and each rank writes `OUT_DIR/rank<r>.json`: per scenario its log (loss, grad_norm,
 eval_loss per step), how often the model raised, the split in effect at the end, and the largest weight difference
-from the first scenario (the reference).
-Usage: python auto_micro_batch.py OUT_DIR
+from the last reference scenario before it (DDP's, FSDP2's).
+Usage: python auto_micro_batch.py OUT_DIR [SCENARIO,...]  (default: every scenario)
 """
 
 from __future__ import annotations
@@ -77,16 +77,20 @@ class OutOfMemoryModel(GPT2LMHeadModel):
 
 def train(out_dir: str, per_device: int, accumulation: int, limit: int | None = None, where: str = "forward",
           rank: int | None = None, auto: bool = True, resume: str | None = None, dropout: float = 0.1,
-          after: int = 0, **overrides: Any) -> tuple[hf_lightning.Trainer, OutOfMemoryModel]:
-    """One run: `per_device` x `accumulation` (x the processes) rows per update, 4 updates, an evaluation every 2."""
+          after: int = 0, fsdp2: bool = False, **overrides: Any) -> tuple[hf_lightning.Trainer, OutOfMemoryModel]:
+    """One run: `per_device` x `accumulation` (x the processes) rows per update, 4 updates, an evaluation every 2;
+    `fsdp2`: HF's `fsdp="full_shard auto_wrap"` (FSDP2, each GPT-2 block and the root sharded) instead of DDP."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     model = OutOfMemoryModel.build(limit, where, rank, dropout)
     model.after = after
-    extra = {"ddp_backend": "gloo"} if world > 1 else {}
+    extra: dict[str, Any] = {"ddp_backend": "gloo"} if world > 1 else {}
+    if fsdp2:
+        extra.update(fsdp="full_shard auto_wrap", fsdp_config={"transformer_layer_cls_to_wrap": ["GPT2Block"]})
     args = hf_lightning.TrainingArguments(
         output_dir=out_dir, per_device_train_batch_size=per_device, gradient_accumulation_steps=accumulation,
         auto_micro_batch=auto, **{**SETTINGS, **extra, **overrides})
-    kwargs = {**CPU, "strategy": "ddp", "devices": world} if world > 1 else dict(CPU)
+    kwargs = {**CPU, "devices": world} if fsdp2 else {**CPU, "strategy": "ddp", "devices": world} if world > 1 \
+        else dict(CPU)
     trainer = hf_lightning.Trainer(model=model, args=args, train_dataset=lm_dataset(n=32 * world, seed=2),
                                    eval_dataset=lm_dataset(n=8 * world, seed=1), lightning_kwargs=kwargs)
     trainer.train(resume_from_checkpoint=resume)
@@ -101,7 +105,11 @@ def log_of(trainer: hf_lightning.Trainer) -> list[dict[str, float]]:
 
 
 def weights_of(trainer: hf_lightning.Trainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    from torch.distributed.tensor import DTensor
+
+    # FSDP2's shards gathered (a collective, in the same order on every process)
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+            for k, v in trainer.model.state_dict().items()}
 
 
 def split_of(trainer: hf_lightning.Trainer) -> tuple[int, int]:
@@ -115,6 +123,10 @@ SCENARIOS = {
     "backward": dict(per_device=8, accumulation=1, limit=2, where="backward", rank=1, dropout=0.0),
     # from the second update on: DDP has run one whole update (its forward, its reducer) before the failure
     "later": dict(per_device=8, accumulation=1, limit=2, where="forward", rank=1, dropout=0.0, after=1),
+    # FSDP2: all-gathers in every block's forward and backward, reduce-scatters in every backward
+    "fsdp2-reference": dict(per_device=2, accumulation=4, auto=False, dropout=0.0, fsdp2=True),
+    "fsdp2-forward": dict(per_device=8, accumulation=1, limit=2, where="forward", rank=1, dropout=0.0, fsdp2=True),
+    "fsdp2-backward": dict(per_device=8, accumulation=1, limit=2, where="backward", rank=1, dropout=0.0, fsdp2=True),
 }
 """Under 2 processes: the reference at micro-batch 2 x 4, then 8 x 1 where only rank 1 runs out of memory. Without
 dropout: the update's 16 samples are the same, but each process holds other ones of them (accelerate shards each
@@ -122,14 +134,16 @@ global micro-batch: rows 0-7 / 8-15 at 8 x 1, rows 0-1 / 2-3 of every 4 at 2 x 4
 other samples (the one-process test, tests/test_auto_micro_batch.py, checks the RNG with dropout on)."""
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, only: list[str] | None = None) -> None:
     rank = int(os.environ.get("RANK", "0"))
     report: dict[str, Any] = {}
     reference: dict[str, torch.Tensor] | None = None
     for name, scenario in SCENARIOS.items():
+        if only is not None and name not in only:
+            continue
         trainer, model = train(os.path.join(out_dir, name), **scenario)  # type: ignore[arg-type]
         weights = weights_of(trainer)
-        reference = weights if reference is None else reference
+        reference = weights if reference is None or name.endswith("reference") else reference
         report[name] = {"log": log_of(trainer), "raised": model.raised, "split": split_of(trainer),
                         "weight_diff": max((weights[k] - reference[k]).abs().max().item() for k in weights)}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
@@ -137,4 +151,4 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2].split(",") if len(sys.argv) > 2 else None)
