@@ -77,9 +77,10 @@ class OutOfMemoryModel(GPT2LMHeadModel):
 
 def train(out_dir: str, per_device: int, accumulation: int, limit: int | None = None, where: str = "forward",
           rank: int | None = None, auto: bool = True, resume: str | None = None, dropout: float = 0.1,
-          after: int = 0, fsdp2: bool = False, **overrides: Any) -> tuple[hf_lightning.Trainer, OutOfMemoryModel]:
+          after: int = 0, fsdp2: bool = False, eval_rows: float = 8, **overrides: Any) -> tuple[hf_lightning.Trainer, OutOfMemoryModel]:
     """One run: `per_device` x `accumulation` (x the processes) rows per update, 4 updates, an evaluation every 2;
-    `fsdp2`: HF's `fsdp="full_shard auto_wrap"` (FSDP2, each GPT-2 block and the root sharded) instead of DDP."""
+    `fsdp2`: HF's `fsdp="full_shard auto_wrap"` (FSDP2, each GPT-2 block and the root sharded) instead of DDP;
+    `eval_rows`: evaluation rows per process (on average: the last process may hold fewer)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     model = OutOfMemoryModel.build(limit, where, rank, dropout)
     model.after = after
@@ -92,7 +93,7 @@ def train(out_dir: str, per_device: int, accumulation: int, limit: int | None = 
     kwargs = {**CPU, "devices": world} if fsdp2 else {**CPU, "strategy": "ddp", "devices": world} if world > 1 \
         else dict(CPU)
     trainer = hf_lightning.Trainer(model=model, args=args, train_dataset=lm_dataset(n=32 * world, seed=2),
-                                   eval_dataset=lm_dataset(n=8 * world, seed=1), lightning_kwargs=kwargs)
+                                   eval_dataset=lm_dataset(n=int(eval_rows * world), seed=1), lightning_kwargs=kwargs)
     trainer.train(resume_from_checkpoint=resume)
     return trainer, model
 
@@ -117,16 +118,20 @@ def split_of(trainer: hf_lightning.Trainer) -> tuple[int, int]:
     return (guard.split.train, guard.split.eval) if guard is not None else (1, 1)
 
 
+FSDP2_EVAL = dict(dropout=0.0, eval_rows=6.5, per_device_eval_batch_size=4)
+
 SCENARIOS = {
     "reference": dict(per_device=2, accumulation=4, auto=False, dropout=0.0),
     "forward": dict(per_device=8, accumulation=1, limit=2, where="forward", rank=1, dropout=0.0),
     "backward": dict(per_device=8, accumulation=1, limit=2, where="backward", rank=1, dropout=0.0),
     # from the second update on: DDP has run one whole update (its forward, its reducer) before the failure
     "later": dict(per_device=8, accumulation=1, limit=2, where="forward", rank=1, dropout=0.0, after=1),
-    # FSDP2: all-gathers in every block's forward and backward, reduce-scatters in every backward
-    "fsdp2-reference": dict(per_device=2, accumulation=4, auto=False, dropout=0.0, fsdp2=True),
-    "fsdp2-forward": dict(per_device=8, accumulation=1, limit=2, where="forward", rank=1, dropout=0.0, fsdp2=True),
-    "fsdp2-backward": dict(per_device=8, accumulation=1, limit=2, where="backward", rank=1, dropout=0.0, fsdp2=True),
+    # FSDP2: all-gathers in every block's forward and backward, reduce-scatters in every backward. Evaluation: 13
+    # rows in batches of 4 (rank 0: 4 + 4, rank 1: 4 + 1), so that once pieces are 2 rows rank 1's last batch, one
+    # piece, repeats it to run as many forwards as rank 0's two pieces
+    "fsdp2-reference": dict(per_device=2, accumulation=4, auto=False, fsdp2=True, **FSDP2_EVAL),
+    "fsdp2-forward": dict(per_device=8, accumulation=1, limit=2, where="forward", rank=1, fsdp2=True, **FSDP2_EVAL),
+    "fsdp2-backward": dict(per_device=8, accumulation=1, limit=2, where="backward", rank=1, fsdp2=True, **FSDP2_EVAL),
 }
 """Under 2 processes: the reference at micro-batch 2 x 4, then 8 x 1 where only rank 1 runs out of memory. Without
 dropout: the update's 16 samples are the same, but each process holds other ones of them (accelerate shards each
