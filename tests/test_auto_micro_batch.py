@@ -97,6 +97,15 @@ def test_what_cannot_work_with_it_is_refused_at_construction(tmp_path, other):
         hf_lightning.TrainingArguments(output_dir=str(tmp_path), auto_micro_batch=True, **other)
 
 
+def test_fsdp2_is_accepted_and_fsdp1_named_with_its_version(tmp_path):
+    # FSDP2 (HF 5's default version) agrees before each of its collectives (parallel/oom_agreement.py)
+    args = hf_lightning.TrainingArguments(output_dir=str(tmp_path), auto_micro_batch=True, fsdp="full_shard auto_wrap")
+    assert args.auto_micro_batch
+    with pytest.raises(ValueError, match=r"fsdp_config\['version'\]=1: not supported"):
+        hf_lightning.TrainingArguments(output_dir=str(tmp_path), auto_micro_batch=True, fsdp="full_shard",
+                                       fsdp_config={"version": 1})
+
+
 def test_pieces_and_resume_sizes():
     batch = {"input_ids": torch.arange(10).reshape(5, 2), "labels": torch.ones(5, 2), "ids": list("abcde"),
              "scale": torch.tensor(2.0)}

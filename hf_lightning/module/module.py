@@ -483,8 +483,8 @@ class TransformerModule(HFHooksModule):
         agreement = self._failure_agreement()
         if agreement is None:  # no collective inside an evaluation batch: each process finds its own size
             return guard.run_eval(batch, step, self.shift_labels, trainer is None or trainer.is_global_zero)
-        return guard.run_eval(batch, step, self.shift_labels, trainer is None or trainer.is_global_zero,
-                              agreed=AgreedEval(agreement.any_failed, lambda: reset_sharded_state(self.model, drop_grads=False)))
+        agreed = AgreedEval(agreement.any_failed, lambda: reset_sharded_state(self.model, drop_grads=False))
+        return guard.run_eval(batch, step, self.shift_labels, trainer is None or trainer.is_global_zero, agreed)
 
     @override
     def validation_step(  # type: ignore[override]  # Lightning types step outputs as tensors / mappings

@@ -77,7 +77,8 @@ class OutOfMemoryModel(GPT2LMHeadModel):
 
 def train(out_dir: str, per_device: int, accumulation: int, limit: int | None = None, where: str = "forward",
           rank: int | None = None, auto: bool = True, resume: str | None = None, dropout: float = 0.1,
-          after: int = 0, fsdp2: bool = False, eval_rows: float = 8, **overrides: Any) -> tuple[hf_lightning.Trainer, OutOfMemoryModel]:
+          after: int = 0, fsdp2: bool = False, eval_rows: float = 8, **overrides: Any
+          ) -> tuple[hf_lightning.Trainer, OutOfMemoryModel]:
     """One run: `per_device` x `accumulation` (x the processes) rows per update, 4 updates, an evaluation every 2;
     `fsdp2`: HF's `fsdp="full_shard auto_wrap"` (FSDP2, each GPT-2 block and the root sharded) instead of DDP;
     `eval_rows`: evaluation rows per process (on average: the last process may hold fewer)."""
