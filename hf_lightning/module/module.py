@@ -61,6 +61,23 @@ if TYPE_CHECKING:
 
 __all__ = ["TransformerModule"]
 
+
+def _unsplit_generation_step(step: Callable[[dict[str, Any]], EvalStep], batch: Mapping[str, Any]) -> EvalStep:
+    """An evaluation batch that generates with `synced_gpus` on several processes, whole: `auto_micro_batch` does
+    not retry it (generate's per-token all-reduce has no agreement before it, so a process out of memory mid-generate
+    could not leave it); an out-of-memory error stops the run, naming why.
+
+    Raises:
+        torch.OutOfMemoryError: the batch ran out of memory.
+    """
+    try:
+        return step(dict(batch))
+    except torch.OutOfMemoryError as error:
+        raise torch.OutOfMemoryError(
+            f"auto_micro_batch: out of memory in an evaluation that generates with synced_gpus on several processes "
+            f"({error}); such batches are not retried (generate's own all-reduce at each token cannot be agreed "
+            "first). Lower per_device_eval_batch_size.") from error
+
 _LOSS_INPUT_HOOKS = frozenset({
     "compute_loss", "training_step", "_get_num_items_in_batch", "_prepare_inputs", "_prepare_input",
     "_prepare_context_parallel_inputs",
@@ -202,6 +219,12 @@ class TransformerModule(HFHooksModule):
         if self._agreement is None or self._agreement[0] is not self.model:
             self._agreement = (self.model, failure_agreement(trainer.strategy, self.model))
         return self._agreement[1]
+
+    def _generates_in_lockstep(self) -> bool:
+        """Whether evaluation's `generate` runs with `synced_gpus` (a collective per decoding step, which no
+        agreement precedes); `Seq2SeqTransformerModule` answers, other modules do not generate."""
+        synced = getattr(self, "generation_is_synced", None)
+        return bool(synced()) if callable(synced) else False
 
     def _drop_failed_try(self) -> None:
         """After a try that failed on some process: FSDP2's iteration state reset, the try's gradients dropped."""
@@ -480,6 +503,8 @@ class TransformerModule(HFHooksModule):
         if guard is None:
             return step(dict(batch))
         trainer = attached_trainer(self)
+        if trainer is not None and trainer.world_size > 1 and self._generates_in_lockstep():
+            return _unsplit_generation_step(step, batch)
         agreement = self._failure_agreement()
         if agreement is None:  # no collective inside an evaluation batch: each process finds its own size
             return guard.run_eval(batch, step, self.shift_labels, trainer is None or trainer.is_global_zero)
