@@ -108,7 +108,7 @@ class MicroBatchGuard:
         Args:
             window: the update's loader micro-batches.
             try_update: one try over the pieces (forwards, backwards).
-            zero_grads: drops the gradients of a failed try.
+            zero_grads: drops the gradients of a failed try (and resets FSDP2's iteration state).
             any_failed: the agreement: whether this or any other process failed (one collective).
             reduce: the gradient reduction after a try agreed to be good (DDP's, held during the try).
             is_global_zero: whether this process logs the size found.
