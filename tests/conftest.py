@@ -165,6 +165,8 @@ TIERS = {
     "test_sharded_twins.py": "distributed",
     "test_resume_elastic.py": "distributed",
     "test_elastic_rules.py": "unit",
+    "test_auto_micro_batch.py": "parity",
+    "test_auto_micro_batch_ddp.py": "distributed",
 }
 """The tier of each test file."""
 
@@ -172,6 +174,7 @@ DISTRIBUTED = {
     "test_ddp.py", "test_eval_loop_ddp.py", "test_ddp_loss_scale.py",
     "test_evaluation_ddp.py", "test_generation_ddp.py", "test_stream_resume_ddp.py",
     "test_tokens_seen_ddp.py", "test_sharded_eval.py", "test_sharded_twins.py", "test_resume_elastic.py",
+    "test_auto_micro_batch_ddp.py",
     "test_checkpoint_processes.py::test_two_process_save_and_exact_resume",
     "test_checkpoint_processes.py::test_a_nan_in_one_ranks_shard_stops_every_rank_before_the_save",
     "test_async_save.py::test_save_async_is_refused_under_fsdp2_before_training",

@@ -109,6 +109,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.run_options.activation_checkpointing": 1,
     "hf_lightning.module.metrics": 1,
     "hf_lightning.run_options.neftune": 1,
+    "hf_lightning.run_options.micro_batch": 1,
     "hf_lightning.run_options.torch_compile": 1,
     "hf_lightning.model_wrappers": 1,
     "hf_lightning.module.optim": 1,
@@ -150,11 +151,13 @@ LAYERS: dict[str, int] = {
     "hf_lightning.contracts": 2,
     "hf_lightning.data.datamodule": 2,
     "hf_lightning.module.module": 2,
+    "hf_lightning.module.micro_batching": 2,
     "hf_lightning.module.hooks": 2,
     "hf_lightning.checkpoint.sharded": 2,
     "hf_lightning.parallel.lockstep": 2,
     "hf_lightning.parallel.precision": 2,
     "hf_lightning.parallel.runtime": 2,
+    "hf_lightning.parallel.oom_agreement": 1,
     "hf_lightning.parallel.strategies": 2,
     "hf_lightning.checkpoint.restore": 2,
     "hf_lightning.checkpoint.lifecycle": 2,
@@ -213,6 +216,8 @@ DEFERRED_UPWARD = {
 """L0 modules that may import these higher-layer packages inside a function (never at module level), and why."""
 
 LAZY = {
+    "hf_lightning.parallel.runtime": "FSDP2's communication objects (parallel/oom_agreement.py) only for "
+                                     "auto_micro_batch under FSDP2",
     "hf_lightning.args.process": DEFERRED_UPWARD["hf_lightning.args.process"][1],
     "hf_lightning.args.report_to": DEFERRED_UPWARD["hf_lightning.args.report_to"][1],
     "hf_lightning.args.hf_fields": "kept as written by the arguments code",

@@ -120,6 +120,11 @@ OURS: dict[str, str] = {
     "save_nonfinite_checkpoints": "default False: a save whose weights hold a NaN or inf stops the run with "
                                   "`NonFiniteWeightsError` (the step, the first such parameter) and writes nothing, "
                                   "so the last checkpoint stays the newest; True saves them, as HF does",
+    "auto_micro_batch": "on an out-of-memory error in a forward or backward, the same update again from its start "
+                        "with micro-batches half as large and twice as many: the global batch, the samples and the "
+                        "token-normalised loss are kept; evaluation batches are split alike; the size found is "
+                        "logged once, kept in checkpoints and used on resume (README, 'Micro-batching that keeps "
+                        "the global batch'); single process, DDP or FSDP2",
 }
 """hf_lightning's own fields (not in `transformers.TrainingArguments`), with what they do (the README map's rows)."""
 

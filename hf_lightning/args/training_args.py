@@ -364,6 +364,11 @@ class TrainingArguments(ProcessLayoutMixin):
     save_nonfinite_checkpoints: bool = False
     """Write a checkpoint even when a weight is NaN or inf (HF's behaviour). By default such a save stops the run
     with `NonFiniteWeightsError` naming the step and the first non-finite parameter, and writes nothing."""
+    auto_micro_batch: bool = False
+    """On an out-of-memory error in a forward or backward, retry the same update from its start with each
+    micro-batch split in two (accumulation doubled): the global batch, the update's samples and its token-normalised
+    loss stay the same (README "Micro-batching that keeps the global batch"). Evaluation batches are split alike.
+    HF's `auto_find_batch_size` instead restarts training with a smaller global batch."""
 
     def __post_init__(self) -> None:
         normalise_and_check(self)

@@ -17,7 +17,7 @@ from hf_lightning.args.accelerator_config import as_config_dict
 from hf_lightning.args.choices import OPTIMIZER_NAMES, SAMPLING_STRATEGIES, SCHEDULER_NAMES
 from hf_lightning.args.field_types import check_field_types
 from hf_lightning.args.hf_fields import hold_hf_enums, normalise_hf_fields
-from hf_lightning.args.parallel import strategy_problems
+from hf_lightning.args.parallel import FSDPSettings, fsdp_settings, strategy_problems
 
 TrainingArguments = Any
 """The dataclass these checks run for (`training_args.py` calls them); not imported here, it imports this module."""
@@ -97,6 +97,38 @@ def _escapes(name: str) -> bool:
     """Whether a folder name used below output_dir could point outside it (absolute, `..`, a drive)."""
     parts = name.replace("\\", "/").split("/")
     return posixpath.isabs(name) or ntpath.isabs(name) or bool(ntpath.splitdrive(name)[0]) or ".." in parts
+
+
+def _fsdp_or_none(args: TrainingArguments) -> FSDPSettings | None:
+    """The FSDP settings, or None when FSDP is off or its fields are invalid (`strategy_problems` names those)."""
+    try:
+        return fsdp_settings(args.fsdp, args.fsdp_config)
+    except (ValueError, FileNotFoundError):
+        return None
+
+
+def _check_auto_micro_batch(args: TrainingArguments, issues: list[str]) -> None:
+    """`auto_micro_batch` where it cannot work: with HF's other out-of-memory rule, or with a strategy whose forward
+    or backward runs collectives (README "Micro-batching that keeps the global batch", the rule)."""
+    if not args.auto_micro_batch:
+        return
+    if args.auto_find_batch_size:
+        issues.append("`auto_micro_batch`=True and `auto_find_batch_size`=True: choose one out-of-memory rule "
+                      "(auto_micro_batch keeps the global batch and retries the update; auto_find_batch_size is HF's: "
+                      "training starts again with a smaller batch).")
+    settings = _fsdp_or_none(args)
+    if settings is not None and settings.version == 1:
+        issues.append(f"`auto_micro_batch`=True with `fsdp`={args.fsdp!r} and fsdp_config['version']=1: not supported "
+                      "(FSDP1 all-gathers inside every forward with no seam to agree first, so a process that runs "
+                      "out of memory there would leave the others waiting in a collective). Use FSDP2 "
+                      "(fsdp_config['version']=2, the default), or drop auto_micro_batch.")
+    if args.deepspeed:
+        issues.append("`auto_micro_batch`=True with `deepspeed`: not supported (DeepSpeed's engine owns the "
+                      "micro-batch and the accumulation: set `train_micro_batch_size_per_gpu` in its config). Drop "
+                      "one of them.")
+    if args.ddp_static_graph:
+        issues.append("`auto_micro_batch`=True with `ddp_static_graph`=True: not supported (the static graph "
+                      "synchronises gradients inside every backward). Drop one of them.")
 
 
 def normalise_and_check(args: TrainingArguments) -> None:
@@ -193,6 +225,7 @@ def normalise_and_check(args: TrainingArguments) -> None:
         issues.append(f"`run_name`={args.run_name!r} names the logs' folder inside output_dir (runs/<run_name>); it "
                       "must be a relative name without '..', so nothing is written outside output_dir.")
     _check_choice(issues, "hub_strategy", args.hub_strategy, _choices("HubStrategyName"))
+    _check_auto_micro_batch(args, issues)
     if issues:
         raise ValueError("Invalid TrainingArguments:\n- " + "\n- ".join(issues))
     hold_hf_enums(args)

@@ -18,8 +18,8 @@ The module implements `hf_lightning.contracts.FlowModule`: `HFTrainerFlow` ends 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -35,13 +35,20 @@ from hf_lightning.module.eval_run import EvalAccumulator
 from hf_lightning.module.evaluation import EvalRequest, EvalSettings, EvalStep
 from hf_lightning.module.hooks import HFHooksModule, WindowContext, current_lr
 from hf_lightning.module.loss import label_smoother, loss_shifts_labels, model_accepts_loss_kwargs
+from hf_lightning.module.micro_batching import AgreedEval, MicroBatchGuard
 from hf_lightning.parallel.lockstep import needs_lockstep_forwards
 from hf_lightning.parallel.runtime import (
+    any_process_failed,
+    check_micro_batch_strategy,
     check_update_strategy,
     clip_by_strategy,
     configure_model_for_strategy,
     deepspeed_step_report,
+    failure_agreement,
+    hold_gradient_sync,
     micro_batch_context,
+    reduce_gradients,
+    reset_sharded_state,
     step_model,
     steps_like_a_scheduler,
 )
@@ -49,7 +56,27 @@ from hf_lightning.run_options.activation_checkpointing import enable_activation_
 from hf_lightning.run_options.device_cache import should_empty_cache
 from hf_lightning.run_options.torch_compile import model_to_call
 
+if TYPE_CHECKING:
+    from hf_lightning.parallel.oom_agreement import FailureAgreement
+
 __all__ = ["TransformerModule"]
+
+
+def _unsplit_generation_step(step: Callable[[dict[str, Any]], EvalStep], batch: Mapping[str, Any]) -> EvalStep:
+    """An evaluation batch that generates with `synced_gpus` on several processes, whole: `auto_micro_batch` does
+    not retry it (generate's per-token all-reduce has no agreement before it, so a process out of memory mid-generate
+    could not leave it); an out-of-memory error stops the run, naming why.
+
+    Raises:
+        torch.OutOfMemoryError: the batch ran out of memory.
+    """
+    try:
+        return step(dict(batch))
+    except torch.OutOfMemoryError as error:
+        raise torch.OutOfMemoryError(
+            f"auto_micro_batch: out of memory in an evaluation that generates with synced_gpus on several processes "
+            f"({error}); such batches are not retried (generate's own all-reduce at each token cannot be agreed "
+            "first). Lower per_device_eval_batch_size.") from error
 
 _LOSS_INPUT_HOOKS = frozenset({
     "compute_loss", "training_step", "_get_num_items_in_batch", "_prepare_inputs", "_prepare_input",
@@ -130,6 +157,9 @@ class TransformerModule(HFHooksModule):
         self._trainable: list[nn.Parameter] | None = None
         self._step_listeners: list[TrainingStepListener] = []
         self._eval_request = EvalRequest()
+        self._micro_batch_guard: MicroBatchGuard | None = None
+        self._agreement: tuple[nn.Module, FailureAgreement | None] | None = None
+        self._sync_held = False
 
     @override
     def forward(self, **inputs: Any) -> Any:
@@ -157,16 +187,58 @@ class TransformerModule(HFHooksModule):
         """Whether the last optimizer step was skipped (the AMP grad scaler or DeepSpeed found inf / NaN)."""
         return self._step_skipped
 
-    def _normalisation(self, window: list[Mapping[str, Any]]) -> tuple[torch.Tensor | None, WindowContext]:
+    def _normalisation(self, window: list[Mapping[str, Any]], micro_batches: int | None = None
+                       ) -> tuple[torch.Tensor | None, WindowContext]:
         """`(num_items_in_batch, the update's WindowContext)`: the window's label tokens and whether the loss is
-        already normalised over the window."""
+        already normalised over the window; `micro_batches`: the micro-batches the update runs (more than the
+        window's when `auto_micro_batch` cuts them, `module/micro_batching.py`)."""
+        micro_batches = len(window) if micro_batches is None else micro_batches
         empty_cache = should_empty_cache(self.trainer.global_step, self.args.torch_empty_cache_steps)
-        if len(window) == 1 and self._plain_model_loss and self.trainer.world_size == 1:
+        if micro_batches == 1 and self._plain_model_loss and self.trainer.world_size == 1:
             # One micro-batch on one process: the token-weighted window mean is the model's own mean loss, so
             # skip the count and the rescale (they cost a few kernels per update on small models).
             return None, WindowContext(1, True, empty_cache)
         num_items = self.hooks._get_num_items_in_batch(window, self.device)
-        return num_items, WindowContext(len(window), self.loss_is_scaled(num_items), empty_cache)
+        return num_items, WindowContext(micro_batches, self.loss_is_scaled(num_items), empty_cache)
+
+    @property
+    def micro_batch_guard(self) -> MicroBatchGuard | None:
+        """The `auto_micro_batch` retries and sizes found (`module/micro_batching.py`), None when it is off."""
+        if not self.args.auto_micro_batch:
+            return None
+        if self._micro_batch_guard is None:
+            self._micro_batch_guard = MicroBatchGuard(self.args)
+        return self._micro_batch_guard
+
+    def _failure_agreement(self) -> FailureAgreement | None:
+        """Under FSDP2 on several processes: the agreement before each of FSDP's collectives, installed on the
+        sharded model at its first guarded step (`parallel/oom_agreement.py`); None elsewhere."""
+        trainer = attached_trainer(self)
+        if trainer is None:
+            return None
+        if self._agreement is None or self._agreement[0] is not self.model:
+            self._agreement = (self.model, failure_agreement(trainer.strategy, self.model))
+        return self._agreement[1]
+
+    def _generates_in_lockstep(self) -> bool:
+        """Whether evaluation's `generate` runs with `synced_gpus` (a collective per decoding step, which no
+        agreement precedes); `Seq2SeqTransformerModule` answers, other modules do not generate."""
+        synced = getattr(self, "generation_is_synced", None)
+        return bool(synced()) if callable(synced) else False
+
+    def _drop_failed_try(self) -> None:
+        """After a try that failed on some process: FSDP2's iteration state reset, the try's gradients dropped."""
+        reset_sharded_state(self.model, drop_grads=True)
+
+    def end_guarded_update(self) -> None:
+        """Give DDP its gradient sync back after an `auto_micro_batch` update (its forward has returned)."""
+        if self._sync_held:
+            hold_gradient_sync(self.trainer.strategy, False)
+            self._sync_held = False
+
+    @override
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.end_guarded_update()  # done already by `MicroBatchRecord` when the facade added it
 
     @override
     def training_step(self, batch: Any, batch_idx: int) -> TrainingStepOutput:
@@ -177,7 +249,9 @@ class TransformerModule(HFHooksModule):
         label-token count when it was computed (for the warning about updates without a label token).
         """
         window = [batch] if isinstance(batch, Mapping) else list(batch)
-        num_items, self._window = self._normalisation(window)
+        guard = self.micro_batch_guard
+        micro_batches = window if guard is None else guard.pieces(window)
+        num_items, self._window = self._normalisation(window, len(micro_batches))
         optimizer = self.optimizers()
         if isinstance(optimizer, list):
             raise TypeError(f"TransformerModule steps one optimizer; configure_optimizers returned {len(optimizer)}.")
@@ -187,20 +261,45 @@ class TransformerModule(HFHooksModule):
         hooks = self.hooks
         model = step_model(strategy, self.model_wrapped)  # FSDP1: each micro-batch a forward of the FSDP root
 
-        @torch.enable_grad()  # optimizers that step under `no_grad` call it there (transformers' Adafactor)
-        def closure() -> None:
+        def run(micro_batches: Sequence[Mapping[str, Any]], sync_last: bool = True) -> None:
             micro_losses.clear()  # a closure is called once, but an optimizer may call it again (LBFGS)
-            for i, micro in enumerate(window):
-                last = i == len(window) - 1
+            for i, micro in enumerate(micro_batches):
+                last = i == len(micro_batches) - 1
                 self._micro_index = i
                 # Gradients are all-reduced once per update: no sync on every micro-batch but the last.
-                with micro_batch_context(strategy, last):
+                with micro_batch_context(strategy, last and sync_last):
                     loss = hooks.training_step(model, dict(micro), num_items)
                 # HF logs what `training_step` returns (with a process-global count: the share times the world
                 # size, averaged over processes at log time, which is the global mean)
                 micro_losses.append(torch.as_tensor(loss).detach().reshape(()))
                 if not last:
                     self._step_event("on_substep_end")
+
+        def try_update(pieces: list[dict[str, Any]]) -> None:
+            nonlocal num_items
+            if len(pieces) != self._window.size:  # a retry with smaller pieces: the window's count is kept
+                if num_items is None and self.trainer.world_size == 1:  # the one-micro-batch shortcut was taken
+                    num_items, self._window = self._normalisation(window, len(pieces))
+                else:
+                    self._window = dataclasses.replace(self._window, size=len(pieces))
+            run(pieces, sync_last=False)  # DDP's reduction is held: see MicroBatchGuard
+
+        @torch.enable_grad()  # optimizers that step under `no_grad` call it there (transformers' Adafactor)
+        def closure() -> None:
+            if guard is None:
+                run(window)
+                return
+            params = self._trainable_params()
+            agreement = self._failure_agreement()
+            guard.run_update(
+                window, try_update, zero_grads=self._drop_failed_try,
+                any_failed=lambda failed: any_process_failed(strategy, failed, agreement),
+                reduce=lambda: reduce_gradients(strategy, params), is_global_zero=self.trainer.is_global_zero,
+                step=self.trainer.global_step + 1)
+
+        if guard is not None:
+            hold_gradient_sync(strategy, True)  # given back once DDP's forward has returned (end_guarded_update)
+            self._sync_held = True
 
         scaler = grad_scaler(self.trainer)
         scale_before = scaler.get_scale() if scaler is not None else None
@@ -298,6 +397,8 @@ class TransformerModule(HFHooksModule):
             ValueError: a strategy that cannot run one update per `training_step` (`check_update_strategy`).
         """
         check_update_strategy(self.trainer.strategy)
+        if self.args.auto_micro_batch:
+            check_micro_batch_strategy(self.trainer.strategy)
         self.model.train()
 
     @override
@@ -394,7 +495,21 @@ class TransformerModule(HFHooksModule):
         self._window = WindowContext()
         loss_only = self.prediction_loss_only(is_prediction)
         model, ignore_keys = self.model_wrapped, self._eval_request.ignore_keys
-        return EvalStep(*self.hooks.prediction_step(model, dict(batch), loss_only, ignore_keys))
+
+        def step(inputs: dict[str, Any]) -> EvalStep:
+            return EvalStep(*self.hooks.prediction_step(model, inputs, loss_only, ignore_keys))
+
+        guard = self.micro_batch_guard
+        if guard is None:
+            return step(dict(batch))
+        trainer = attached_trainer(self)
+        if trainer is not None and trainer.world_size > 1 and self._generates_in_lockstep():
+            return _unsplit_generation_step(step, batch)
+        agreement = self._failure_agreement()
+        if agreement is None:  # no collective inside an evaluation batch: each process finds its own size
+            return guard.run_eval(batch, step, self.shift_labels, trainer is None or trainer.is_global_zero)
+        agreed = AgreedEval(agreement.any_failed, lambda: reset_sharded_state(self.model, drop_grads=False))
+        return guard.run_eval(batch, step, self.shift_labels, trainer is None or trainer.is_global_zero, agreed)
 
     @override
     def validation_step(  # type: ignore[override]  # Lightning types step outputs as tensors / mappings

@@ -22,25 +22,38 @@
   root's parameters, and hooks the backward that finalises the gradient shards, only around a root forward. A plain
   `FSDPStrategy` calls the whole update from inside one root forward, which FSDP1 cannot run: refused
   (`check_update_strategy`).
+- `auto_micro_batch` (`module/micro_batching.py`): an update that may be retried after an out-of-memory error runs
+  no collective inside any forward or backward, so a process that fails anywhere in them reaches the same next
+  collective as the others: the agreement (`any_process_failed`, one all-reduce per update try, after its last
+  micro-batch). Under DDP, `hold_gradient_sync` keeps every backward of the update local (DDP's own reduction in the
+  last backward, and the reducer preparation at the end of DDP's forward, are both off) and `reduce_gradients`
+  averages the gradients after the agreement, as DDP would (bucketed all-reduces of the gradients divided by the
+  world size). Under FSDP2, whose forwards and backwards all-gather and reduce-scatter, `failure_agreement` puts a
+  flag all-reduce before each of FSDP's collectives instead (`parallel/oom_agreement.py`: a failing process joins
+  the next one from the end of its try), and `reset_sharded_state` resets FSDP's iteration state after a failed try.
+  FSDP1 and DeepSpeed, whose collectives have no such seam, are refused (`check_micro_batch_strategy`).
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.strategies import (
+    DDPStrategy,
     DeepSpeedStrategy,
     FSDPStrategy,
     ModelParallelStrategy,
     ParallelStrategy,
     Strategy,
 )
+from torch import distributed as dist
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from transformers.optimization import GreedyLR
 
@@ -50,9 +63,14 @@ from hf_lightning.parallel.fsdp2 import shard_model
 from hf_lightning.parallel.precision import policy_dtype
 from hf_lightning.parallel.strategies import HFFSDP2Strategy, HFFSDPStrategy
 
+if TYPE_CHECKING:
+    from hf_lightning.parallel.oom_agreement import FailureAgreement
+
 __all__ = ["configure_model_for_strategy", "micro_batch_context", "clip_by_strategy", "deepspeed_step_report",
            "generation_context", "steps_like_a_scheduler",
-           "steps_on_metrics", "step_model", "check_update_strategy", "FSDPRootCall"]
+           "steps_on_metrics", "step_model", "check_update_strategy", "FSDPRootCall", "check_micro_batch_strategy",
+           "hold_gradient_sync", "any_process_failed", "reduce_gradients", "failure_agreement",
+           "reset_sharded_state"]
 
 
 def configure_model_for_strategy(module: pl.LightningModule, model: nn.Module) -> None:
@@ -182,3 +200,127 @@ def check_update_strategy(strategy: Strategy) -> None:
             "whole update (backward and optimizer step included). Use HF's `fsdp=\"full_shard auto_wrap\"` with "
             "`fsdp_config={\"version\": 1}`, or `hf_lightning.parallel.strategies.HFFSDPStrategy` (the same "
             "arguments as FSDPStrategy) in place of FSDPStrategy.")
+
+
+def check_micro_batch_strategy(strategy: Strategy) -> None:
+    """Refuse `auto_micro_batch` under a strategy whose forwards or backwards run collectives that no agreement
+    precedes (module docstring).
+
+    Raises:
+        ValueError: FSDP1, DeepSpeed, DDP with a static graph, a `ModelParallelStrategy` with a tensor-parallel axis,
+            or another strategy of several processes that is not DDP or FSDP2, naming it.
+    """
+    if not isinstance(strategy, ParallelStrategy):
+        return  # one device
+    static = bool(getattr(getattr(strategy, "model", None), "static_graph", False))  # wrapped before on_fit_start
+    if isinstance(strategy, DDPStrategy) and not isinstance(strategy, DeepSpeedStrategy) and not static:
+        return
+    if isinstance(strategy, ModelParallelStrategy) and strategy.device_mesh["tensor_parallel"].size() == 1:
+        return  # FSDP2: each of its collectives is preceded by an agreement (`parallel/oom_agreement.py`)
+    if isinstance(strategy, (DDPStrategy, FSDPStrategy, ModelParallelStrategy)) or strategy.world_size > 1:
+        raise ValueError(
+            f"auto_micro_batch=True under {type(strategy).__name__}: not supported. A retried update must run no "
+            "collective inside a forward or backward that the processes have not agreed on first (a process out of "
+            "memory there would leave the others waiting), which holds on one process, under DDP (without "
+            "`static_graph`) and under FSDP2 (ModelParallelStrategy without tensor parallelism) only. Drop "
+            "auto_micro_batch, or use DDP or FSDP2.")
+
+
+def failure_agreement(strategy: Strategy, model: nn.Module) -> FailureAgreement | None:
+    """Under FSDP2 on several processes: the flag agreement installed on every FSDP group of `model` (before each
+    of FSDP's collectives, `parallel/oom_agreement.py`); None elsewhere (DDP's reduction is held instead)."""
+    if not isinstance(strategy, ModelParallelStrategy) or strategy.world_size <= 1 or not is_sharded(model):
+        return None
+    from hf_lightning.parallel.oom_agreement import install_agreement  # FSDP2's communication objects
+
+    return install_agreement(model, strategy.device_mesh["data_parallel"].get_group(), strategy.root_device)
+
+
+def reset_sharded_state(model: nn.Module, drop_grads: bool) -> None:
+    """After a try that failed on some process: FSDP2's per-iteration state reset on the root (no collective:
+    unsharded parameters freed, hooks' trackers cleared), so the retry starts as a new iteration; `drop_grads`: the
+    try's gradients dropped too. Nothing elsewhere.
+
+    FSDP's reset keeps the gradients of the parameters still unsharded (the root's, whose post-backward runs at the
+    end of the backward): they are dropped while those parameters are the module's, before the reset, or the retry
+    would add its gradients to them."""
+    reset = getattr(model, "reset_iter_state", None)
+    if not is_sharded(model) or not callable(reset):
+        if drop_grads:
+            model.zero_grad(set_to_none=True)
+        return
+    if drop_grads:
+        model.zero_grad(set_to_none=True)  # the unsharded parameters registered now, and the sharded ones
+    reset()
+    if drop_grads:
+        model.zero_grad(set_to_none=True)  # the sharded parameters registered again by the reset
+
+
+def hold_gradient_sync(strategy: Strategy, hold: bool) -> None:
+    """Under DDP, keep every backward of the update local (`hold=True`, at its start) or give DDP its own sync back
+    (`hold=False`, once the update's forward has returned; the next forward broadcasts the buffers, as after a
+    synchronised update). Nothing elsewhere."""
+    model = getattr(strategy, "model", None)
+    if not isinstance(model, DistributedDataParallel):
+        return
+    # `no_sync()` sets this flag too; held for the whole of DDP's forward (Lightning runs the update inside it), so
+    # that neither Lightning's `pre_backward` nor the end of DDP's forward prepares the reducer for a backward:
+    # nothing inside the update can start DDP's reduction
+    model.require_backward_grad_sync = not hold
+    if not hold:
+        model.require_forward_param_sync = True
+
+
+def _group(strategy: Strategy) -> Any:
+    model = getattr(strategy, "model", None)
+    return model.process_group if isinstance(model, DistributedDataParallel) else None
+
+
+def any_process_failed(strategy: Strategy, failed: bool, agreement: FailureAgreement | None = None) -> bool:
+    """Whether any process's try of the update failed: one all-reduce (max) of a flag on several processes (under
+    FSDP2 `agreement`'s, which knows when a hook has agreed already)."""
+    if agreement is not None:
+        return agreement.any_failed(failed)
+    if not isinstance(strategy, ParallelStrategy) or strategy.world_size <= 1 or not dist.is_initialized():
+        return failed
+    flag = torch.tensor([1 if failed else 0], dtype=torch.int32, device=strategy.root_device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=_group(strategy))
+    return bool(flag.item())
+
+
+_BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket size
+
+
+def reduce_gradients(strategy: Strategy, params: list[nn.Parameter]) -> None:
+    """Under DDP held by `hold_gradient_sync`: the gradients averaged over the processes, as DDP's reducer does (each
+    divided by the world size, then summed), in buckets of DDP's default size. A parameter without a gradient on
+    this process joins with zeros, and keeps no gradient when no process has one."""
+    model = getattr(strategy, "model", None)
+    if not isinstance(model, DistributedDataParallel) or not isinstance(strategy, ParallelStrategy) or \
+            strategy.world_size <= 1:
+        return
+    group = model.process_group
+    world = dist.get_world_size(group)
+    missing = [p.grad is None for p in params]
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    buckets: dict[tuple[torch.dtype, torch.device], list[list[torch.Tensor]]] = {}
+    filled: dict[tuple[torch.dtype, torch.device], int] = {}
+    for grad in grads:
+        key = (grad.dtype, grad.device)
+        chunks = buckets.setdefault(key, [[]])
+        if chunks[-1] and filled[key] >= _BUCKET_BYTES:
+            chunks.append([])
+            filled[key] = 0
+        chunks[-1].append(grad)
+        filled[key] = filled.get(key, 0) + grad.numel() * grad.element_size()
+    for chunks in buckets.values():
+        for chunk in chunks:
+            flat = torch.cat([g.reshape(-1) for g in chunk]).div_(world)
+            dist.all_reduce(flat, group=group)
+            offset = 0
+            for grad in chunk:
+                grad.copy_(flat[offset:offset + grad.numel()].view_as(grad))
+                offset += grad.numel()
+    for param, grad, was_missing in zip(params, grads, missing):
+        if was_missing and bool(grad.any()):
+            param.grad = grad

@@ -22,6 +22,7 @@ from hf_lightning.callbacks.progress_bar import progress_bar
 from hf_lightning.console import install_console_filters
 from hf_lightning.contracts import HFLoopHooks
 from hf_lightning.flow.flow import FLOW_RESUME_HINT, HFTrainerFlow
+from hf_lightning.module.micro_batching import MicroBatchRecord
 from hf_lightning.parallel.strategies import adopt_ddp_options, build_strategy
 from hf_lightning.run_options.batch_search import run_with_batch_search
 from hf_lightning.run_options.device_cache import empty_device_cache
@@ -69,7 +70,9 @@ def build_lightning_trainer(
     kwargs = dict(trainer_kwargs)
     extra = kwargs.pop("callbacks", None) or []
     extra = extra if isinstance(extra, list) else [extra]
-    callbacks = [flow, *lightning_callbacks, *extra]
+    # auto_micro_batch: first, so DDP's sync is given back before the flow's `on_train_batch_end` evaluates
+    record = [MicroBatchRecord()] if flow.args.auto_micro_batch else []
+    callbacks = [*record, flow, *lightning_callbacks, *extra]
     if kwargs.get("enable_progress_bar", True) and not any(isinstance(cb, ProgressBar) for cb in callbacks):
         callbacks.append(progress_bar())
     request = kwargs.get("strategy")
