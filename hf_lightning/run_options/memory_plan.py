@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch._subclasses import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
 
 __all__ = [
     "MemoryPlan", "OptimizerFactory", "budget_bytes", "fake_batch", "format_bytes", "largest_micro_batch",
@@ -239,6 +240,17 @@ def _autocast(precision: str, device_type: str) -> contextlib.AbstractContextMan
 _TRUE_DTYPES = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "64-true": torch.float64}
 
 
+def _foreach_as_for_real_parameters(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Torch picks its foreach kernels (whose temporaries span every parameter at once) only for plain tensors on a
+    GPU-like device, so not for fake ones: where it would pick them for the real parameters, it is told to here."""
+    if device.type not in _get_foreach_kernels_supported_devices():
+        return
+    for group in optimizer.param_groups:
+        if "foreach" in group and group["foreach"] is None and not group.get("fused") \
+                and not group.get("differentiable"):
+            group["foreach"] = True
+
+
 def _loss(outputs: Any) -> torch.Tensor:
     if isinstance(outputs, Mapping):
         return outputs["loss"]
@@ -284,6 +296,7 @@ def trace_update(model: nn.Module, example: Mapping[str, Any], micro_batch: int,
         batch = {name: value.to(device) if isinstance(value, torch.Tensor) else value
                  for name, value in fake_batch(example, micro_batch, seq_len).items()}
         optimizer = make_optimizer(fake)
+        _foreach_as_for_real_parameters(optimizer, device)
         params = [p for p in fake.parameters() if p.requires_grad]
         tracker = _TimelineTracker(device)
         tracker.track_external(fake, optimizer, *[v for v in batch.values() if isinstance(v, torch.Tensor)])
