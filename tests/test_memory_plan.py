@@ -177,7 +177,13 @@ def test_largest_micro_batch_is_the_largest_that_fits():
     assert not too_big.fits and too_big.largest_micro_batch == 5
     warning = too_big.warning()
     assert warning is not None and f"micro-batch {too_big.largest_micro_batch} fits" in warning
-    assert plan_memory(model, example, 1, SEQ, _optimizer, budget=1000).largest_micro_batch == 0
+
+
+def test_a_batch_without_labels_is_one_error_naming_the_outputs():
+    model, _, _ = _model("gpt2")
+    batch = {k: v for k, v in _batch("gpt2", 1).items() if k != "labels"}
+    with pytest.raises(ValueError, match=r"returned no loss .*'logits'.* needs the labels"):
+        plan_memory(model, batch, 1, SEQ, _optimizer)
 
 
 def _trainer(tmp_path, **kwargs) -> Trainer:

@@ -15,6 +15,9 @@ are divided by the world size, and two unsharded blocks of weights plus one bloc
 buckets beside the gradients (`gradient_as_bucket_view=False`, Lightning's default): the trainable parameters' bytes
 again.
 
+It relies on `MemTracker`'s internals (its per-kind snapshot, its gradient and optimizer hooks) as torch 2.13 has
+them (constraints-cpu.txt pins torch); tests/test_memory_plan.py compares the plan with the profiler's measure.
+
 `largest_micro_batch` reads the largest micro-batch under a budget off two traces (the micro-batch and twice it):
 every moment's bytes are a line in the micro-batch.
 """
@@ -252,9 +255,19 @@ def _foreach_as_for_real_parameters(optimizer: torch.optim.Optimizer, device: to
 
 
 def _loss(outputs: Any) -> torch.Tensor:
-    if isinstance(outputs, Mapping):
-        return outputs["loss"]
-    return outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+    """The model's own loss (the HF rule without a `compute_loss` of the user's, which is not traced).
+
+    Raises:
+        ValueError: the outputs hold no loss (the batch has no labels the model computes a loss from).
+    """
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else \
+        outputs[0] if isinstance(outputs, (tuple, list)) else outputs
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        keys = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__
+        raise ValueError(f"memory plan: the model returned no loss for the training batch (its outputs: {keys}); "
+                         "the plan traces the model's own loss, so the batch needs the labels the model computes it "
+                         "from.")
+    return loss
 
 
 def trace_update(model: nn.Module, example: Mapping[str, Any], micro_batch: int, seq_len: int,

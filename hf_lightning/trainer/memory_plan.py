@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+from dataclasses import replace
 from typing import Any, TextIO
 
 import torch
@@ -142,7 +143,7 @@ def build_memory_plan(module: TransformerModule, datamodule: TransformerDataModu
     overridden = module.overrides() if hasattr(module, "overrides") else set()
     if overridden & {"create_optimizer", "create_optimizer_and_scheduler"}:
         note = "create_optimizer is overridden: the plan traced the optimizer args.optim names"
-        plan = MemoryPlan(**{**plan.__dict__, "notes": (*plan.notes, note)})
+        plan = replace(plan, notes=(*plan.notes, note))
     return plan
 
 
