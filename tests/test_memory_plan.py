@@ -179,6 +179,34 @@ def test_largest_micro_batch_is_the_largest_that_fits():
     assert warning is not None and f"micro-batch {too_big.largest_micro_batch} fits" in warning
 
 
+def test_ddp_adds_its_gradient_buckets_and_fsdp2_shards_the_state():
+    model, _, _ = _model("gpt2")
+    example = _batch("gpt2", 2)
+    one = plan_memory(model, example, 2, SEQ, _optimizer)
+    ddp = plan_memory(model, example, 2, SEQ, _optimizer, sharding="ddp", world_size=2)
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert (ddp.peak, ddp.gradients, ddp.weights) == (one.peak + trainable, one.gradients + trainable, one.weights)
+    fsdp = plan_memory(model, example, 2, SEQ, _optimizer, sharding="fsdp2", world_size=4)
+    assert (fsdp.weights, fsdp.gradients, fsdp.optimizer_state) == \
+        tuple(-(-x // 4) for x in (one.weights, one.gradients, one.optimizer_state))
+    block = sum(p.numel() * p.element_size() for p in model.transformer.h[0].parameters())
+    # the state divided by 4 at every moment, plus two gathered blocks of weights and one of gradients
+    assert one.peak - 0.75 * (one.weights + one.gradients + one.optimizer_state) + 3 * block <= fsdp.peak < one.peak
+    with pytest.raises(ValueError, match="sharding='zero3'"):
+        plan_memory(model, example, 2, SEQ, _optimizer, sharding="zero3")
+
+
+def test_cli_budget_sizes():
+    from hf_lightning.cli.plan import parse_plan_options, parse_size
+
+    assert (parse_size("24GiB"), parse_size("8GB"), parse_size("1000"), parse_size("1.5KiB")) == \
+        (24 * 2**30, 8 * 10**9, 1000, 1536)
+    request, rest = parse_plan_options(["--config", "c.yaml", "--budget", "2MiB", "--micro_batch", "3"])
+    assert (request.budget, request.micro_batch, rest) == (2 * 2**20, 3, ["--config", "c.yaml"])
+    with pytest.raises(SystemExit):
+        parse_plan_options(["--budget", "lots"])
+
+
 def test_a_batch_without_labels_is_one_error_naming_the_outputs():
     model, _, _ = _model("gpt2")
     batch = {k: v for k, v in _batch("gpt2", 1).items() if k != "labels"}
