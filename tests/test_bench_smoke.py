@@ -44,7 +44,7 @@ RUNS: list[tuple[str, list[str], str]] = [
     ("bench_threads", ["--repeats", "1", "--max-steps", "2"], r'"same_results"'),
     ("bench_memory_plan", ["--layers", "1", "--hidden", "64", "--intermediate", "128", "--heads", "4", "--vocab",
                            "500", "--seq-len", "16", "--repeats", "1"],
-     r"with the largest micro-batch under the budget: median [0-9.]+ s"),
+     r"largest micro-batch under the budget: median [0-9.]+ s \(CPU [0-9.]+ s"),
 ]
 NOT_SCRIPTS = {"common.py", "lockstep.py"}  # modules of the scripts (lockstep.py: the `--lockstep` run above)
 
