@@ -348,7 +348,8 @@ class _Profile:
         return math.ceil(max(self.totals, default=0.0)) + self.extra
 
 
-def _profile(trace: UpdateTrace, sharding: str, world_size: int, accumulation: int) -> _Profile:
+def _profile(trace: UpdateTrace, sharding: str, world_size: int, accumulation: int, precision: str = "32-true"
+             ) -> _Profile:
     shard = world_size if sharding == "fsdp2" else 1
     final_opt = trace.optimizer_state_bytes
     full_grads = max((m[2] for m in trace.moments), default=0)
@@ -364,7 +365,9 @@ def _profile(trace: UpdateTrace, sharding: str, world_size: int, accumulation: i
         weights, grads, acts = max(weights, w), max(grads, g, full_grads if accumulation > 1 else 0), max(acts, rest)
     extra = 0
     if sharding == "fsdp2" and shard > 1:
-        extra = 3 * trace.largest_block_bytes  # two unsharded blocks of weights, one block of unsharded gradients
+        # two unsharded blocks of weights, one block of unsharded gradients; FSDP2's mixed-precision policy gathers
+        # and reduces them in the 16-bit dtype
+        extra = 3 * trace.largest_block_bytes // (2 if precision in ("bf16-mixed", "16-mixed") else 1)
         weights, grads, final_opt = (math.ceil(x / shard) for x in (weights, grads, final_opt))
     elif sharding == "ddp":
         extra = trace.trainable_bytes  # the gradient buckets beside the gradients
@@ -404,7 +407,7 @@ def plan_memory(model: nn.Module, example: Mapping[str, Any], micro_batch: int, 
     def profile(size: int) -> _Profile:
         trace = trace_update(model, example, size, seq_len, make_optimizer, precision, device, max_grad_norm,
                              prepare)
-        return _profile(trace, sharding, world_size, accumulation)
+        return _profile(trace, sharding, world_size, accumulation, precision)
 
     at = profile(micro_batch)
     largest = None
