@@ -245,6 +245,33 @@ def test_train_prints_the_plan_line_when_auto_micro_batch_is_on(tmp_path, capsys
     assert "memory plan: peak " in err and "at micro-batch 4 x sequence 12" in err and "largest micro-batch" in err
 
 
+class _RaisesAboveTwo(torch.nn.Module):
+    """A model that runs out of memory above micro-batch 2 (as issue 34's micro-batching tests wrap theirs)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        if input_ids.shape[0] > 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+
+
+def test_the_train_line_says_when_the_update_cannot_be_traced(tmp_path):
+    import io
+
+    from hf_lightning.trainer.memory_plan import print_memory_plan_line
+
+    trainer = _trainer(tmp_path)
+    trainer.model = _RaisesAboveTwo(trainer.model)
+    out = io.StringIO()
+    assert print_memory_plan_line(trainer.module, trainer.datamodule, trainer.args, trainer._trainer_kwargs, out) \
+        is None
+    assert out.getvalue().startswith("memory plan: not available, the update could not be traced (OutOfMemoryError: "
+                                     "CUDA out of memory. Tried to allocate 2.00 GiB); training goes on without it")
+
+
 def test_cli_plan_prints_the_plan_of_the_fit_config(tmp_path, monkeypatch, capsys):
     from hf_lightning.cli import main
 

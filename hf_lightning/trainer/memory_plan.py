@@ -150,9 +150,20 @@ def build_memory_plan(module: TransformerModule, datamodule: TransformerDataModu
 def print_memory_plan_line(module: TransformerModule, datamodule: TransformerDataModule, args: TrainingArguments,
                            trainer_kwargs: dict[str, Any], stream: TextIO | None = None) -> MemoryPlan | None:
     """Print the plan's line at the start of `train()` (with the warning line when it does not fit), on the
-    global-zero process only (stderr by default); returns the plan (None on the other processes)."""
+    global-zero process only (stderr by default); returns the plan (None on the other processes, or when the model
+    cannot be traced).
+
+    A model the trace cannot run (an operation without a fake-tensor implementation, a forward that raises) does
+    not stop the run: the line says the plan is not available and why, and training goes on.
+    """
     if int(os.environ.get("RANK", "0")) != 0:
         return None
-    plan = build_memory_plan(module, datamodule, args, trainer_kwargs, find_largest=True)
-    print(memory_plan_line(plan), file=stream if stream is not None else sys.stderr, flush=True)
+    out = stream if stream is not None else sys.stderr
+    try:
+        plan = build_memory_plan(module, datamodule, args, trainer_kwargs, find_largest=True)
+    except Exception as error:  # noqa: BLE001 - reported on the line; the plan is advice, the run goes on
+        print(f"memory plan: not available, the update could not be traced ({type(error).__name__}: "
+              f"{' '.join(str(error).split())[:300]}); training goes on without it", file=out, flush=True)
+        return None
+    print(memory_plan_line(plan), file=out, flush=True)
     return plan
