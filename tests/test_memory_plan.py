@@ -207,6 +207,14 @@ def test_cli_budget_sizes():
         parse_plan_options(["--budget", "lots"])
 
 
+def test_cli_plan_help_lists_its_options(capsys):
+    from hf_lightning.cli import main
+
+    main(["plan", "--help"])
+    out = capsys.readouterr().out
+    assert all(option in out for option in ("--micro_batch", "--seq_len", "--budget", "--world_size"))
+
+
 def test_a_batch_without_labels_is_one_error_naming_the_outputs():
     model, _, _ = _model("gpt2")
     batch = {k: v for k, v in _batch("gpt2", 1).items() if k != "labels"}

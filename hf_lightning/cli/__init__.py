@@ -152,9 +152,12 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(verify_main(args[1:]))
     if args[0] == "plan":
-        from hf_lightning.cli.plan import parse_plan_options
+        from hf_lightning.cli import plan
 
-        request, rest = parse_plan_options(args[1:])
+        if {"-h", "--help"} & set(args[1:]):  # the plan's own options; `fit --help` lists the config's
+            print(plan.__doc__)
+            return
+        request, rest = plan.parse_plan_options(args[1:])
         run_cli(["fit", *rest], plan_request=request)
         return
     if args[0] in ("fit", "validate", "predict"):

@@ -7,6 +7,9 @@ The config and its command-line overrides are those of `fit` (the same checks, t
     --seq_len N        length of every per-token input (default: the longest training row)
     --budget SIZE      memory per device, bytes or with a unit: 24GiB, 512MiB, 8GB (default: the device's free memory)
     --world_size N     processes sharing the update (default: from the trainer section's devices / num_nodes)
+
+Example: hf-lightning plan --config configs/causal_lm.yaml --micro_batch 8 --budget 24GiB
+Every other option is fit's (`hf-lightning fit --help`).
 """
 
 from __future__ import annotations
