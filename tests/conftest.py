@@ -56,6 +56,7 @@ TIERS = {
     "test_citations.py": "unit",
     "test_help_cache.py": "unit",
     "test_layering.py": "unit",
+    "test_memory_plan.py": "e2e",
     "test_lockstep.py": "unit",
     "test_lightning_compat.py": "unit",
     "test_public_api.py": "unit",
@@ -229,6 +230,8 @@ SLOW = {
     "test_gpu.py::test_the_best_model_flow_of_the_gpu_harness_runs_on_the_cpu",
     # two more sentence-transformers processes (~10 s each); tests/test_private_hooks.py keeps `_load_best_model`
     "test_sentence_transformers.py::test_load_best_model_at_end_loads_the_best_checkpoint_as_hf",
+    # the memory plan against the profiler for BERT and T5 (~5-15 s each); GPT-2's stays in the fast tier
+    "test_memory_plan.py::test_plan_is_within_15_percent_of_the_profiled_peak_bert_t5",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 

@@ -43,6 +43,9 @@ RUNS: list[tuple[str, list[str], str]] = [
     ("bench_stream_resume", ["--repeats", "1", "--near", "2", "--far", "3"], r"hf: resume at 3 / at 2"),
     ("bench_threads", ["--repeats", "1", "--max-steps", "2"], r'"same_results"'),
     ("bench_micro_batch_guard", ["--repeats", "1", "--steps", "3", "--warmup", "1"], r"guard/plain"),
+    ("bench_memory_plan", ["--layers", "1", "--hidden", "64", "--intermediate", "128", "--heads", "4", "--vocab",
+                           "500", "--seq-len", "16", "--repeats", "1"],
+     r"largest micro-batch under the budget: median [0-9.]+ s \(CPU [0-9.]+ s"),
 ]
 NOT_SCRIPTS = {"common.py", "lockstep.py"}  # modules of the scripts (lockstep.py: the `--lockstep` run above)
 

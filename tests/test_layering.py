@@ -76,6 +76,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.tasks.task": 0,
     "hf_lightning.trainer": 0,
     "hf_lightning.trainer.overrides": 0,
+    "hf_lightning.cli.plan": 0,
     # L1: torch / transformers helpers
     "hf_lightning.args.readme_map": 1,
     "hf_lightning.flow.throughput": 1,
@@ -114,6 +115,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.model_wrappers": 1,
     "hf_lightning.module.optim": 1,
     "hf_lightning.trainer.hp_search": 1,
+    "hf_lightning.run_options.memory_plan": 1,
     "hf_lightning.trainer.model_card": 1,
     "hf_lightning.parallel.fsdp2": 1,
     "hf_lightning.cli.prediction_writer": 1,
@@ -182,6 +184,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.cli.library_config": 3,
     "hf_lightning.cli.library_run": 3,
     "hf_lightning.trainer.facade": 3,
+    "hf_lightning.trainer.memory_plan": 3,
     "hf_lightning.trainer.as_transformers": 3,
     "hf_lightning.trainer.lightning_trainer": 3,
     "hf_lightning.cli.quickstart": 3,

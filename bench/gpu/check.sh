@@ -13,8 +13,10 @@
 #   versions bench/gpu/versions.py: the installed versions against constraints-cpu.txt, written to check.json; when
 #            one differs the check REFUSES: pytest and the bench do not run, check.json says which and exits 1
 #   pytest   `pytest -m gpu` over the test files with gpu-marked tests (precision, FSDP1, FSDP2, DeepSpeed ZeRO-2/3
-#            scenarios resumed exactly, best-model loads, uneven evaluation...); DeepSpeed's are deselected, with
-#            the reason in the JSON, when its wheel is missing or does not import
+#            scenarios resumed exactly, best-model loads, uneven evaluation, the memory plan within 15% of
+#            torch.cuda.max_memory_allocated for BERT / GPT-2 / T5, full and LoRA, fp32 and bf16-mixed, in
+#            tests/test_memory_plan.py...); DeepSpeed's are deselected, with the reason in the JSON, when its wheel
+#            is missing or does not import
 #   bench    bench/gpu/bench_throughput.py: GPT-2 124M, a ~1B Llama, LoRA on it; tokens/s, MFU, peak memory of
 #            hf_lightning, transformers.Trainer and a hand-written loop, with the targets
 # Written to $OUT (default bench/gpu/out/): check.json (the results), check.log (everything printed), pytest.xml,

@@ -1,5 +1,6 @@
-"""The `hf-lightning` command: `quickstart`, `verify PATH` (checkpoints, `cli/verify.py`), and
-`fit|validate|predict --config <yaml>` (a `LightningCLI`).
+"""The `hf-lightning` command: `quickstart`, `verify PATH` (checkpoints, `cli/verify.py`),
+`fit|validate|predict --config <yaml>` (a `LightningCLI`), and `plan --config <yaml>` (the memory plan of the run
+`fit` would start, `cli/plan.py`).
 
 A config has these sections::
 
@@ -38,17 +39,22 @@ import contextlib
 import io
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hf_lightning.cli.plan import PlanRequest
 
 __all__ = ["main", "run_cli"]
 
-_USAGE = """usage: hf-lightning {quickstart,fit,validate,predict,verify} [options]
+_USAGE = """usage: hf-lightning {quickstart,fit,validate,predict,verify,plan} [options]
 
   quickstart   train a tiny BERT on a generated sentiment task (CPU, well under a minute, no downloads)
   fit          train from a YAML config (LightningCLI; `hf-lightning fit --help` lists every option)
   validate     evaluate from a YAML config (prints the metrics, writes eval_results.json)
   predict      predict from a YAML config (writes predictions.npz in args.output_dir)
   verify       check checkpoint folders against their manifests (`hf-lightning verify OUTPUT_DIR`)
+  plan         print the memory plan of the run `fit` would start (same config; --micro_batch, --seq_len,
+               --budget 24GiB, --world_size), without training
 
 example:
   hf-lightning fit --config configs/text_classification.yaml --args.max_steps 50 --trainer.devices 2 \\
@@ -56,10 +62,11 @@ example:
 """
 
 
-def run_cli(argv: list[str] | None = None) -> Any:
+def run_cli(argv: list[str] | None = None, plan_request: PlanRequest | None = None) -> Any:
     """Run `fit|validate|predict` with `argv` (the command line after `hf-lightning`); returns the CLI object.
 
     A bare `<subcommand> --help` is printed from `help_cache` when it was rendered before with the same code.
+    `plan_request` (a `cli.plan.PlanRequest`, with `fit`): print the run's memory plan instead of training.
     """
     from hf_lightning.cli.help_cache import cache_key, cached_help, store_help
 
@@ -99,9 +106,9 @@ def run_cli(argv: list[str] | None = None) -> Any:
         # LightningCLI reads sys.argv itself when it is our command line (it warns when given both).
         with setup_stop:
             return HFLightningCLI(args=None if argv == sys.argv[1:] else argv, subcommand=argv[0] if argv else None,
-                                  setup_stop=setup_stop)
+                                  setup_stop=setup_stop, plan_request=plan_request)
 
-    if cache_key(argv) is None:
+    if cache_key(argv) is None or plan_request is not None:
         return build()
     captured = io.StringIO()
     try:
@@ -144,6 +151,15 @@ def main(argv: list[str] | None = None) -> None:
         from hf_lightning.cli.verify import verify_main
 
         sys.exit(verify_main(args[1:]))
+    if args[0] == "plan":
+        from hf_lightning.cli import plan
+
+        if {"-h", "--help"} & set(args[1:]):  # the plan's own options; `fit --help` lists the config's
+            print(plan.__doc__)
+            return
+        request, rest = plan.parse_plan_options(args[1:])
+        run_cli(["fit", *rest], plan_request=request)
+        return
     if args[0] in ("fit", "validate", "predict"):
         try:
             run_cli(args)

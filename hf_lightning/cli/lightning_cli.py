@@ -29,12 +29,14 @@ from hf_lightning.checkpoint.run_lock import OutputDirLocked
 from hf_lightning.checkpoint.sharded import gather_full_weights
 from hf_lightning.checkpoint.verify import require_verified
 from hf_lightning.checkpoint.weight_files import is_adapter_file, weights_file
+from hf_lightning.cli.plan import PlanRequest
 from hf_lightning.cli.prediction_writer import write_predictions
 from hf_lightning.cli.summary import fit_summary, logger_paths
 from hf_lightning.cli.trainer_spellings import LIGHTNING_TO_HF, help_text, move_lightning_spellings, user_set
 from hf_lightning.data.row_checks import BadRowError, RowLimits
 from hf_lightning.flow.setup_stop import SetupStop
 from hf_lightning.pretrained_source import check_pretrained_source, looks_like_path, missing_local_folder
+from hf_lightning.run_options.memory_plan import memory_plan_line
 from hf_lightning.run_options.seeding import seed_as_hf
 from hf_lightning.seq2seq.args import Seq2SeqTrainingArguments
 from hf_lightning.tasks import checks
@@ -52,6 +54,7 @@ from hf_lightning.trainer.lightning_trainer import (
     fit_with_batch_search,
     split_callbacks,
 )
+from hf_lightning.trainer.memory_plan import build_memory_plan, print_memory_plan_line
 
 __all__ = ["HFLightningCLI"]
 
@@ -93,8 +96,10 @@ class HFLightningCLI(LightningCLI):
     """LightningCLI whose model, data and trainer are built from an HF-style config (see `cli/__init__.py`)."""
 
     def __init__(self, args: list[str] | None = None, subcommand: str | None = None,
-                 setup_stop: SetupStop | None = None) -> None:
+                 setup_stop: SetupStop | None = None, plan_request: PlanRequest | None = None) -> None:
         self._only_subcommand = subcommand
+        self._plan_request = plan_request
+        """`hf-lightning plan`: `fit` prints the memory plan of the configured run instead of training."""
         self._setup_stop = setup_stop
         """Stops the process on a signal while the run is built; closed when the subcommand starts."""
         super().__init__(
@@ -285,6 +290,7 @@ class HFLightningCLI(LightningCLI):
             return build_lightning_trainer(self.flow, [*lightning_callbacks, save_config], trainer_kwargs)
 
         self._new_trainer = new_trainer
+        self._trainer_kwargs = trainer_kwargs
         self.trainer = new_trainer()
 
     # ----- subcommands -----
@@ -294,6 +300,12 @@ class HFLightningCLI(LightningCLI):
         the summary (`summary.fit_summary`)."""
         if self._setup_stop is not None:
             self._setup_stop.close()  # the run is built: from here the flow's handlers decide
+        if self._plan_request is not None:  # `hf-lightning plan`: the plan of this run, no training
+            self._print_plan(model, datamodule, self._plan_request)
+            return
+        if getattr(self.hf_args, "auto_micro_batch", False):  # issue 34: the memory plan's line before the run
+            datamodule.setup("fit")
+            print_memory_plan_line(model, datamodule, self.hf_args, self._trainer_kwargs)
         # the flow restores an HF-layout checkpoint folder itself (checkpoint/restore.py), as in the facade; with
         # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch
         # (run_options/batch_search.py)
@@ -324,6 +336,14 @@ class HFLightningCLI(LightningCLI):
             print(fit_summary(self.flow.state, self.hf_args, train_metrics=output.metrics, model_dir=out,
                               logs=logger_paths(self.trainer), resumed_from=self.flow.resumed_from,
                               written=self.flow.written_steps))
+
+    def _print_plan(self, model: Any, datamodule: Any, request: PlanRequest) -> None:
+        """Print the memory plan (and the warning when it does not fit)."""
+        datamodule.setup("fit")
+        plan = build_memory_plan(model, datamodule, self.hf_args, self._trainer_kwargs, **request.as_kwargs())
+        print(memory_plan_line(plan))
+        for note in plan.notes:
+            print(f"note: {note}")
 
     def validate(self, model: Any, datamodule: Any, **_: Any) -> None:
         """Evaluate and print the HF metric dict (also written to `<output_dir>/eval_results.json`)."""

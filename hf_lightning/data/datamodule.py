@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
+from itertools import islice
 from typing import Any
 
 import lightning.pytorch as pl
@@ -293,6 +294,24 @@ class TransformerDataModule(pl.LightningDataModule):
         if hasattr(dataset, "column_names"):
             return remove_unused_columns(dataset, self._allowed_columns, description.lower()), collator
         return dataset, ColumnFilter(collator, self._allowed_columns)
+
+    def example_micro_batch(self, size: int) -> dict[str, Any]:
+        """The first `size` training rows collated as the training loader collates them (unused columns removed):
+        the memory plan reads their keys, dtypes and dimensions.
+
+        Raises:
+            ValueError: there is no `train_dataset`, or it has no rows.
+        """
+        if self.train_dataset is None:
+            raise ValueError("Trainer: the memory plan needs a train_dataset (it plans a training update).")
+        dataset, collate = self._with_columns(self.train_dataset, "Training")
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+            rows = list(islice(iter(dataset), size))
+        else:
+            rows = [dataset[i] for i in range(min(size, len(dataset)))]
+        if not rows:
+            raise ValueError("Trainer: the memory plan needs at least one training row; train_dataset is empty.")
+        return dict(collate(rows))
 
     @override
     def teardown(self, stage: str) -> None:

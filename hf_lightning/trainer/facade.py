@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
@@ -45,6 +46,7 @@ from hf_lightning.module.evaluation import EVAL_LOSS_WEIGHTINGS, EvalRequest
 from hf_lightning.module.metrics import is_streaming_metric
 from hf_lightning.module.module import TransformerModule
 from hf_lightning.plan import unreachable_best_metric
+from hf_lightning.run_options.memory_plan import MemoryPlan
 from hf_lightning.run_options.seeding import seed_as_hf
 from hf_lightning.trainer.as_transformers import default_lightning_kwargs
 from hf_lightning.trainer.data_hooks import DataHooks
@@ -58,6 +60,7 @@ from hf_lightning.trainer.lightning_trainer import (
     split_callbacks,
 )
 from hf_lightning.trainer.loop_hooks import LoopHooks
+from hf_lightning.trainer.memory_plan import MemoryPlanWarning, build_memory_plan, print_memory_plan_line
 from hf_lightning.trainer.overrides import METRIC_SOURCES, check_overrides, deepspeed_refusals, overridden_methods
 from hf_lightning.trainer.script_api import PassedArguments, ScriptApiMixin
 from hf_lightning.trainer.step_hooks import StepHooks
@@ -379,6 +382,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
             if not self._overridden & {"get_train_dataloader", "_get_dataloader"}:  # a user loader: their columns
                 self.datamodule.check_training_labels(module=self.module)  # one error here, not at the first update
+            if getattr(self.args, "auto_micro_batch", False):  # issue 34: the memory plan's line before the run
+                print_memory_plan_line(self.module, self.datamodule, self.args, self._trainer_kwargs)
             # the flow restores the HF-layout folder itself (checkpoint/restore.py), not via ckpt_path; with
             # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch
             # (run_options/batch_search.py)
@@ -387,6 +392,30 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
                 ignore_keys_for_eval=ignore_keys_for_eval))
         finally:
             self.is_in_train = False
+
+    def memory_plan(self, micro_batch: int | None = None, seq_len: int | None = None, budget: int | None = None,
+                    world_size: int | None = None) -> MemoryPlan:
+        """The peak memory per device of one training update of this run, traced on fake tensors (nothing real is
+        allocated), and the largest micro-batch that fits `budget` (README "Memory plan").
+
+        Warns (`MemoryPlanWarning`, naming the numbers) when the peak does not fit `budget`.
+
+        Args:
+            micro_batch: samples per device per forward (default: `per_device_train_batch_size`).
+            seq_len: the length of every per-token input (default: the longest training row).
+            budget: bytes available per device (default: the device's free memory: CUDA's free memory, or the
+                available RAM, plus what the model already holds there).
+            world_size: processes sharing the update (default: from `WORLD_SIZE` or the Lightning `devices`).
+
+        Raises:
+            ValueError: no training rows, a precision or strategy the plan does not model (FSDP1, DeepSpeed), or a
+                size below 1.
+        """
+        plan = build_memory_plan(self.module, self.datamodule, self.args, self._trainer_kwargs,
+                                 micro_batch=micro_batch, seq_len=seq_len, budget=budget, world_size=world_size)
+        if (warning := plan.warning()) is not None:
+            warnings.warn(warning, MemoryPlanWarning, stacklevel=2)
+        return plan
 
     def evaluate(
         self, eval_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval"
