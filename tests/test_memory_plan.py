@@ -244,11 +244,9 @@ def test_trainer_memory_plan_plans_the_configured_run_and_warns_when_it_does_not
 
 
 def test_train_prints_the_plan_line_when_auto_micro_batch_is_on(tmp_path, capsys):
-    trainer = _trainer(tmp_path, save_strategy="no")
-    trainer.train()
+    _trainer(tmp_path / "off", save_strategy="no").train()
     assert "memory plan:" not in capsys.readouterr().err
-    trainer.args.auto_micro_batch = True  # issue 34's flag (its field comes with the micro-batching half)
-    trainer.train()
+    _trainer(tmp_path / "on", save_strategy="no", auto_micro_batch=True).train()
     err = capsys.readouterr().err
     assert "memory plan: peak " in err and "at micro-batch 4 x sequence 12" in err and "largest micro-batch" in err
 

@@ -303,7 +303,7 @@ class HFLightningCLI(LightningCLI):
         if self._plan_request is not None:  # `hf-lightning plan`: the plan of this run, no training
             self._print_plan(model, datamodule, self._plan_request)
             return
-        if getattr(self.hf_args, "auto_micro_batch", False):  # issue 34: the memory plan's line before the run
+        if self.hf_args.auto_micro_batch:  # the memory plan's line before the run (issue 34)
             datamodule.setup("fit")
             print_memory_plan_line(model, datamodule, self.hf_args, self._trainer_kwargs)
         # the flow restores an HF-layout checkpoint folder itself (checkpoint/restore.py), as in the facade; with

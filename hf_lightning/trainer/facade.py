@@ -382,7 +382,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             resume = resolve_resume(self.args, resume_from_checkpoint) or False  # early, before anything is built
             if not self._overridden & {"get_train_dataloader", "_get_dataloader"}:  # a user loader: their columns
                 self.datamodule.check_training_labels(module=self.module)  # one error here, not at the first update
-            if getattr(self.args, "auto_micro_batch", False):  # issue 34: the memory plan's line before the run
+            if self.args.auto_micro_batch:  # the memory plan's line before the run (issue 34)
                 print_memory_plan_line(self.module, self.datamodule, self.args, self._trainer_kwargs)
             # the flow restores the HF-layout folder itself (checkpoint/restore.py), not via ckpt_path; with
             # `auto_find_batch_size` a run that ran out of memory starts again with a smaller batch
