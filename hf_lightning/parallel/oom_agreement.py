@@ -126,6 +126,16 @@ def install_agreement(model: torch.nn.Module, group: dist.ProcessGroup, device: 
         raise ValueError("auto_micro_batch under ModelParallelStrategy needs a model sharded with FSDP2 "
                          "(`fully_shard`); this one has no FSDP module.")
     for module in modules:
+        # a communication object the user set (`set_custom_all_gather` / `set_custom_reduce_scatter`) would be
+        # replaced: refused rather than silently dropped
+        for group_ in module._get_fsdp_state()._fsdp_param_groups:
+            for comm, default in ((group_._all_gather_comm, DefaultAllGather),
+                                  (group_._reduce_scatter_comm, DefaultReduceScatter)):
+                if not isinstance(comm, default | AgreeingAllGather | AgreeingReduceScatter):
+                    raise ValueError(
+                        f"auto_micro_batch=True under FSDP2 puts its out-of-memory agreement in FSDP's "
+                        f"communication objects, but {type(module).__name__} already has a custom one "
+                        f"({type(comm).__name__}); drop auto_micro_batch or the custom all-gather / reduce-scatter.")
         module.set_custom_all_gather(AgreeingAllGather(agreement))
         module.set_custom_reduce_scatter(AgreeingReduceScatter(agreement))
     return agreement
