@@ -50,6 +50,7 @@ TIERS = {
     "test_args.py": "unit",
     "test_args_hf_fields.py": "parity",
     "test_hf_trainer_on_our_args.py": "parity",
+    "test_accelerator_config.py": "parity",
     "test_as_transformers.py": "unit",
     "test_args_types.py": "parity",
     "test_callback_contract.py": "unit",
@@ -226,6 +227,9 @@ SLOW = {
     "test_gpu.py::test_the_best_model_flow_of_the_gpu_harness_runs_on_the_cpu",
     # two more sentence-transformers processes (~10 s each); tests/test_private_hooks.py keeps `_load_best_model`
     "test_sentence_transformers.py::test_load_best_model_at_end_loads_the_best_checkpoint_as_hf",
+    # a run of HF's Trainer and one of ours (~7 s together); the shard tests of its file check the loaders in
+    # milliseconds, and the DDP test `sync_each_batch`
+    "test_accelerator_config.py::test_accelerator_settings_and_memory_metrics_as_hf",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 

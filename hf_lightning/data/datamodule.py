@@ -31,6 +31,7 @@ from typing_extensions import override
 
 from hf_lightning._lightning_compat import uses_distributed_sampler
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.accelerator_config import loader_settings
 from hf_lightning.contracts import HFColumnHooks, HFDataHooks
 from hf_lightning.data.collate import (
     ColumnFilter,
@@ -49,6 +50,8 @@ from hf_lightning.data.sampling import (
     OrderBatchSampler,
     WindowBatchSampler,
     dataset_length,
+    split_batch_size,
+    uneven_batches_problem,
 )
 from hf_lightning.data.stream_loader import WindowedStream, iterable_loader, stream_windows
 from hf_lightning.data.stream_state import to_plain
@@ -448,9 +451,19 @@ class TransformerDataModule(pl.LightningDataModule):
 
         The loader carries accelerate's `total_batch_size` (what HF's prepared `DataLoaderShard` reports: the batch
         of all processes together, `batch_size` per process times the processes; read by HF's tests and libraries).
+        With `accelerator_config={"split_batches": True}`, `batch_size` is that of all processes together: each
+        process reads `batch_size // processes` (`sampling.split_batch_size`), as accelerate splits every batch.
         """
+        world = self._world()[0]
+        settings = loader_settings(self.args)
+        if settings.split_batches:  # accelerate: the batch of all processes together, split into per-process parts
+            what = "per_device_train_batch_size" if is_training else "per_device_eval_batch_size"
+            loader = self._build_loader(dataset, description, split_batch_size(batch_size, world, what), sampler_fn,
+                                        is_training)
+            loader.total_batch_size = batch_size
+            return loader
         loader = self._build_loader(dataset, description, batch_size, sampler_fn, is_training)
-        loader.total_batch_size = batch_size * self._world()[0]
+        loader.total_batch_size = batch_size * world
         return loader
 
     def _build_loader(self, dataset: Any, description: str, batch_size: int,
@@ -476,14 +489,28 @@ class TransformerDataModule(pl.LightningDataModule):
                           **kwargs)
 
     def _train_batches(self, dataset: Any, sampler: Any, batch_size: int, world: int, rank: int) -> Sampler:
-        """The micro-batch sampler: O(1)-resumable for HF's own order, `OrderBatchSampler` for any other sampler."""
+        """The micro-batch sampler: O(1)-resumable for HF's own order, `OrderBatchSampler` for any other sampler.
+
+        Raises:
+            ValueError: `even_batches=False` and batches that would leave some process one batch short
+                (`sampling.uneven_batches_problem`).
+        """
         drop_last = self.args.dataloader_drop_last
+        even = loader_settings(self.args).even_batches
+        batches: WindowBatchSampler | OrderBatchSampler
         if isinstance(sampler, EpochSampler):
-            return WindowBatchSampler(len(dataset), batch_size, 1, sampler.seed, sampler.shuffle, drop_last, world,
-                                      rank, lengths=sampler.lengths, group_size=sampler.group_size)
-        if sampler is None:
-            sampler = range(len(dataset))
-        return OrderBatchSampler(sampler, batch_size, drop_last, world, rank)
+            batches = WindowBatchSampler(len(dataset), batch_size, 1, sampler.seed, sampler.shuffle, drop_last, world,
+                                         rank, lengths=sampler.lengths, group_size=sampler.group_size,
+                                         even_batches=even)
+        else:
+            batches = OrderBatchSampler(range(len(dataset)) if sampler is None else sampler, batch_size, drop_last,
+                                        world, rank, even_batches=even)
+        if not even:
+            size = dataset_length(batches.sampler if isinstance(batches, OrderBatchSampler) else dataset)
+            problem = None if size is None else uneven_batches_problem(-(-size // batch_size), world, drop_last)
+            if problem is not None:
+                raise ValueError(problem)
+        return batches
 
     # ----- Lightning's loaders -----
     def train_loader(self) -> Any:

@@ -35,7 +35,8 @@ from hf_lightning.data.length_grouping import draw_grouping_state, length_groupe
 
 __all__ = [
     "BatchShard", "ContiguousShardSampler", "EpochSampler", "GroupingDraw", "OrderBatchSampler", "WindowBatchSampler",
-    "batch_shard_problem", "dataset_length", "epoch_order", "shard_batches", "shard_rest", "split_by_node",
+    "batch_shard_problem", "dataset_length", "epoch_order", "shard_batches", "shard_rest", "split_batch_size",
+    "split_by_node", "uneven_batches_problem",
 ]
 
 
@@ -82,13 +83,17 @@ class GroupingDraw:
 
 
 def shard_batches(
-    order: list[int], batch_size: int, world_size: int, rank: int, drop_last: bool
+    order: list[int], batch_size: int, world_size: int, rank: int, drop_last: bool, even_batches: bool = True
 ) -> list[list[int]]:
-    """The micro-batches of one rank, as accelerate's `BatchSamplerShard(split_batches=False, even_batches=True)`.
+    """The micro-batches of one rank, as accelerate's `BatchSamplerShard(split_batches=False, even_batches=...)`.
 
     Batch `i` of the epoch goes to rank `i % world_size`; a round is only handed out when its last batch is full, and
     without `drop_last` the tail is completed with samples from the start of the epoch so every rank gets as many
-    batches (accelerate `data_loader.py`, `_iter_with_no_split`).
+    batches (accelerate `data_loader.py`, `_iter_with_no_split`); with `even_batches=False` the tail is not completed:
+    the ranks of the last round's batches get them as they are, the others none.
+
+    accelerate's `split_batches=True` with a batch of `B` over `w` processes is this with `batch_size = B // w`: chunk
+    `r` of batch `i` is micro-batch `i * w + r`, and the tail rules give the same chunks (`split_batch_size`).
     """
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     if drop_last and batches and len(batches[-1]) < batch_size:
@@ -109,6 +114,8 @@ def shard_batches(
             to_yield = []
     if drop_last or not initial:
         return mine
+    if not even_batches:
+        return mine + ([to_yield] if to_yield else [])
     if len(to_yield) == batch_size:
         mine.append(to_yield)
     while len(initial) < world_size * batch_size:
@@ -145,6 +152,36 @@ def shard_rest(rows: list[int], batch_size: int, world_size: int, rank: int, dro
     base, extra = divmod(len(tail), world_size)
     start = rank * base + min(rank, extra)
     return [*mine, tail[start:start + base + (1 if rank < extra else 0)]]
+
+
+def split_batch_size(batch_size: int, world_size: int, what: str) -> int:
+    """The per-process batch of accelerate's `split_batches=True`: `batch_size` split over the processes.
+
+    Raises:
+        ValueError: `batch_size` is not a multiple of `world_size` (accelerate's words, with the argument named).
+    """
+    if world_size < 2:
+        return batch_size
+    if batch_size % world_size:
+        raise ValueError(
+            f"To use a `DataLoader` in `split_batches` mode, the batch size ({batch_size}) needs to be a round "
+            f"multiple of the number of processes ({world_size}). (`{what}` with "
+            "`accelerator_config={'split_batches': True}`: the batch of all processes together.)"
+        )
+    return batch_size // world_size
+
+
+def uneven_batches_problem(num_batches: int, world_size: int, drop_last: bool) -> str | None:
+    """Why a training epoch of `num_batches` batches cannot run with `even_batches=False` over `world_size`
+    processes, or None: some processes would get one batch fewer (accelerate's `BatchSamplerShard`), so they would
+    run fewer updates than the others and the gradient all-reduce would wait for them forever."""
+    if world_size < 2 or drop_last or num_batches % world_size == 0:
+        return None
+    return (f"accelerator_config={{'even_batches': False}}: the epoch's {num_batches} training batches do not split "
+            f"evenly over {world_size} processes, so some processes would run one batch fewer and the gradient "
+            "all-reduce of the others would never complete. Use even_batches=True (the tail completed with samples "
+            f"from the start, as accelerate), dataloader_drop_last=True, or a dataset whose batches are a multiple of "
+            f"{world_size}.")
 
 
 def batch_shard_problem(num_batches: int, last_batch_full: bool, world_size: int, even_batches: bool) -> str | None:
@@ -212,6 +249,7 @@ class WindowBatchSampler(Sampler[list[int]]):
         lengths: the samples' lengths for `group_by_length` order (None: `shuffle` decides).
         group_size: the samples per length group (default `batch_size * accumulation`, HF's
             `train_batch_size * gradient_accumulation_steps`, T:1100-1105).
+        even_batches: accelerate's `even_batches` (False: an epoch's tail is not completed, `shard_batches`).
     """
 
     def __init__(
@@ -226,8 +264,10 @@ class WindowBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         lengths: Sequence[int] | None = None,
         group_size: int | None = None,
+        even_batches: bool = True,
     ) -> None:
         self.num_samples = num_samples
+        self.even_batches = even_batches
         self.lengths = lengths
         self.group_size = group_size if group_size is not None else batch_size * accumulation
         self.batch_size = batch_size
@@ -278,7 +318,7 @@ class WindowBatchSampler(Sampler[list[int]]):
             order = length_grouped_order(self.lengths, self.group_size, self.grouping_draw.rng_state)
         if self.start_sample:
             return shard_rest(order[self.start_sample:], self.batch_size, self.world_size, self.rank, self.drop_last)
-        return shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last)
+        return shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last, self.even_batches)
 
     def num_microbatches(self, start_sample: int = 0) -> int:
         """Micro-batches per epoch for this rank (the same on every rank), without drawing a permutation; with
@@ -286,7 +326,8 @@ class WindowBatchSampler(Sampler[list[int]]):
         if start_sample:
             rest = list(range(self.num_samples - start_sample))
             return len(shard_rest(rest, self.batch_size, self.world_size, 0, self.drop_last))
-        return len(shard_batches(list(range(self.num_samples)), self.batch_size, self.world_size, 0, self.drop_last))
+        return len(shard_batches(list(range(self.num_samples)), self.batch_size, self.world_size, 0, self.drop_last,
+                                 self.even_batches))
 
     def __len__(self) -> int:
         micro = self.num_microbatches()
@@ -350,11 +391,13 @@ class OrderBatchSampler(Sampler[list[int]]):
         drop_last: drop the last incomplete micro-batch.
         world_size: number of processes.
         rank: this process.
+        even_batches: accelerate's `even_batches` (False: an epoch's tail is not completed, `shard_batches`).
     """
 
     def __init__(self, sampler: Iterable[int], batch_size: int, drop_last: bool = False, world_size: int = 1,
-                 rank: int = 0) -> None:
+                 rank: int = 0, even_batches: bool = True) -> None:
         self.sampler = sampler
+        self.even_batches = even_batches
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.world_size = world_size
@@ -368,12 +411,14 @@ class OrderBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         size = len(self.sampler)  # type: ignore[arg-type]  # a batch sampler of an unsized sampler has no length
-        return len(shard_batches(list(range(size)), self.batch_size, self.world_size, 0, self.drop_last))
+        return len(shard_batches(list(range(size)), self.batch_size, self.world_size, 0, self.drop_last,
+                                 self.even_batches))
 
     def __iter__(self) -> Iterator[list[int]]:
         order = [int(i) for i in self.sampler]
         start, self.skip_windows = self.skip_windows, 0
-        yield from shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last)[start:]
+        yield from shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last,
+                                 self.even_batches)[start:]
 
 
 class ContiguousShardSampler(Sampler[int]):

@@ -28,6 +28,7 @@ from typing_extensions import override
 
 from hf_lightning._lightning_compat import attached_trainer, callbacks_of, grad_scaler, optimizer_unscales_itself
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.accelerator_config import syncs_each_batch
 from hf_lightning.contracts import TrainingStepListener, TrainingStepOutput
 from hf_lightning.data.collate import find_label_names
 from hf_lightning.model_wrappers import without_compile
@@ -186,6 +187,7 @@ class TransformerModule(HFHooksModule):
         self._grad_norm = None
         hooks = self.hooks
         model = step_model(strategy, self.model_wrapped)  # FSDP1: each micro-batch a forward of the FSDP root
+        sync_each = syncs_each_batch(self.args)
 
         @torch.enable_grad()  # optimizers that step under `no_grad` call it there (transformers' Adafactor)
         def closure() -> None:
@@ -193,8 +195,9 @@ class TransformerModule(HFHooksModule):
             for i, micro in enumerate(window):
                 last = i == len(window) - 1
                 self._micro_index = i
-                # Gradients are all-reduced once per update: no sync on every micro-batch but the last.
-                with micro_batch_context(strategy, last):
+                # Gradients are all-reduced once per update: no sync on every micro-batch but the last (every one
+                # with HF's `sync_each_batch`)
+                with micro_batch_context(strategy, last, sync_each):
                     loss = hooks.training_step(model, dict(micro), num_items)
                 # HF logs what `training_step` returns (with a process-global count: the share times the world
                 # size, averaged over processes at log time, which is the global mean)

@@ -327,9 +327,9 @@ class LightningAccelerator:
 
     @property
     def split_batches(self) -> bool:
-        """False: batch sizes are per process (`per_device_*_batch_size`), as HF's default; HF's
-        `accelerator_config` (which could set it) is refused by hf_lightning."""
-        return False
+        """`args.accelerator_config.split_batches` (False, accelerate's default: batch sizes are per process; True: the
+        `per_device_*_batch_size` loaders are split across the processes, as accelerate does)."""
+        return bool(getattr(getattr(self._owner.args, "accelerator_config", None), "split_batches", False))
 
     @property
     def dispatch_batches(self) -> bool | None:

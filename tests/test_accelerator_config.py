@@ -1,0 +1,169 @@
+"""`accelerator_config` loader and accumulation fields with accelerate's meaning (issue 31, item 1).
+
+Oracles: accelerate's own `BatchSamplerShard` / `prepare_data_loader` (what HF's Trainer hands each process, built
+here for any process index without starting processes), and `transformers.Trainer` on the same arguments.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+import transformers
+from accelerate.data_loader import BatchSamplerShard, prepare_data_loader
+from helpers import CPU_QUIET, lm_dataset, stable_log, tiny_gpt2
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
+
+import hf_lightning
+from hf_lightning.data.datamodule import TransformerDataModule
+from hf_lightning.data.sampling import shard_batches, split_batch_size
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("even", [True, False])
+def test_shards_are_accelerates(split, even):
+    """Every rank's batches, for every size, batch, process count and drop_last, equal accelerate's shard."""
+    for n, batch, world, drop_last in itertools.product(range(1, 15), (2, 4, 6), (2, 3), (False, True)):
+        if split and batch % world:
+            continue
+        for rank in range(world):
+            want = list(BatchSamplerShard(BatchSampler(SequentialSampler(range(n)), batch, drop_last), world, rank,
+                                          split_batches=split, even_batches=even))
+            per_process = split_batch_size(batch, world, "per_device_train_batch_size") if split else batch
+            got = shard_batches(list(range(n)), per_process, world, rank, drop_last, even)
+            assert got == want, (n, batch, world, drop_last, rank)
+
+
+class _Rank(TransformerDataModule):
+    """The data module as process `rank` of `world` sees it (the loaders only read `_world()`)."""
+
+    def __init__(self, world: int, rank: int, **kwargs) -> None:
+        self._as = (world, rank)
+        super().__init__(**kwargs)
+
+    def _world(self) -> tuple[int, int]:
+        return self._as
+
+
+def _ours(world, rank, data, **config):
+    args = hf_lightning.TrainingArguments(output_dir="unused", per_device_train_batch_size=4,
+                                          per_device_eval_batch_size=4, data_seed=5, report_to="none",
+                                          accelerator_config=config)
+    return _Rank(world, rank, train_dataset=data, eval_dataset=data, args=args)
+
+
+def _accelerates(loader, world, rank, **config):
+    prepared = prepare_data_loader(loader, num_processes=world, process_index=rank, put_on_device=False,
+                                   use_seedable_sampler=True, data_seed=5, **config)
+    prepared.set_epoch(0)
+    return prepared
+
+
+def test_split_batches_loaders_are_hfs_per_process():
+    """`split_batches=True`: each process reads its part of every batch of `per_device_*_batch_size` in HF's seeded
+    order, and the loaders report the batch of all processes as `total_batch_size`; a batch the processes do not
+    divide is accelerate's error, naming the argument."""
+    data = lm_dataset(n=10)
+    for rank in (0, 1):
+        ours = _ours(2, rank, data, split_batches=True)
+        train, evaluation = ours.get_train_dataloader(), ours.get_eval_dataloader()
+        want = _accelerates(DataLoader(range(10), batch_size=4, sampler=RandomSampler(range(10))), 2, rank,
+                            split_batches=True)
+        assert list(train.batch_sampler) == [batch.tolist() for batch in want]
+        assert train.total_batch_size == evaluation.total_batch_size == want.total_batch_size == 4
+        assert evaluation.batch_size == 2  # contiguous blocks of half batches: the same chunks as accelerate's
+    with pytest.raises(ValueError) as theirs:
+        prepare_data_loader(DataLoader(range(10), batch_size=3), num_processes=2, process_index=0,
+                            split_batches=True)
+    ours = _ours(2, 0, data, split_batches=True)
+    ours.args.per_device_train_batch_size = 3
+    with pytest.raises(ValueError) as info:
+        ours.get_train_dataloader()
+    assert str(theirs.value) in str(info.value) and "per_device_train_batch_size" in str(info.value)
+
+
+def test_even_batches_false_leaves_the_tail_unpadded_and_refuses_uneven_training():
+    """`even_batches=False`: the last batch is not completed with samples from the start (accelerate's shard); an
+    epoch that would give one process fewer batches (whose all-reduce would then wait forever) is refused."""
+    data = lm_dataset(n=14)  # 4 batches of 4, 4, 4, 2: even over 2 processes, the last one short
+    for rank in (0, 1):
+        got = list(_ours(2, rank, data, even_batches=False).get_train_dataloader().batch_sampler)
+        want = _accelerates(DataLoader(range(14), batch_size=4, sampler=RandomSampler(range(14))), 2, rank,
+                            even_batches=False)
+        assert got == [batch.tolist() for batch in want]
+    assert len(got[-1]) == 2  # rank 1's tail: 2 rows, not padded to 4
+    with pytest.raises(ValueError, match=r"even_batches': False\}: the epoch's 3 training batches do not split"):
+        _ours(2, 0, lm_dataset(n=10), even_batches=False).get_train_dataloader()
+
+
+def _run(kind: str, tmp_path, model) -> tuple[list[dict], list[list[str]]]:
+    """A short run on non-default `accelerator_config` settings and `skip_memory_metrics=False`: its log entries,
+    and the memory metric keys of `train()`, its summary entry, `evaluate()` and `predict()`."""
+    config = {"split_batches": True, "even_batches": False, "non_blocking": True,
+              "gradient_accumulation_kwargs": {"sync_each_batch": True, "sync_with_dataloader": True}}
+    args = dict(output_dir=str(tmp_path / kind), per_device_train_batch_size=4, gradient_accumulation_steps=3,
+                max_steps=2, logging_steps=1, save_strategy="no", seed=7, report_to="none", disable_tqdm=True,
+                eval_strategy="steps", eval_steps=2, accelerator_config=config, skip_memory_metrics=False)
+    data = {"model": copy.deepcopy(model), "train_dataset": lm_dataset(n=24), "eval_dataset": lm_dataset(n=6)}
+    if kind == "hf":
+        trainer = transformers.Trainer(**data, args=transformers.TrainingArguments(**args, use_cpu=True))
+    else:
+        trainer = hf_lightning.Trainer(**data, args=hf_lightning.TrainingArguments(**args), lightning_kwargs=CPU_QUIET)
+    trained = trainer.train().metrics
+    summary = trainer.state.log_history[-1]
+    evaluated, predicted = trainer.evaluate(), trainer.predict(lm_dataset(n=4)).metrics
+    assert isinstance(trained["train_mem_cpu_alloc_delta"], int) and trained["before_init_mem_cpu"] > 0
+    return stable_log(trainer), [sorted(k for k in d if "_mem_" in k) for d in (trained, summary, evaluated, predicted)]
+
+
+def test_accelerator_settings_and_memory_metrics_as_hf(tmp_path):
+    """One process: HF's Trainer and ours on the same non-default `accelerator_config` settings log the same losses
+    and metrics; `skip_memory_metrics=False` adds HF's memory metric keys (`TrainerMemoryTracker`, the init stage's
+    in the first of them) to the train summary, `evaluate()` and `predict()` as HF's Trainer does."""
+    model = tiny_gpt2()
+    model.loss_type = "ForCausalLM"  # HF counts the shifted labels then (test_train_parity.gpt2_hf_counts_correctly)
+    (ours, our_keys), (theirs, their_keys) = _run("ours", tmp_path, model), _run("hf", tmp_path, model)
+    assert [sorted(e) for e in ours] == [sorted(e) for e in theirs] and any("eval_loss" in e for e in ours)
+    for a, b in zip(ours, theirs):
+        mine = {k: v for k, v in a.items() if "_mem_" not in k}
+        assert mine == pytest.approx({k: v for k, v in b.items() if "_mem_" not in k}, rel=1e-5)
+    assert our_keys == their_keys
+    assert "init_mem_cpu_alloc_delta" in our_keys[0] and "test_mem_cpu_peaked_delta" in our_keys[3]
+
+
+class _CountReductions(transformers.TrainerCallback):
+    """Counts DDP's bucket all-reduces (a comm hook on the real `DistributedDataParallel` Lightning wrapped)."""
+
+    def __init__(self) -> None:
+        self.reductions = 0
+        self.trainer = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.lightning_trainer.strategy.model.register_comm_hook(None, self._hook)
+
+    def _hook(self, state, bucket):
+        self.reductions += 1
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+
+@pytest.mark.parametrize("sync_each_batch", [False, True])
+def test_sync_each_batch_reduces_every_micro_batch_under_ddp(tmp_path, sync_each_batch):
+    """DDP (one process, a real process group): 3 micro-batches per update reduce once per update, or on every
+    micro-batch with `sync_each_batch=True` (HF's loop then enters no `no_sync`)."""
+    counter = _CountReductions()
+    args = hf_lightning.TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=3, max_steps=2,
+        save_strategy="no", report_to="none", disable_tqdm=True, ddp_find_unused_parameters=False,
+        accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": sync_each_batch}})
+    counter.trainer = hf_lightning.Trainer(model=tiny_gpt2(), args=args, train_dataset=lm_dataset(n=12),
+                                           callbacks=[counter],
+                                           lightning_kwargs={**CPU_QUIET, "strategy": "ddp", "devices": 1})
+    counter.trainer.train()
+    per_update = 3 if sync_each_batch else 1
+    buckets = counter.reductions // (2 * per_update)
+    assert buckets >= 1 and counter.reductions == buckets * 2 * per_update
+
