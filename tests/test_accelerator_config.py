@@ -105,7 +105,8 @@ def _run(kind: str, tmp_path, model) -> tuple[list[dict], list[list[str]]]:
               "gradient_accumulation_kwargs": {"sync_each_batch": True, "sync_with_dataloader": True}}
     args = dict(output_dir=str(tmp_path / kind), per_device_train_batch_size=4, gradient_accumulation_steps=3,
                 max_steps=2, logging_steps=1, save_strategy="no", seed=7, report_to="none", disable_tqdm=True,
-                eval_strategy="steps", eval_steps=2, accelerator_config=config, skip_memory_metrics=False)
+                eval_strategy="steps", eval_steps=2, accelerator_config=config, skip_memory_metrics=False,
+                eval_use_gather_object=True)
     data = {"model": copy.deepcopy(model), "train_dataset": lm_dataset(n=24), "eval_dataset": lm_dataset(n=6)}
     if kind == "hf":
         trainer = transformers.Trainer(**data, args=transformers.TrainingArguments(**args, use_cpu=True))
@@ -119,9 +120,10 @@ def _run(kind: str, tmp_path, model) -> tuple[list[dict], list[list[str]]]:
 
 
 def test_accelerator_settings_and_memory_metrics_as_hf(tmp_path):
-    """One process: HF's Trainer and ours on the same non-default `accelerator_config` settings log the same losses
-    and metrics; `skip_memory_metrics=False` adds HF's memory metric keys (`TrainerMemoryTracker`, the init stage's
-    in the first of them) to the train summary, `evaluate()` and `predict()` as HF's Trainer does."""
+    """One process: HF's Trainer and ours on the same non-default `accelerator_config` settings (and
+    `eval_use_gather_object=True`) log the same losses and metrics; `skip_memory_metrics=False` adds HF's memory
+    metric keys (`TrainerMemoryTracker`, the init stage's in the first of them) to the train summary, `evaluate()`
+    and `predict()` as HF's Trainer does."""
     model = tiny_gpt2()
     model.loss_type = "ForCausalLM"  # HF counts the shifted labels then (test_train_parity.gpt2_hf_counts_correctly)
     (ours, our_keys), (theirs, their_keys) = _run("ours", tmp_path, model), _run("hf", tmp_path, model)
@@ -167,3 +169,9 @@ def test_sync_each_batch_reduces_every_micro_batch_under_ddp(tmp_path, sync_each
     buckets = counter.reductions // (2 * per_update)
     assert buckets >= 1 and counter.reductions == buckets * 2 * per_update
 
+
+def test_gather_object_under_several_processes_is_refused_when_loaders_are_built():
+    args = hf_lightning.TrainingArguments(output_dir="unused", eval_use_gather_object=True, report_to="none")
+    with pytest.raises(ValueError, match="eval_use_gather_object=True under 2 processes"):
+        _Rank(2, 0, train_dataset=lm_dataset(n=8), args=args).get_train_dataloader()
+    assert len(_Rank(1, 0, train_dataset=lm_dataset(n=8), args=args).get_train_dataloader()) == 1

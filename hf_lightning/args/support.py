@@ -33,8 +33,6 @@ UNSUPPORTED: dict[str, str] = {
     "trackio_space_id": _TRACKIO,
     "trackio_bucket_id": _TRACKIO,
     "trackio_static_space_id": _TRACKIO,
-    "eval_use_gather_object": "evaluation results are gathered as tensors inside Lightning's loop (no object "
-                              "gathering); gather Python objects in your `compute_metrics` yourself",
     "save_on_each_node": "checkpoints are written by global rank 0 (use a shared file system)",
     "push_to_hub": _HUB,
     "hub_token": _HUB,
@@ -102,6 +100,10 @@ DIFFERENCES: dict[str, str] = {
     "skip_memory_metrics": "False: HF's own `TrainerMemoryTracker` runs around `__init__`, `train`, `evaluate` and "
                            "`predict`, as in HF (the same `*_mem_cpu_*_delta` / `*_mem_gpu_*_delta` keys, in the same "
                            "dicts); the bytes are what Lightning's run allocates, not what HF's would",
+    "eval_use_gather_object": "True: one process evaluates as HF's (accelerate's `gather_object` returns a single "
+                              "process's outputs as they are); under several processes it is refused when the "
+                              "loaders are built (evaluation outputs are gathered as tensors inside Lightning's loop; "
+                              "HF's object gather of tensors returns lists of rows)",
     "auto_find_batch_size": "`args.per_device_train_batch_size` is back to your value after `train()`; "
                             "`state.train_batch_size` holds the size that fit",
 }

@@ -455,6 +455,13 @@ class TransformerDataModule(pl.LightningDataModule):
         process reads `batch_size // processes` (`sampling.split_batch_size`), as accelerate splits every batch.
         """
         world = self._world()[0]
+        if world > 1 and self.args.eval_use_gather_object:
+            raise ValueError(
+                f"eval_use_gather_object=True under {world} processes: hf_lightning gathers evaluation outputs as "
+                "tensors inside Lightning's loop, not as Python objects (HF's object gather of tensors returns lists "
+                "of rows). Use eval_use_gather_object=False, and gather Python objects in your `compute_metrics` "
+                "yourself (`trainer.accelerator.gather_for_metrics(objects, use_gather_object=True)`)."
+            )
         settings = loader_settings(self.args)
         if settings.split_batches:  # accelerate: the batch of all processes together, split into per-process parts
             what = "per_device_train_batch_size" if is_training else "per_device_eval_batch_size"
