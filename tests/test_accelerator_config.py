@@ -98,15 +98,16 @@ def test_even_batches_false_leaves_the_tail_unpadded_and_refuses_uneven_training
         _ours(2, 0, lm_dataset(n=10), even_batches=False).get_train_dataloader()
 
 
-def _run(kind: str, tmp_path, model) -> tuple[list[dict], list[list[str]]]:
-    """A short run on non-default `accelerator_config` settings and `skip_memory_metrics=False`: its log entries,
-    and the memory metric keys of `train()`, its summary entry, `evaluate()` and `predict()`."""
-    config = {"split_batches": True, "even_batches": False, "non_blocking": True,
+def _run(kind: str, tmp_path, model, memory: bool = False) -> tuple[list[dict], list[list[str]]]:
+    """A short run on non-default `accelerator_config` settings and `eval_use_gather_object=True` (with `memory`:
+    `skip_memory_metrics=False`, one update): its log entries, and the memory metric keys of `train()`, its summary
+    entry, `evaluate()` and `predict()`."""
+    config = {"split_batches": True, "even_batches": False, "non_blocking": True, "use_seedable_sampler": False,
               "gradient_accumulation_kwargs": {"sync_each_batch": True, "sync_with_dataloader": True}}
     args = dict(output_dir=str(tmp_path / kind), per_device_train_batch_size=4, gradient_accumulation_steps=3,
-                max_steps=2, logging_steps=1, save_strategy="no", seed=7, report_to="none", disable_tqdm=True,
-                eval_strategy="steps", eval_steps=2, accelerator_config=config, skip_memory_metrics=False,
-                eval_use_gather_object=True)
+                max_steps=1 if memory else 2, logging_steps=1, save_strategy="no", seed=7, report_to="none",
+                disable_tqdm=True, eval_strategy="steps", eval_steps=2, accelerator_config=config,
+                skip_memory_metrics=not memory, eval_use_gather_object=True)
     data = {"model": copy.deepcopy(model), "train_dataset": lm_dataset(n=24), "eval_dataset": lm_dataset(n=6)}
     if kind == "hf":
         trainer = transformers.Trainer(**data, args=transformers.TrainingArguments(**args, use_cpu=True))
@@ -114,25 +115,31 @@ def _run(kind: str, tmp_path, model) -> tuple[list[dict], list[list[str]]]:
         trainer = hf_lightning.Trainer(**data, args=hf_lightning.TrainingArguments(**args), lightning_kwargs=CPU_QUIET)
     trained = trainer.train().metrics
     summary = trainer.state.log_history[-1]
+    if not memory:
+        return stable_log(trainer), []
     evaluated, predicted = trainer.evaluate(), trainer.predict(lm_dataset(n=4)).metrics
     assert isinstance(trained["train_mem_cpu_alloc_delta"], int) and trained["before_init_mem_cpu"] > 0
-    return stable_log(trainer), [sorted(k for k in d if "_mem_" in k) for d in (trained, summary, evaluated, predicted)]
+    return [], [sorted(k for k in d if "_mem_" in k) for d in (trained, summary, evaluated, predicted)]
 
 
-def test_accelerator_settings_and_memory_metrics_as_hf(tmp_path):
+def test_accelerator_settings_train_as_hf(tmp_path):
     """One process: HF's Trainer and ours on the same non-default `accelerator_config` settings (and
-    `eval_use_gather_object=True`) log the same losses and metrics; `skip_memory_metrics=False` adds HF's memory
-    metric keys (`TrainerMemoryTracker`, the init stage's in the first of them) to the train summary, `evaluate()`
-    and `predict()` as HF's Trainer does."""
+    `eval_use_gather_object=True`) log the same losses and metrics."""
     model = tiny_gpt2()
     model.loss_type = "ForCausalLM"  # HF counts the shifted labels then (test_train_parity.gpt2_hf_counts_correctly)
-    (ours, our_keys), (theirs, their_keys) = _run("ours", tmp_path, model), _run("hf", tmp_path, model)
+    (ours, _), (theirs, _) = _run("ours", tmp_path, model), _run("hf", tmp_path, model)
     assert [sorted(e) for e in ours] == [sorted(e) for e in theirs] and any("eval_loss" in e for e in ours)
     for a, b in zip(ours, theirs):
-        mine = {k: v for k, v in a.items() if "_mem_" not in k}
-        assert mine == pytest.approx({k: v for k, v in b.items() if "_mem_" not in k}, rel=1e-5)
-    assert our_keys == their_keys
-    assert "init_mem_cpu_alloc_delta" in our_keys[0] and "test_mem_cpu_peaked_delta" in our_keys[3]
+        assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_memory_metrics_are_hfs(tmp_path):
+    """`skip_memory_metrics=False` adds HF's memory metric keys (its `TrainerMemoryTracker`, the init stage's in
+    the first of them) to the train summary, `evaluate()` and `predict()` as HF's Trainer does."""
+    model = tiny_gpt2()
+    (_, ours), (_, theirs) = _run("ours", tmp_path, model, memory=True), _run("hf", tmp_path, model, memory=True)
+    assert ours == theirs
+    assert "init_mem_cpu_alloc_delta" in ours[0] and "test_mem_cpu_peaked_delta" in ours[3]
 
 
 class _CountReductions(transformers.TrainerCallback):
@@ -175,3 +182,25 @@ def test_gather_object_under_several_processes_is_refused_when_loaders_are_built
     with pytest.raises(ValueError, match="eval_use_gather_object=True under 2 processes"):
         _Rank(2, 0, train_dataset=lm_dataset(n=8), args=args).get_train_dataloader()
     assert len(_Rank(1, 0, train_dataset=lm_dataset(n=8), args=args).get_train_dataloader()) == 1
+
+
+def test_unseeded_sampler_trains_in_hfs_order(tmp_path, one_thread):
+    """`use_seedable_sampler=False`: each epoch's order is torch's `RandomSampler`'s, drawn from the global generator
+    when the epoch starts (after the epoch before drew its dropout), as HF's; the same batches and losses as HF."""
+    from test_length_grouping import PARITY, _RecordingHF, tiny_llama, token_rows, tokenizer, train
+
+    settings = {**PARITY, "train_sampling_strategy": "random", "num_train_epochs": 2, "save_steps": 100,
+                "include_num_input_tokens_seen": False, "accelerator_config": {"use_seedable_sampler": False}}
+    tok = tokenizer()
+    _RecordingHF.seen = []
+    hf = _RecordingHF(model=tiny_llama(), train_dataset=token_rows(), processing_class=tok,
+                      data_collator=transformers.DataCollatorForSeq2Seq(tok, padding=True),
+                      args=transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), use_cpu=True, **settings))
+    hf.train()
+    ours, seen = train(tmp_path / "ours", token_rows(), model=tiny_llama(), **settings)
+    assert len(seen) == 24 and seen == _RecordingHF.seen
+    seeded = torch.randperm(24, generator=torch.Generator().manual_seed(7)).tolist()
+    assert sum(seen[:12], []) != seeded and seen[12:] != seen[:12]  # not the seedable order; each epoch anew
+    got, want = ([(e["step"], e["loss"]) for e in t.state.log_history if "loss" in e] for t in (ours, hf))
+    assert [s for s, _ in got] == [s for s, _ in want] and len(got) == 12
+    assert [loss for _, loss in got] == pytest.approx([loss for _, loss in want], rel=1e-5)

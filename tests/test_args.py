@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import transformers
+from helpers import classification_dataset, tiny_bert
 
 import hf_lightning
 from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.args.to_lightning import OWNED_BY_HF_ARGS, lightning_trainer_kwargs
-from helpers import classification_dataset, tiny_bert
 
 TrainingArguments = hf_lightning.TrainingArguments
 

@@ -43,8 +43,9 @@ UNSUPPORTED: dict[str, str] = {
     "accelerator_config": "no accelerate: Lightning owns devices and loaders (accepted, with accelerate's meaning: "
                           "`split_batches`, `even_batches`, `use_configured_state`, `non_blocking` (Lightning's CUDA "
                           "transfers are non-blocking), `gradient_accumulation_kwargs` with `num_steps` (HF's rule), "
-                          "`sync_each_batch`, `sync_with_dataloader=True`; `dispatch_batches` and "
-                          "`use_seedable_sampler` only at accelerate's defaults)",
+                          "`sync_each_batch`, `sync_with_dataloader=True`, `use_seedable_sampler` (False: torch's "
+                          "`RandomSampler` order, drawn from the global generator at each epoch's start; under "
+                          "several processes rank 0's draw); `dispatch_batches` only at accelerate's default)",
     "parallelism_config": _STRATEGY,
     "dataloader_multiprocessing_context": "pass `DataLoader`s with your own `multiprocessing_context` (override "
                                           "`train_dataloader`)",
@@ -145,11 +146,12 @@ ACCELERATOR_CONFIG_DEFAULTS: dict[str, Any] = {
 }
 """accelerate's `AcceleratorConfig` defaults (transformers 5.24), which are what a Lightning run does: batch sizes per
 process, each process loading its own shard, the seeded order, eval results without duplicates."""
-_ACCELERATOR_HONOURED = ("use_configured_state", "non_blocking", "split_batches", "even_batches")
+_ACCELERATOR_HONOURED = ("use_configured_state", "non_blocking", "split_batches", "even_batches",
+                         "use_seedable_sampler")
 """`accelerator_config` fields honoured whatever their value: `use_configured_state` (no accelerate state under
 Lightning), `non_blocking` (Lightning moves every batch to CUDA with `non_blocking=True`, and blocking to the CPU /
-MPS, whatever the value: the same tensors either way), `split_batches` and `even_batches` (the loaders,
-`data/sampling.py`)."""
+MPS, whatever the value: the same tensors either way), `split_batches`, `even_batches` and `use_seedable_sampler` (the
+loaders, `data/sampling.py`)."""
 
 
 def _accelerator_settings(value: Any) -> Mapping[str, Any] | None:

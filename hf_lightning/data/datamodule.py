@@ -433,7 +433,8 @@ class TransformerDataModule(pl.LightningDataModule):
         if lengths is not None and len(lengths) != size:  # another dataset than `train_dataset`
             lengths = self._sample_lengths(dataset)
         return EpochSampler(size, seed, shuffle=args.train_sampling_strategy == "random", lengths=lengths,
-                            group_size=args.per_device_train_batch_size * args.gradient_accumulation_steps)
+                            group_size=args.per_device_train_batch_size * args.gradient_accumulation_steps,
+                            seedable=loader_settings(args).use_seedable_sampler)
 
     def _get_eval_sampler(self, eval_dataset: Any) -> Sampler | None:
         """Evaluation order: this process's contiguous, unpadded block of the dataset (None if unsized)."""
@@ -508,7 +509,7 @@ class TransformerDataModule(pl.LightningDataModule):
         if isinstance(sampler, EpochSampler):
             batches = WindowBatchSampler(len(dataset), batch_size, 1, sampler.seed, sampler.shuffle, drop_last, world,
                                          rank, lengths=sampler.lengths, group_size=sampler.group_size,
-                                         even_batches=even)
+                                         even_batches=even, seedable=sampler.seedable)
         else:
             batches = OrderBatchSampler(range(len(dataset)) if sampler is None else sampler, batch_size, drop_last,
                                         world, rank, even_batches=even)
@@ -583,7 +584,7 @@ class TransformerDataModule(pl.LightningDataModule):
         resume in any geometry (`checkpoint/elastic.py`); None when the order is not hf_lightning's own (a sampler
         override, `group_by_length`, an unsized loader)."""
         sampler = getattr(self._fit_loader, "batch_sampler", None)
-        if self.windows is None or not isinstance(sampler, WindowBatchSampler) or sampler.lengths is not None:
+        if self.windows is None or not isinstance(sampler, WindowBatchSampler) or sampler.draws_globally:
             return None
         done = self.windows.samples_done(windows_done)
         if done is None:
@@ -595,7 +596,7 @@ class TransformerDataModule(pl.LightningDataModule):
         """This run's train order as `sample_position` records it (`num_samples`, `seed`, `shuffle`), or None when it
         is not hf_lightning's own `seed + epoch` order."""
         sampler = getattr(self._fit_train_loader(), "batch_sampler", None)
-        if not isinstance(sampler, WindowBatchSampler) or sampler.lengths is not None:
+        if not isinstance(sampler, WindowBatchSampler) or sampler.draws_globally:
             return None
         return {"num_samples": sampler.num_samples, "seed": sampler.seed, "shuffle": sampler.shuffle}
 
@@ -604,7 +605,7 @@ class TransformerDataModule(pl.LightningDataModule):
         order is not hf_lightning's own, so it cannot start at a sample)."""
         loader = self._fit_train_loader()
         sampler = getattr(loader, "batch_sampler", None)
-        if not isinstance(sampler, WindowBatchSampler) or sampler.lengths is not None:
+        if not isinstance(sampler, WindowBatchSampler) or sampler.draws_globally:
             return None
         return WindowStream(loader, self.args.gradient_accumulation_steps).rest_windows(start_sample)
 

@@ -31,11 +31,12 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from hf_lightning.data.length_grouping import draw_grouping_state, length_grouped_order
+from hf_lightning.data.length_grouping import draw_global_state, draw_grouping_state, length_grouped_order
 
 __all__ = [
     "BatchShard", "ContiguousShardSampler", "EpochSampler", "GroupingDraw", "OrderBatchSampler", "WindowBatchSampler",
-    "batch_shard_problem", "dataset_length", "epoch_order", "shard_batches", "shard_rest", "split_batch_size",
+    "batch_shard_problem", "dataset_length", "draw_sampler_state", "epoch_order", "random_sampler_order",
+    "shard_batches", "shard_rest", "split_batch_size",
     "split_by_node", "uneven_batches_problem",
 ]
 
@@ -55,6 +56,22 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> list[
     generator = torch.Generator()
     generator.manual_seed(seed + epoch)
     return torch.randperm(num_samples, generator=generator).tolist()
+
+
+def draw_sampler_state() -> torch.Tensor:
+    """The global generator state from which torch's `RandomSampler` without a generator of its own draws an epoch's
+    order now (its seed, `torch.empty((), dtype=torch.int64).random_()`), moved past that draw as under HF; rank
+    0's under several processes (`draw_global_state`). HF's order with `use_seedable_sampler=False`."""
+    return draw_global_state(lambda: torch.empty((), dtype=torch.int64).random_())
+
+
+def random_sampler_order(num_samples: int, rng_state: torch.Tensor) -> list[int]:
+    """The order torch's `RandomSampler` (no generator of its own) yields when the global generator is in
+    `rng_state` (pure): its seed drawn from that state, then `randperm` of a generator seeded with it."""
+    generator = torch.Generator()
+    generator.set_state(rng_state)
+    seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    return torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 @dataclass(frozen=True)
@@ -250,6 +267,8 @@ class WindowBatchSampler(Sampler[list[int]]):
         group_size: the samples per length group (default `batch_size * accumulation`, HF's
             `train_batch_size * gradient_accumulation_steps`, T:1100-1105).
         even_batches: accelerate's `even_batches` (False: an epoch's tail is not completed, `shard_batches`).
+        seedable: accelerate's `use_seedable_sampler` (False with `shuffle`: each epoch's order is torch's
+            `RandomSampler`'s, drawn from the global generator when the epoch's iteration starts, as HF's).
     """
 
     def __init__(
@@ -265,9 +284,11 @@ class WindowBatchSampler(Sampler[list[int]]):
         lengths: Sequence[int] | None = None,
         group_size: int | None = None,
         even_batches: bool = True,
+        seedable: bool = True,
     ) -> None:
         self.num_samples = num_samples
         self.even_batches = even_batches
+        self.seedable = seedable
         self.lengths = lengths
         self.group_size = group_size if group_size is not None else batch_size * accumulation
         self.batch_size = batch_size
@@ -297,6 +318,12 @@ class WindowBatchSampler(Sampler[list[int]]):
         self._restored_draw = draw
 
     @property
+    def draws_globally(self) -> bool:
+        """Whether each epoch's order is drawn from the global generator when its iteration starts (`group_by_length`,
+        or a random order with `use_seedable_sampler=False`): not the pure `seed + epoch` order."""
+        return self.lengths is not None or (self.shuffle and not self.seedable)
+
+    @property
     def sampler(self) -> WindowBatchSampler:
         """Lightning's `_set_sampler_epoch` only calls `set_epoch` on `loader.sampler` and
         `loader.batch_sampler.sampler` (never on the batch sampler itself): exposing ourselves as `.sampler` is what
@@ -309,13 +336,15 @@ class WindowBatchSampler(Sampler[list[int]]):
         `group_by_length`: the order of the epoch's draw (`grouping_draw`), drawn now from the global generator if
         that epoch has none yet (at the epoch's first iteration, as HF's sampler draws)."""
         epoch = self.epoch if epoch is None else epoch
-        if self.lengths is None:
+        if not self.draws_globally:
             order = epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
         else:
             if self.grouping_draw is None or self.grouping_draw.epoch != epoch:
-                self.grouping_draw = GroupingDraw(epoch, draw_grouping_state(self.num_samples), self.num_samples,
-                                                  self.group_size)
-            order = length_grouped_order(self.lengths, self.group_size, self.grouping_draw.rng_state)
+                state = draw_grouping_state(self.num_samples) if self.lengths is not None else draw_sampler_state()
+                self.grouping_draw = GroupingDraw(epoch, state, self.num_samples, self.group_size)
+            state = self.grouping_draw.rng_state
+            order = length_grouped_order(self.lengths, self.group_size, state) if self.lengths is not None \
+                else random_sampler_order(self.num_samples, state)
         if self.start_sample:
             return shard_rest(order[self.start_sample:], self.batch_size, self.world_size, self.rank, self.drop_last)
         return shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last, self.even_batches)
@@ -334,7 +363,7 @@ class WindowBatchSampler(Sampler[list[int]]):
         return -(-micro // self.accumulation)
 
     def __iter__(self) -> Iterator[list[int]]:
-        if self.lengths is not None:  # a fresh draw every iteration (HF's sampler draws at each `iter`) ...
+        if self.draws_globally:  # a fresh draw every iteration (HF's sampler draws at each `iter`) ...
             restored, self._restored_draw = self._restored_draw, None
             self.grouping_draw = restored if restored is not None and restored.fits(
                 self.epoch, self.num_samples, self.group_size) else None  # ... but the resumed epoch's saved one
@@ -355,11 +384,14 @@ class EpochSampler(Sampler[int]):
         shuffle: random (HF "random") or sequential order.
         lengths: the samples' lengths for `group_by_length` order (None: `shuffle` decides).
         group_size: the samples per length group (HF: `train_batch_size * gradient_accumulation_steps`).
+        seedable: accelerate's `use_seedable_sampler` (False with `shuffle`: torch's `RandomSampler` order, drawn
+            from the global generator at each `iter`).
     """
 
     def __init__(self, num_samples: int, seed: int, shuffle: bool = True, lengths: Sequence[int] | None = None,
-                 group_size: int = 1) -> None:
+                 group_size: int = 1, seedable: bool = True) -> None:
         self.num_samples = num_samples
+        self.seedable = seedable
         self.seed = seed
         self.shuffle = shuffle
         self.lengths = lengths
@@ -375,6 +407,8 @@ class EpochSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         if self.lengths is not None:
             return iter(length_grouped_order(self.lengths, self.group_size, draw_grouping_state(self.num_samples)))
+        if self.shuffle and not self.seedable:  # torch's `RandomSampler`, as HF's with `use_seedable_sampler=False`
+            return iter(random_sampler_order(self.num_samples, draw_sampler_state()))
         return iter(epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle))
 
 
