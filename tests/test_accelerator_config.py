@@ -204,3 +204,9 @@ def test_unseeded_sampler_trains_in_hfs_order(tmp_path, one_thread):
     got, want = ([(e["step"], e["loss"]) for e in t.state.log_history if "loss" in e] for t in (ours, hf))
     assert [s for s, _ in got] == [s for s, _ in want] and len(got) == 12
     assert [loss for _, loss in got] == pytest.approx([loss for _, loss in want], rel=1e-5)
+
+
+def test_split_batches_with_resume_keep_global_batch_is_refused():
+    with pytest.raises(ValueError, match=r"`resume_keep_global_batch`=True with `accelerator_config=\{'split_batches'"):
+        hf_lightning.TrainingArguments(output_dir="unused", resume_keep_global_batch=True,
+                                       accelerator_config={"split_batches": True})
