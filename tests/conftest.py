@@ -318,13 +318,13 @@ def one_thread():
 @pytest.fixture(scope="session")
 def ddp_train_runs(tmp_path_factory) -> dict[str, dict]:
     """tests/scripts/ddp_train.py on 2 processes in every mode the distributed tests read (test_ddp.py,
-    test_tokens_seen_ddp.py), in ONE launch: the processes' start-up and imports are paid once. `hf-ddp` runs first,
+    test_tokens_seen_ddp.py, test_accelerator_config.py), in ONE launch: the processes' start-up and imports are paid once. `hf-ddp` runs first,
     since the process group is created by the first run (with its `ddp_timeout`). Returns mode -> the run's JSON."""
     import json
     import subprocess
     import sys
 
-    modes = ["hf-ddp", "ddp", "hf-fsdp2", "tokens"]
+    modes = ["hf-ddp", "ddp", "hf-fsdp2", "tokens", "split"]
     out = tmp_path_factory.mktemp("ddp_train") / "out.json"
     script = Path(__file__).parent / "scripts" / "ddp_train.py"
     done = subprocess.run([sys.executable, str(script), str(out), "2", "4", ",".join(modes)], cwd=out.parent,
