@@ -318,7 +318,7 @@ def one_thread():
 @pytest.fixture(scope="session")
 def ddp_train_runs(tmp_path_factory) -> dict[str, dict]:
     """tests/scripts/ddp_train.py on 2 processes in every mode the distributed tests read (test_ddp.py,
-    test_tokens_seen_ddp.py, test_accelerator_config.py), in ONE launch: the processes' start-up and imports are paid once. `hf-ddp` runs first,
+    test_tokens_seen_ddp.py), in ONE launch: the processes' start-up and imports are paid once. `hf-ddp` runs first,
     since the process group is created by the first run (with its `ddp_timeout`). Returns mode -> the run's JSON."""
     import json
     import subprocess

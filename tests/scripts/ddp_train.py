@@ -35,9 +35,10 @@ def main(out_json: str, devices: int, batch: int, mode: str) -> None:
     split = devices if mode == "split" else 1  # the batch sizes given are those of all processes together
     args = hf_lightning.TrainingArguments(
         output_dir=os.path.join(os.path.dirname(out_json), f"run{devices}-{mode}"),
-        per_device_train_batch_size=batch * split, per_device_eval_batch_size=4 * split, learning_rate=1e-3, max_steps=6, logging_steps=1, eval_strategy="steps",
-        eval_steps=3, save_strategy="no", gradient_accumulation_steps=2, disable_tqdm=True, report_to="none",
-        optim="adamw_torch", max_grad_norm=1.0, **strategy_args,
+        per_device_train_batch_size=batch * split, per_device_eval_batch_size=4 * split, learning_rate=1e-3,
+        max_steps=6, logging_steps=1, eval_strategy="steps", eval_steps=3, save_strategy="no",
+        gradient_accumulation_steps=2, disable_tqdm=True, report_to="none", optim="adamw_torch", max_grad_norm=1.0,
+        **strategy_args,
     )
 
     def metrics(pred):
