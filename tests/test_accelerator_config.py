@@ -210,3 +210,21 @@ def test_split_batches_with_resume_keep_global_batch_is_refused():
     with pytest.raises(ValueError, match=r"`resume_keep_global_batch`=True with `accelerator_config=\{'split_batches'"):
         hf_lightning.TrainingArguments(output_dir="unused", resume_keep_global_batch=True,
                                        accelerator_config={"split_batches": True})
+
+
+def test_accelerator_members_read_the_config_as_hfs(tmp_path):
+    """HF's accelerator-config tests read `split_batches`, `use_seedable_sampler` and `gradient_state.plugin_kwargs`
+    (the accumulation kwargs HF's Trainer gives accelerate) on `trainer.accelerator`."""
+    seen = {}
+    for config in ({}, {"split_batches": True, "use_seedable_sampler": False,
+                        "gradient_accumulation_kwargs": {"sync_each_batch": True}}):
+        for kind, trainer_cls, args_cls, extra in (
+                ("hf", transformers.Trainer, transformers.TrainingArguments, {"use_cpu": True}),
+                ("ours", hf_lightning.Trainer, hf_lightning.TrainingArguments, {})):
+            args = args_cls(output_dir=str(tmp_path / kind), report_to="none", accelerator_config=copy.deepcopy(config),
+                            **extra)
+            accelerator = trainer_cls(model=tiny_gpt2(), args=args, train_dataset=lm_dataset(n=8)).accelerator
+            seen[kind] = (accelerator.split_batches, accelerator.use_seedable_sampler,
+                          accelerator.gradient_state.plugin_kwargs, accelerator.gradient_state.sync_gradients)
+        assert seen["ours"] == seen["hf"], config
+    assert seen["ours"][2] == {"num_steps": 1, "sync_each_batch": True}
