@@ -50,6 +50,7 @@ TIERS = {
     "test_args.py": "unit",
     "test_args_hf_fields.py": "parity",
     "test_hf_trainer_on_our_args.py": "parity",
+    "test_accelerator_config.py": "parity",
     "test_as_transformers.py": "unit",
     "test_args_types.py": "parity",
     "test_callback_contract.py": "unit",
@@ -201,6 +202,7 @@ DISTRIBUTED = {
     "test_fsdp1.py::test_fsdp1_checkpoints_and_resumes_exactly_on_cpu_processes",
     "test_cli_library.py::test_sft_config_under_torchrun_equals_run_sft_on_two_hf_processes",
     "test_examples.py::test_script_under_two_process_ddp_matches_transformers",
+    "test_examples.py::test_seq2seq_qa_under_two_process_ddp_matches_transformers",
     "test_process_layout.py::test_main_process_first_is_a_barrier_under_torchrun",
     "test_process_layout.py::test_main_process_first_with_lightnings_own_launcher",
     "test_sentence_transformers.py::test_two_processes_do_the_math_of_one",
@@ -232,6 +234,11 @@ SLOW = {
     "test_sentence_transformers.py::test_load_best_model_at_end_loads_the_best_checkpoint_as_hf",
     # the memory plan against the profiler for BERT and T5 (~5-15 s each); GPT-2's stays in the fast tier
     "test_memory_plan.py::test_plan_is_within_15_percent_of_the_profiled_peak_bert_t5",
+    # runs of HF's Trainer and ours under HF's memory tracker, whose peak-memory thread polls without pause
+    # (~10 s together); the other tests of the file check the settings in about 5 s
+    "test_accelerator_config.py::test_memory_metrics_are_hfs",
+    # two 2-process torchrun launches of the T5 QA script (HF's and ours)
+    "test_examples.py::test_seq2seq_qa_under_two_process_ddp_matches_transformers",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 
@@ -323,7 +330,7 @@ def ddp_train_runs(tmp_path_factory) -> dict[str, dict]:
     import subprocess
     import sys
 
-    modes = ["hf-ddp", "ddp", "hf-fsdp2", "tokens"]
+    modes = ["hf-ddp", "ddp", "hf-fsdp2", "tokens", "split"]
     out = tmp_path_factory.mktemp("ddp_train") / "out.json"
     script = Path(__file__).parent / "scripts" / "ddp_train.py"
     done = subprocess.run([sys.executable, str(script), str(out), "2", "4", ",".join(modes)], cwd=out.parent,

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import transformers
+from helpers import classification_dataset, tiny_bert
 
 import hf_lightning
 from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.args.to_lightning import OWNED_BY_HF_ARGS, lightning_trainer_kwargs
-from helpers import classification_dataset, tiny_bert
 
 TrainingArguments = hf_lightning.TrainingArguments
 
@@ -201,16 +201,16 @@ def test_conversion_accepts_hf_none_and_json_scheduler_kwargs(tmp_path):
 
 def test_conversion_lists_every_unsupported_field_in_one_error(tmp_path):
     hf = transformers.TrainingArguments(
-        output_dir=str(tmp_path), eval_use_gather_object=True, use_liger_kernel=True, skip_memory_metrics=False,
-        save_on_each_node=True, learning_rate=1e-3,
+        output_dir=str(tmp_path), parallelism_config=None, use_liger_kernel=True, save_on_each_node=True,
+        dataloader_in_order=False, learning_rate=1e-3,
     )
     with pytest.raises(ValueError) as info:
         from_hf_training_arguments(hf)
     message = str(info.value)
-    for fragment in ("`eval_use_gather_object`=True", "`use_liger_kernel`=True", "`skip_memory_metrics`=False",
-                     "`save_on_each_node`=True", "gather Python objects", "DeviceStatsMonitor"):
+    for fragment in ("`use_liger_kernel`=True", "`dataloader_in_order`=False", "`save_on_each_node`=True",
+                     "liger_kernel.transformers", "shared file system"):
         assert fragment in message
-    assert message.count("\n  * ") == 4  # one line per field, each saying what to do instead
+    assert message.count("\n  * ") == 3  # one line per field, each saying what to do instead
     assert "learning_rate" not in message  # supported fields are never reported
 
 

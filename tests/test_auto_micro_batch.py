@@ -97,6 +97,13 @@ def test_what_cannot_work_with_it_is_refused_at_construction(tmp_path, other):
         hf_lightning.TrainingArguments(output_dir=str(tmp_path), auto_micro_batch=True, **other)
 
 
+def test_syncing_every_micro_batch_is_refused_with_it(tmp_path):
+    # accelerate's sync_each_batch all-reduces inside each backward, before any agreement could be reached
+    with pytest.raises(ValueError, match=r"`auto_micro_batch`=True with .*'sync_each_batch'\]=True: not supported"):
+        hf_lightning.TrainingArguments(output_dir=str(tmp_path), auto_micro_batch=True, accelerator_config={
+            "gradient_accumulation_kwargs": {"sync_each_batch": True}})
+
+
 def test_fsdp2_is_accepted_and_fsdp1_named_with_its_version(tmp_path):
     # FSDP2 (HF 5's default version) agrees before each of its collectives (parallel/oom_agreement.py)
     args = hf_lightning.TrainingArguments(output_dir=str(tmp_path), auto_micro_batch=True, fsdp="full_shard auto_wrap")

@@ -68,3 +68,12 @@ def test_hf_fsdp_argument_shards_per_layer_with_fsdp2_and_matches_single_process
     assert fsdp["strategy"] == "HFFSDP2Strategy"
     assert fsdp["sharded"] == ["FSDPBertForSequenceClassification", "FSDPBertLayer"]
     _assert_same_run(single, fsdp)
+
+
+@pytest.mark.distributed
+def test_split_batches_on_two_processes_match_single_process(single: dict, ddp_train_runs: dict[str, dict]) -> None:
+    """`accelerator_config` `split_batches` (with `even_batches=False` and `sync_each_batch`): per-device batches of
+    8 split over 2 processes (each reads 4, the loaders report 8) train and evaluate as one process with batch 8."""
+    split = ddp_train_runs["split"]
+    assert split["batch_sizes"] == [4, 8]
+    _assert_same_run(single, split)

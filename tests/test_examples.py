@@ -223,6 +223,31 @@ def test_script_under_two_process_ddp_matches_transformers(models, tmp_path):
     assert state["epoch"] == 2.0 and math.isfinite(state["log_history"][-1]["train_loss"])
 
 
+@pytest.mark.distributed
+def test_seq2seq_qa_under_two_process_ddp_matches_transformers(models, tmp_path):
+    """HF's run_seq2seq_qa.py shape (a subclass setting `_gen_kwargs` and calling `evaluation_loop` itself) on 2
+    processes: eval and test metrics as transformers.Trainer's 2-process run (one torchrun launch per side).
+
+    16 eval / test samples: 2 full batches of 8, one per process. With a short last round accelerate completes a
+    process's batch with repeated samples and HF's per-sample eval loss then averages those in (the loss of a batch
+    holding duplicates, repeated per kept sample); hf_lightning's shards repeat no sample.
+
+    HF's oracle fixed: T5 ignores `num_items_in_batch`, so HF's 2-process training loss is each process's token mean
+    times 2 (`average_tokens_across_devices`), which weights the processes equally instead of by their label tokens
+    (README "Differences": gradient accumulation is token-correct for every model); its weights then drift from the
+    token-correct run by ~1e-4. `--learning_rate 0` keeps both runs on the same weights, so the evaluations (what this
+    test is about) are compared exactly."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    extra = ["--use_cpu", "--max_eval_samples", "16", "--max_predict_samples", "16", "--learning_rate", "0"]
+    ours, hf = tmp_path / "ours" / "out", tmp_path / "hf" / "out"
+    run("seq2seq_qa", models["seq2seq_qa"], ours, extra=extra, launcher=launcher)
+    run("seq2seq_qa", models["seq2seq_qa"], hf, oracle=True, extra=extra, launcher=launcher)
+    for name in ("eval_results.json", "predict_results.json"):
+        got, expected = (json.loads((d / name).read_text()) for d in (ours, hf))
+        assert_close(got, expected, name, rel=1e-6)
+    assert json.loads((ours / "eval_results.json").read_text())["eval_samples"] == 16
+
+
 SFT_ARGS = ["--do_train", "--do_eval", "--max_steps", "4", "--save_steps", "2", "--eval_strategy", "steps",
             "--eval_steps", "2", "--logging_steps", "1", "--per_device_train_batch_size", "8",
             "--per_device_eval_batch_size", "8", "--report_to", "none", "--learning_rate", "1e-3", "--seed", "7",

@@ -108,9 +108,10 @@ def test_accelerator_config_settings_honoured_as_hf(tmp_path):
         with pytest.raises(ValueError, match="The `AcceleratorConfig`'s `num_steps` is set but"):
             trainer_cls(model=_model(), args=args, train_dataset=_Rows())
     assert steps["ours"] == steps["hf"] == 3
-    with pytest.raises(ValueError, match=r"`accelerator_config`=\{'gradient_accumulation_kwargs': \{'sync_each_batch'"):
+    with pytest.raises(ValueError,
+                       match=r"`accelerator_config`=\{'gradient_accumulation_kwargs': \{'sync_with_dataloader'"):
         hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={
-            "gradient_accumulation_kwargs": {"sync_each_batch": True}})
+            "gradient_accumulation_kwargs": {"sync_with_dataloader": False}})
 
 
 def test_adamw_anyprecision_is_refused_with_its_reason(tmp_path):

@@ -149,6 +149,6 @@ def test_accelerator_answers_what_hf_code_asks_inside_a_run(tmp_path):
                     (True, 1, 0, True, "NO", 2, "no", True, 2, 1.0, "cpu")]
     assert transformers.Trainer(model=tiny_bert(), args=transformers.TrainingArguments(
         output_dir=str(tmp_path / "hf"), use_cpu=True, report_to="none")).accelerator.distributed_type == "NO"
-    with pytest.raises(AttributeError, match="'gradient_state'.*Supported: autocast, backward"):
-        trainer.accelerator.gradient_state  # noqa: B018
+    with pytest.raises(AttributeError, match="'register_for_checkpointing'.*Supported: autocast, backward"):
+        trainer.accelerator.register_for_checkpointing  # noqa: B018
     assert set(SUPPORTED) <= set(dir(type(trainer.accelerator)))

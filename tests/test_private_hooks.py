@@ -180,9 +180,9 @@ def test_accelerator_config_that_changes_nothing_is_accepted_and_others_refused_
     # held as HF holds it once its device setup popped `use_configured_state` (HF's own needs an accelerate state)
     assert args.accelerator_config.to_dict() == transformers.TrainingArguments(
         output_dir=str(tmp_path)).accelerator_config.to_dict()
-    hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"even_batches": True})
-    with pytest.raises(ValueError, match=r"`accelerator_config`=\{'even_batches': False\}"):
-        hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"even_batches": False})
+    hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"dispatch_batches": None})
+    with pytest.raises(ValueError, match=r"`accelerator_config`=\{'dispatch_batches': True\}"):
+        hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"dispatch_batches": True})
 
 
 class EpochBatches(BatchSampler):

@@ -16,7 +16,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["AcceleratorConfig", "apply_accumulation_steps", "as_config_dict", "build_accelerator_config"]
+__all__ = [
+    "AcceleratorConfig", "apply_accumulation_steps", "as_config_dict", "build_accelerator_config", "loader_settings",
+    "syncs_each_batch", "total_train_batch",
+]
 
 
 @dataclass
@@ -107,3 +110,39 @@ def apply_accumulation_steps(args: Any) -> None:
             "`TrainingArguments` `gradient_accumulation_steps`."
         )
     args.gradient_accumulation_steps = kwargs["num_steps"]
+
+
+def syncs_each_batch(args: Any) -> bool:
+    """`gradient_accumulation_kwargs["sync_each_batch"]`: gradients are synced on every micro-batch of an update
+    (HF's loop then enters no `no_sync`, T:1904-1909), not only on its last."""
+    kwargs = getattr(getattr(args, "accelerator_config", None), "gradient_accumulation_kwargs", None) or {}
+    return bool(kwargs.get("sync_each_batch", False))
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """The `accelerator_config` fields that shape the loaders (accelerate's `DataLoaderConfiguration`)."""
+
+    split_batches: bool = False
+    even_batches: bool = True
+    use_seedable_sampler: bool = True
+    dispatch_batches: bool | None = None
+
+
+def loader_settings(args: Any) -> LoaderSettings:
+    """The loader fields of `args.accelerator_config` (accelerate's defaults when it holds none)."""
+    config = getattr(args, "accelerator_config", None)
+    if config is None:
+        return LoaderSettings()
+    return LoaderSettings(bool(getattr(config, "split_batches", False)),
+                          bool(getattr(config, "even_batches", True)),
+                          bool(getattr(config, "use_seedable_sampler", True)),
+                          getattr(config, "dispatch_batches", None))
+
+
+def total_train_batch(args: Any, world_size: int) -> int:
+    """The samples of one update over all processes: `per_device_train_batch_size x gradient_accumulation_steps x
+    processes`, or without the processes under `split_batches=True`, where the per-device size is already that of
+    all processes together (HF's header and speed metrics multiply by the processes either way)."""
+    processes = 1 if loader_settings(args).split_batches else world_size
+    return args.per_device_train_batch_size * args.gradient_accumulation_steps * processes

@@ -33,8 +33,6 @@ UNSUPPORTED: dict[str, str] = {
     "trackio_space_id": _TRACKIO,
     "trackio_bucket_id": _TRACKIO,
     "trackio_static_space_id": _TRACKIO,
-    "eval_use_gather_object": "evaluation results are gathered as tensors inside Lightning's loop (no object "
-                              "gathering); gather Python objects in your `compute_metrics` yourself",
     "save_on_each_node": "checkpoints are written by global rank 0 (use a shared file system)",
     "push_to_hub": _HUB,
     "hub_token": _HUB,
@@ -42,18 +40,16 @@ UNSUPPORTED: dict[str, str] = {
     "hub_model_id": _HUB,
     "hub_always_push": _HUB,
     "hub_revision": _HUB,
-    "accelerator_config": "no accelerate: Lightning owns devices and loaders; set them in `lightning_kwargs` "
-                          "(accepted: `use_configured_state`, `non_blocking` (Lightning's CUDA transfers are "
-                          "non-blocking), `gradient_accumulation_kwargs` with `num_steps` (HF's rule), "
-                          "`sync_with_dataloader=True`, `sync_each_batch=False`; `split_batches`, "
-                          "`dispatch_batches`, `even_batches`, `use_seedable_sampler` only at accelerate's defaults)",
+    "accelerator_config": "no accelerate: Lightning owns devices and loaders (accepted, with accelerate's meaning: "
+                          "`split_batches`, `even_batches`, `use_configured_state`, `non_blocking` (Lightning's CUDA "
+                          "transfers are non-blocking), `gradient_accumulation_kwargs` with `num_steps` (HF's rule), "
+                          "`sync_each_batch`, `sync_with_dataloader=True`, `use_seedable_sampler` (False: torch's "
+                          "`RandomSampler` order, drawn from the global generator at each epoch's start; under "
+                          "several processes rank 0's draw); `dispatch_batches` only at accelerate's default)",
     "parallelism_config": _STRATEGY,
     "dataloader_multiprocessing_context": "pass `DataLoader`s with your own `multiprocessing_context` (override "
                                           "`train_dataloader`)",
     "dataloader_in_order": "batches are always yielded in order",
-    "skip_memory_metrics": "HF's memory metrics (`train_mem_cpu_alloc_delta`...) are not implemented (HF's "
-                           "`TrainerMemoryTracker` does not run around train / evaluate / predict); Lightning's "
-                           "`DeviceStatsMonitor` reports memory",
 }
 """Fields that keep their default; a different value raises, and this says what to use instead."""
 
@@ -103,6 +99,13 @@ DIFFERENCES: dict[str, str] = {
                              "status without the save (HF: killed by the signal); HF's `JITCheckpointCallback` is in "
                              "`callback_handler`, its manager installing no signal handler of its own (README, "
                              "'Checkpoints and resume')",
+    "skip_memory_metrics": "False: HF's own `TrainerMemoryTracker` runs around `__init__`, `train`, `evaluate` and "
+                           "`predict`, as in HF (the same `*_mem_cpu_*_delta` / `*_mem_gpu_*_delta` keys, in the same "
+                           "dicts); the bytes are what Lightning's run allocates, not what HF's would",
+    "eval_use_gather_object": "True: one process evaluates as HF's (accelerate's `gather_object` returns a single "
+                              "process's outputs as they are); under several processes it is refused when the "
+                              "loaders are built (evaluation outputs are gathered as tensors inside Lightning's loop; "
+                              "HF's object gather of tensors returns lists of rows)",
     "auto_find_batch_size": "`args.per_device_train_batch_size` is back to your value after `train()`; "
                             "`state.train_batch_size` holds the size that fit",
 }
@@ -149,6 +152,12 @@ ACCELERATOR_CONFIG_DEFAULTS: dict[str, Any] = {
 }
 """accelerate's `AcceleratorConfig` defaults (transformers 5.24), which are what a Lightning run does: batch sizes per
 process, each process loading its own shard, the seeded order, eval results without duplicates."""
+_ACCELERATOR_HONOURED = ("use_configured_state", "non_blocking", "split_batches", "even_batches",
+                         "use_seedable_sampler")
+"""`accelerator_config` fields honoured whatever their value: `use_configured_state` (no accelerate state under
+Lightning), `non_blocking` (Lightning moves every batch to CUDA with `non_blocking=True`, and blocking to the CPU /
+MPS, whatever the value: the same tensors either way), `split_batches`, `even_batches` and `use_seedable_sampler` (the
+loaders, `data/sampling.py`)."""
 
 
 def _accelerator_settings(value: Any) -> Mapping[str, Any] | None:
@@ -166,17 +175,16 @@ def _accelerator_settings(value: Any) -> Mapping[str, Any] | None:
     return value
 
 
-_ACCUMULATION_HONOURED = {"num_steps": None, "sync_with_dataloader": True, "sync_each_batch": False}
+_ACCUMULATION_HONOURED = {"num_steps": None, "sync_with_dataloader": True, "sync_each_batch": None}
 """`gradient_accumulation_kwargs` keys hf_lightning honours, with the one value it honours (None: any). `num_steps`
 is HF's Trainer rule (`accelerator_config.apply_accumulation_steps`); an update window always ends with the loader
-(`sync_with_dataloader=True`); gradients are synced once per update (`sync_each_batch=False`)."""
+(`sync_with_dataloader=True`); gradients are synced once per update, or on every micro-batch with
+`sync_each_batch=True` (`parallel/runtime.micro_batch_context`)."""
 
 
 def _honoured(key: str, setting: Any) -> bool:
     """Whether hf_lightning does what this `accelerator_config` setting asks (module docstring of `support.py`)."""
-    if key in ("use_configured_state", "non_blocking"):
-        # no accelerate state under Lightning; Lightning moves every batch to CUDA with `non_blocking=True` (and
-        # blocking to the CPU / MPS) whatever the value: the same tensors either way
+    if key in _ACCELERATOR_HONOURED:
         return True
     if key == "gradient_accumulation_kwargs" and isinstance(setting, Mapping):
         return all(name in _ACCUMULATION_HONOURED and _ACCUMULATION_HONOURED[name] in (None, value)

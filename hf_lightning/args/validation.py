@@ -13,7 +13,7 @@ import posixpath
 from typing import Any, get_args
 
 from hf_lightning.args import choices
-from hf_lightning.args.accelerator_config import as_config_dict
+from hf_lightning.args.accelerator_config import as_config_dict, loader_settings, syncs_each_batch
 from hf_lightning.args.choices import OPTIMIZER_NAMES, SAMPLING_STRATEGIES, SCHEDULER_NAMES
 from hf_lightning.args.field_types import check_field_types
 from hf_lightning.args.hf_fields import hold_hf_enums, normalise_hf_fields
@@ -129,6 +129,10 @@ def _check_auto_micro_batch(args: TrainingArguments, issues: list[str]) -> None:
     if args.ddp_static_graph:
         issues.append("`auto_micro_batch`=True with `ddp_static_graph`=True: not supported (the static graph "
                       "synchronises gradients inside every backward). Drop one of them.")
+    if syncs_each_batch(args):
+        issues.append("`auto_micro_batch`=True with accelerator_config.gradient_accumulation_kwargs['sync_each_batch']"
+                      "=True: not supported (it synchronises gradients inside every backward, where a process that "
+                      "runs out of memory would leave the others waiting). Drop one of them.")
 
 
 def normalise_and_check(args: TrainingArguments) -> None:
@@ -189,6 +193,11 @@ def normalise_and_check(args: TrainingArguments) -> None:
                                     or cache_steps <= 0):
         issues.append(f"`torch_empty_cache_steps` must be an integer bigger than 0, got {cache_steps}.")
     issues.extend(strategy_problems(args))  # fsdp / deepspeed / ddp_* as HF reads them (args/parallel.py)
+    if args.resume_keep_global_batch and loader_settings(args).split_batches:
+        issues.append("`resume_keep_global_batch`=True with `accelerator_config={'split_batches': True}`: under "
+                      "split_batches the per-device batch is already that of all processes together, so a resume "
+                      "on another number of processes keeps the global batch by itself; drop resume_keep_global_batch "
+                      "(it would change gradient_accumulation_steps from a per-process batch that is not read).")
     for name in args.include_for_metrics:
         if name not in ("inputs", "loss"):
             issues.append(f"`include_for_metrics` entry {name!r} is not valid; allowed: inputs, loss.")

@@ -21,6 +21,7 @@ import lightning.pytorch as pl
 
 from hf_lightning._lightning_compat import callbacks_of, datamodule_of, position_in_epoch
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.accelerator_config import total_train_batch
 from hf_lightning.contracts import ElasticTrainOrder, FlowDataModule
 
 __all__ = ["capture_lightning_state", "epoch_geometry", "geometry_changes", "restore_callback_states"]
@@ -37,7 +38,9 @@ def epoch_geometry(trainer: pl.Trainer, args: TrainingArguments) -> dict[str, An
     except TypeError:  # an iterable dataset
         samples = None
     return {
-        "per_device_train_batch_size": args.per_device_train_batch_size,
+        # the batch one process reads (under `split_batches` the per-device size is that of all processes together)
+        "per_device_train_batch_size": total_train_batch(args, trainer.world_size) // (
+            args.gradient_accumulation_steps * trainer.world_size),
         "gradient_accumulation_steps": args.gradient_accumulation_steps,
         "world_size": trainer.world_size,
         "train_samples": samples,

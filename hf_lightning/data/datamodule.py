@@ -32,6 +32,7 @@ from typing_extensions import override
 
 from hf_lightning._lightning_compat import uses_distributed_sampler
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.accelerator_config import loader_settings
 from hf_lightning.contracts import HFColumnHooks, HFDataHooks
 from hf_lightning.data.collate import (
     ColumnFilter,
@@ -50,6 +51,8 @@ from hf_lightning.data.sampling import (
     OrderBatchSampler,
     WindowBatchSampler,
     dataset_length,
+    split_batch_size,
+    uneven_batches_problem,
 )
 from hf_lightning.data.stream_loader import WindowedStream, iterable_loader, stream_windows
 from hf_lightning.data.stream_state import to_plain
@@ -449,7 +452,8 @@ class TransformerDataModule(pl.LightningDataModule):
         if lengths is not None and len(lengths) != size:  # another dataset than `train_dataset`
             lengths = self._sample_lengths(dataset)
         return EpochSampler(size, seed, shuffle=args.train_sampling_strategy == "random", lengths=lengths,
-                            group_size=args.per_device_train_batch_size * args.gradient_accumulation_steps)
+                            group_size=args.per_device_train_batch_size * args.gradient_accumulation_steps,
+                            seedable=loader_settings(args).use_seedable_sampler)
 
     def _get_eval_sampler(self, eval_dataset: Any) -> Sampler | None:
         """Evaluation order: this process's contiguous, unpadded block of the dataset (None if unsized)."""
@@ -467,9 +471,26 @@ class TransformerDataModule(pl.LightningDataModule):
 
         The loader carries accelerate's `total_batch_size` (what HF's prepared `DataLoaderShard` reports: the batch
         of all processes together, `batch_size` per process times the processes; read by HF's tests and libraries).
+        With `accelerator_config={"split_batches": True}`, `batch_size` is that of all processes together: each
+        process reads `batch_size // processes` (`sampling.split_batch_size`), as accelerate splits every batch.
         """
+        world = self._world()[0]
+        if world > 1 and self.args.eval_use_gather_object:
+            raise ValueError(
+                f"eval_use_gather_object=True under {world} processes: hf_lightning gathers evaluation outputs as "
+                "tensors inside Lightning's loop, not as Python objects (HF's object gather of tensors returns lists "
+                "of rows). Use eval_use_gather_object=False, and gather Python objects in your `compute_metrics` "
+                "yourself (`trainer.accelerator.gather_for_metrics(objects, use_gather_object=True)`)."
+            )
+        settings = loader_settings(self.args)
+        if settings.split_batches:  # accelerate: the batch of all processes together, split into per-process parts
+            what = "per_device_train_batch_size" if is_training else "per_device_eval_batch_size"
+            loader = self._build_loader(dataset, description, split_batch_size(batch_size, world, what), sampler_fn,
+                                        is_training)
+            loader.total_batch_size = batch_size
+            return loader
         loader = self._build_loader(dataset, description, batch_size, sampler_fn, is_training)
-        loader.total_batch_size = batch_size * self._world()[0]
+        loader.total_batch_size = batch_size * world
         return loader
 
     def _build_loader(self, dataset: Any, description: str, batch_size: int,
@@ -495,14 +516,28 @@ class TransformerDataModule(pl.LightningDataModule):
                           **kwargs)
 
     def _train_batches(self, dataset: Any, sampler: Any, batch_size: int, world: int, rank: int) -> Sampler:
-        """The micro-batch sampler: O(1)-resumable for HF's own order, `OrderBatchSampler` for any other sampler."""
+        """The micro-batch sampler: O(1)-resumable for HF's own order, `OrderBatchSampler` for any other sampler.
+
+        Raises:
+            ValueError: `even_batches=False` and batches that would leave some process one batch short
+                (`sampling.uneven_batches_problem`).
+        """
         drop_last = self.args.dataloader_drop_last
+        even = loader_settings(self.args).even_batches
+        batches: WindowBatchSampler | OrderBatchSampler
         if isinstance(sampler, EpochSampler):
-            return WindowBatchSampler(len(dataset), batch_size, 1, sampler.seed, sampler.shuffle, drop_last, world,
-                                      rank, lengths=sampler.lengths, group_size=sampler.group_size)
-        if sampler is None:
-            sampler = range(len(dataset))
-        return OrderBatchSampler(sampler, batch_size, drop_last, world, rank)
+            batches = WindowBatchSampler(len(dataset), batch_size, 1, sampler.seed, sampler.shuffle, drop_last, world,
+                                         rank, lengths=sampler.lengths, group_size=sampler.group_size,
+                                         even_batches=even, seedable=sampler.seedable)
+        else:
+            batches = OrderBatchSampler(range(len(dataset)) if sampler is None else sampler, batch_size, drop_last,
+                                        world, rank, even_batches=even)
+        if not even:
+            size = dataset_length(batches.sampler if isinstance(batches, OrderBatchSampler) else dataset)
+            problem = None if size is None else uneven_batches_problem(-(-size // batch_size), world, drop_last)
+            if problem is not None:
+                raise ValueError(problem)
+        return batches
 
     # ----- Lightning's loaders -----
     def train_loader(self) -> Any:
@@ -568,7 +603,7 @@ class TransformerDataModule(pl.LightningDataModule):
         resume in any geometry (`checkpoint/elastic.py`); None when the order is not hf_lightning's own (a sampler
         override, `group_by_length`, an unsized loader)."""
         sampler = getattr(self._fit_loader, "batch_sampler", None)
-        if self.windows is None or not isinstance(sampler, WindowBatchSampler) or sampler.lengths is not None:
+        if self.windows is None or not isinstance(sampler, WindowBatchSampler) or sampler.draws_globally:
             return None
         done = self.windows.samples_done(windows_done)
         if done is None:
@@ -580,7 +615,7 @@ class TransformerDataModule(pl.LightningDataModule):
         """This run's train order as `sample_position` records it (`num_samples`, `seed`, `shuffle`), or None when it
         is not hf_lightning's own `seed + epoch` order."""
         sampler = getattr(self._fit_train_loader(), "batch_sampler", None)
-        if not isinstance(sampler, WindowBatchSampler) or sampler.lengths is not None:
+        if not isinstance(sampler, WindowBatchSampler) or sampler.draws_globally:
             return None
         return {"num_samples": sampler.num_samples, "seed": sampler.seed, "shuffle": sampler.shuffle}
 
@@ -589,7 +624,7 @@ class TransformerDataModule(pl.LightningDataModule):
         order is not hf_lightning's own, so it cannot start at a sample)."""
         loader = self._fit_train_loader()
         sampler = getattr(loader, "batch_sampler", None)
-        if not isinstance(sampler, WindowBatchSampler) or sampler.lengths is not None:
+        if not isinstance(sampler, WindowBatchSampler) or sampler.draws_globally:
             return None
         return WindowStream(loader, self.args.gradient_accumulation_steps).rest_windows(start_sample)
 

@@ -30,7 +30,7 @@ Differences from HF (README "Length-grouped batches"), where HF is weak:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -89,8 +89,14 @@ def draw_grouping_state(num_samples: int) -> torch.Tensor:
     Must run where HF's sampler runs: when the epoch's loader iterator first asks for indices (on every process at
     once, since the broadcast is a collective).
     """
+    return draw_global_state(lambda: torch.randperm(num_samples))  # HF's draw (`get_length_grouped_indices`)
+
+
+def draw_global_state(draw: Callable[[], object]) -> torch.Tensor:
+    """The state of torch's global CPU generator before `draw()` (a sampler's draw from it, which moves it on as
+    under HF); under several processes, rank 0's state (a collective: every process calls it at the same point)."""
     state = torch.get_rng_state()
-    torch.randperm(num_samples)  # HF's draw from the global generator (`get_length_grouped_indices`)
+    draw()
     if torch.distributed.is_available() and torch.distributed.is_initialized() \
             and torch.distributed.get_world_size() > 1:
         shared = [state]

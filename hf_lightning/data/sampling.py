@@ -31,11 +31,13 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from hf_lightning.data.length_grouping import draw_grouping_state, length_grouped_order
+from hf_lightning.data.length_grouping import draw_global_state, draw_grouping_state, length_grouped_order
 
 __all__ = [
     "BatchShard", "ContiguousShardSampler", "EpochSampler", "GroupingDraw", "OrderBatchSampler", "WindowBatchSampler",
-    "batch_shard_problem", "dataset_length", "epoch_order", "shard_batches", "shard_rest", "split_by_node",
+    "batch_shard_problem", "dataset_length", "draw_sampler_state", "epoch_order", "random_sampler_order",
+    "shard_batches", "shard_rest", "split_batch_size",
+    "split_by_node", "uneven_batches_problem",
 ]
 
 
@@ -54,6 +56,22 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> list[
     generator = torch.Generator()
     generator.manual_seed(seed + epoch)
     return torch.randperm(num_samples, generator=generator).tolist()
+
+
+def draw_sampler_state() -> torch.Tensor:
+    """The global generator state from which torch's `RandomSampler` without a generator of its own draws an epoch's
+    order now (its seed, `torch.empty((), dtype=torch.int64).random_()`), moved past that draw as under HF; rank
+    0's under several processes (`draw_global_state`). HF's order with `use_seedable_sampler=False`."""
+    return draw_global_state(lambda: torch.empty((), dtype=torch.int64).random_())
+
+
+def random_sampler_order(num_samples: int, rng_state: torch.Tensor) -> list[int]:
+    """The order torch's `RandomSampler` (no generator of its own) yields when the global generator is in
+    `rng_state` (pure): its seed drawn from that state, then `randperm` of a generator seeded with it."""
+    generator = torch.Generator()
+    generator.set_state(rng_state)
+    seed = int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+    return torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 @dataclass(frozen=True)
@@ -82,13 +100,17 @@ class GroupingDraw:
 
 
 def shard_batches(
-    order: list[int], batch_size: int, world_size: int, rank: int, drop_last: bool
+    order: list[int], batch_size: int, world_size: int, rank: int, drop_last: bool, even_batches: bool = True
 ) -> list[list[int]]:
-    """The micro-batches of one rank, as accelerate's `BatchSamplerShard(split_batches=False, even_batches=True)`.
+    """The micro-batches of one rank, as accelerate's `BatchSamplerShard(split_batches=False, even_batches=...)`.
 
     Batch `i` of the epoch goes to rank `i % world_size`; a round is only handed out when its last batch is full, and
     without `drop_last` the tail is completed with samples from the start of the epoch so every rank gets as many
-    batches (accelerate `data_loader.py`, `_iter_with_no_split`).
+    batches (accelerate `data_loader.py`, `_iter_with_no_split`); with `even_batches=False` the tail is not completed:
+    the ranks of the last round's batches get them as they are, the others none.
+
+    accelerate's `split_batches=True` with a batch of `B` over `w` processes is this with `batch_size = B // w`: chunk
+    `r` of batch `i` is micro-batch `i * w + r`, and the tail rules give the same chunks (`split_batch_size`).
     """
     batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     if drop_last and batches and len(batches[-1]) < batch_size:
@@ -109,6 +131,8 @@ def shard_batches(
             to_yield = []
     if drop_last or not initial:
         return mine
+    if not even_batches:
+        return mine + ([to_yield] if to_yield else [])
     if len(to_yield) == batch_size:
         mine.append(to_yield)
     while len(initial) < world_size * batch_size:
@@ -145,6 +169,36 @@ def shard_rest(rows: list[int], batch_size: int, world_size: int, rank: int, dro
     base, extra = divmod(len(tail), world_size)
     start = rank * base + min(rank, extra)
     return [*mine, tail[start:start + base + (1 if rank < extra else 0)]]
+
+
+def split_batch_size(batch_size: int, world_size: int, what: str) -> int:
+    """The per-process batch of accelerate's `split_batches=True`: `batch_size` split over the processes.
+
+    Raises:
+        ValueError: `batch_size` is not a multiple of `world_size` (accelerate's words, with the argument named).
+    """
+    if world_size < 2:
+        return batch_size
+    if batch_size % world_size:
+        raise ValueError(
+            f"To use a `DataLoader` in `split_batches` mode, the batch size ({batch_size}) needs to be a round "
+            f"multiple of the number of processes ({world_size}). (`{what}` with "
+            "`accelerator_config={'split_batches': True}`: the batch of all processes together.)"
+        )
+    return batch_size // world_size
+
+
+def uneven_batches_problem(num_batches: int, world_size: int, drop_last: bool) -> str | None:
+    """Why a training epoch of `num_batches` batches cannot run with `even_batches=False` over `world_size`
+    processes, or None: some processes would get one batch fewer (accelerate's `BatchSamplerShard`), so they would
+    run fewer updates than the others and the gradient all-reduce would wait for them forever."""
+    if world_size < 2 or drop_last or num_batches % world_size == 0:
+        return None
+    return (f"accelerator_config={{'even_batches': False}}: the epoch's {num_batches} training batches do not split "
+            f"evenly over {world_size} processes, so some processes would run one batch fewer and the gradient "
+            "all-reduce of the others would never complete. Use even_batches=True (the tail completed with samples "
+            f"from the start, as accelerate), dataloader_drop_last=True, or a dataset whose batches are a multiple of "
+            f"{world_size}.")
 
 
 def batch_shard_problem(num_batches: int, last_batch_full: bool, world_size: int, even_batches: bool) -> str | None:
@@ -212,6 +266,9 @@ class WindowBatchSampler(Sampler[list[int]]):
         lengths: the samples' lengths for `group_by_length` order (None: `shuffle` decides).
         group_size: the samples per length group (default `batch_size * accumulation`, HF's
             `train_batch_size * gradient_accumulation_steps`, T:1100-1105).
+        even_batches: accelerate's `even_batches` (False: an epoch's tail is not completed, `shard_batches`).
+        seedable: accelerate's `use_seedable_sampler` (False with `shuffle`: each epoch's order is torch's
+            `RandomSampler`'s, drawn from the global generator when the epoch's iteration starts, as HF's).
     """
 
     def __init__(
@@ -226,8 +283,12 @@ class WindowBatchSampler(Sampler[list[int]]):
         rank: int = 0,
         lengths: Sequence[int] | None = None,
         group_size: int | None = None,
+        even_batches: bool = True,
+        seedable: bool = True,
     ) -> None:
         self.num_samples = num_samples
+        self.even_batches = even_batches
+        self.seedable = seedable
         self.lengths = lengths
         self.group_size = group_size if group_size is not None else batch_size * accumulation
         self.batch_size = batch_size
@@ -257,6 +318,12 @@ class WindowBatchSampler(Sampler[list[int]]):
         self._restored_draw = draw
 
     @property
+    def draws_globally(self) -> bool:
+        """Whether each epoch's order is drawn from the global generator when its iteration starts (`group_by_length`,
+        or a random order with `use_seedable_sampler=False`): not the pure `seed + epoch` order."""
+        return self.lengths is not None or (self.shuffle and not self.seedable)
+
+    @property
     def sampler(self) -> WindowBatchSampler:
         """Lightning's `_set_sampler_epoch` only calls `set_epoch` on `loader.sampler` and
         `loader.batch_sampler.sampler` (never on the batch sampler itself): exposing ourselves as `.sampler` is what
@@ -269,16 +336,18 @@ class WindowBatchSampler(Sampler[list[int]]):
         `group_by_length`: the order of the epoch's draw (`grouping_draw`), drawn now from the global generator if
         that epoch has none yet (at the epoch's first iteration, as HF's sampler draws)."""
         epoch = self.epoch if epoch is None else epoch
-        if self.lengths is None:
+        if not self.draws_globally:
             order = epoch_order(self.num_samples, self.seed, epoch, self.shuffle)
         else:
             if self.grouping_draw is None or self.grouping_draw.epoch != epoch:
-                self.grouping_draw = GroupingDraw(epoch, draw_grouping_state(self.num_samples), self.num_samples,
-                                                  self.group_size)
-            order = length_grouped_order(self.lengths, self.group_size, self.grouping_draw.rng_state)
+                state = draw_grouping_state(self.num_samples) if self.lengths is not None else draw_sampler_state()
+                self.grouping_draw = GroupingDraw(epoch, state, self.num_samples, self.group_size)
+            state = self.grouping_draw.rng_state
+            order = length_grouped_order(self.lengths, self.group_size, state) if self.lengths is not None \
+                else random_sampler_order(self.num_samples, state)
         if self.start_sample:
             return shard_rest(order[self.start_sample:], self.batch_size, self.world_size, self.rank, self.drop_last)
-        return shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last)
+        return shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last, self.even_batches)
 
     def num_microbatches(self, start_sample: int = 0) -> int:
         """Micro-batches per epoch for this rank (the same on every rank), without drawing a permutation; with
@@ -286,14 +355,15 @@ class WindowBatchSampler(Sampler[list[int]]):
         if start_sample:
             rest = list(range(self.num_samples - start_sample))
             return len(shard_rest(rest, self.batch_size, self.world_size, 0, self.drop_last))
-        return len(shard_batches(list(range(self.num_samples)), self.batch_size, self.world_size, 0, self.drop_last))
+        return len(shard_batches(list(range(self.num_samples)), self.batch_size, self.world_size, 0, self.drop_last,
+                                 self.even_batches))
 
     def __len__(self) -> int:
         micro = self.num_microbatches()
         return -(-micro // self.accumulation)
 
     def __iter__(self) -> Iterator[list[int]]:
-        if self.lengths is not None:  # a fresh draw every iteration (HF's sampler draws at each `iter`) ...
+        if self.draws_globally:  # a fresh draw every iteration (HF's sampler draws at each `iter`) ...
             restored, self._restored_draw = self._restored_draw, None
             self.grouping_draw = restored if restored is not None and restored.fits(
                 self.epoch, self.num_samples, self.group_size) else None  # ... but the resumed epoch's saved one
@@ -314,11 +384,14 @@ class EpochSampler(Sampler[int]):
         shuffle: random (HF "random") or sequential order.
         lengths: the samples' lengths for `group_by_length` order (None: `shuffle` decides).
         group_size: the samples per length group (HF: `train_batch_size * gradient_accumulation_steps`).
+        seedable: accelerate's `use_seedable_sampler` (False with `shuffle`: torch's `RandomSampler` order, drawn
+            from the global generator at each `iter`).
     """
 
     def __init__(self, num_samples: int, seed: int, shuffle: bool = True, lengths: Sequence[int] | None = None,
-                 group_size: int = 1) -> None:
+                 group_size: int = 1, seedable: bool = True) -> None:
         self.num_samples = num_samples
+        self.seedable = seedable
         self.seed = seed
         self.shuffle = shuffle
         self.lengths = lengths
@@ -334,6 +407,8 @@ class EpochSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         if self.lengths is not None:
             return iter(length_grouped_order(self.lengths, self.group_size, draw_grouping_state(self.num_samples)))
+        if self.shuffle and not self.seedable:  # torch's `RandomSampler`, as HF's with `use_seedable_sampler=False`
+            return iter(random_sampler_order(self.num_samples, draw_sampler_state()))
         return iter(epoch_order(self.num_samples, self.seed, self.epoch, self.shuffle))
 
 
@@ -350,11 +425,13 @@ class OrderBatchSampler(Sampler[list[int]]):
         drop_last: drop the last incomplete micro-batch.
         world_size: number of processes.
         rank: this process.
+        even_batches: accelerate's `even_batches` (False: an epoch's tail is not completed, `shard_batches`).
     """
 
     def __init__(self, sampler: Iterable[int], batch_size: int, drop_last: bool = False, world_size: int = 1,
-                 rank: int = 0) -> None:
+                 rank: int = 0, even_batches: bool = True) -> None:
         self.sampler = sampler
+        self.even_batches = even_batches
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.world_size = world_size
@@ -368,12 +445,14 @@ class OrderBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         size = len(self.sampler)  # type: ignore[arg-type]  # a batch sampler of an unsized sampler has no length
-        return len(shard_batches(list(range(size)), self.batch_size, self.world_size, 0, self.drop_last))
+        return len(shard_batches(list(range(size)), self.batch_size, self.world_size, 0, self.drop_last,
+                                 self.even_batches))
 
     def __iter__(self) -> Iterator[list[int]]:
         order = [int(i) for i in self.sampler]
         start, self.skip_windows = self.skip_windows, 0
-        yield from shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last)[start:]
+        yield from shard_batches(order, self.batch_size, self.world_size, self.rank, self.drop_last,
+                                 self.even_batches)[start:]
 
 
 class ContiguousShardSampler(Sampler[int]):

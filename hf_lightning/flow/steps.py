@@ -24,9 +24,11 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from transformers import TrainerControl, TrainerState
 from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import TrainerMemoryTracker
 
 from hf_lightning._lightning_compat import datamodule_of, reload_validation_data
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.accelerator_config import total_train_batch
 from hf_lightning.checkpoint.lifecycle import Checkpoints
 from hf_lightning.checkpoint.position import ResumePosition
 from hf_lightning.contracts import HFLoopHooks, flow_model
@@ -124,6 +126,8 @@ class HFLoopSteps:
         self.ignore_keys_for_eval: list[str] | None = None
         self.train_start = 0.0
         self._running: tuple[pl.Trainer, pl.LightningModule] | None = None
+        self.memory_tracker: TrainerMemoryTracker | None = None
+        """The owner's HF `TrainerMemoryTracker` (`skip_memory_metrics=False`): the train summary gets its metrics."""
 
     def __getstate__(self) -> dict[str, Any]:
         """A pickled or deep-copied flow runs the built-ins: the owner (the whole `Trainer`) stays out."""
@@ -190,7 +194,7 @@ class HFLoopSteps:
         state, args = self.hf.state, self.args
         steps = state.global_step - self.loss.initial_step
         train_loss = self.loss.train_loss(trainer.strategy, state.global_step)
-        total_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * trainer.world_size
+        total_batch = total_train_batch(args, trainer.world_size)
         examples = self.num_examples(datamodule_of(trainer).train_loader())
         num_samples: float
         if args.max_steps > 0 or examples is None:
@@ -200,6 +204,10 @@ class HFLoopSteps:
         self.flos.store(state, trainer)
         metrics = train_summary(self.train_start, num_samples, steps, max_steps, state.total_flos, train_loss)
         self.tokens.summary(metrics, trainer.strategy, state.total_flos)
+        tracker = self.memory_tracker
+        if tracker is not None and not tracker.skip_memory_metrics:  # HF's `_finalize_training` adds them here
+            tracker.stop("train")
+            tracker.update_metrics("train", metrics)
         self.log(trainer, metrics)
         return metrics
 
@@ -224,7 +232,7 @@ class HFLoopSteps:
                           resumed_at: ResumePosition | None) -> None:
         """HF's "***** Running training *****" header (T:1606-1638), and where a resumed run starts."""
         args = self.args
-        total_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * trainer.world_size
+        total_batch = total_train_batch(args, trainer.world_size)
         examples = self.num_examples(datamodule_of(trainer).train_loader())
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         lines = training_header(

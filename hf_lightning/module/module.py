@@ -28,6 +28,7 @@ from typing_extensions import override
 
 from hf_lightning._lightning_compat import attached_trainer, callbacks_of, grad_scaler, optimizer_unscales_itself
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.accelerator_config import syncs_each_batch
 from hf_lightning.contracts import TrainingStepListener, TrainingStepOutput
 from hf_lightning.data.collate import find_label_names
 from hf_lightning.model_wrappers import without_compile
@@ -260,14 +261,16 @@ class TransformerModule(HFHooksModule):
         self._grad_norm = None
         hooks = self.hooks
         model = step_model(strategy, self.model_wrapped)  # FSDP1: each micro-batch a forward of the FSDP root
+        sync_each = syncs_each_batch(self.args)
 
         def run(micro_batches: Sequence[Mapping[str, Any]], sync_last: bool = True) -> None:
             micro_losses.clear()  # a closure is called once, but an optimizer may call it again (LBFGS)
             for i, micro in enumerate(micro_batches):
                 last = i == len(micro_batches) - 1
                 self._micro_index = i
-                # Gradients are all-reduced once per update: no sync on every micro-batch but the last.
-                with micro_batch_context(strategy, last and sync_last):
+                # Gradients are all-reduced once per update: no sync on every micro-batch but the last (every one
+                # with HF's `sync_each_batch`; `sync_last` False: auto_micro_batch reduces after its agreement)
+                with micro_batch_context(strategy, last and sync_last, sync_each):
                     loss = hooks.training_step(model, dict(micro), num_items)
                 # HF logs what `training_step` returns (with a process-global count: the share times the world
                 # size, averaged over processes at log time, which is the global mean)

@@ -10,6 +10,8 @@
   graph's first reduction after the first backward of a manual-optimisation step (`DDPStrategy.post_backward`),
   which fails when that backward ran without sync (a reducer assertion); the gradients are the same, with more
   communication.
+  `accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}` syncs every micro-batch under
+  every strategy but DeepSpeed, as HF's loop does then (less gradient memory, more communication).
 - `clip_by_strategy`: FSDP1 clips with the root's `clip_grad_norm_` (the norm over every shard); DeepSpeed clips
   inside `engine.step()` with the config's `gradient_clipping` (HF's `max_grad_norm`), so the norm is read after
   the step (`deepspeed_step_report`), as HF reads `get_global_grad_norm()`.
@@ -95,15 +97,20 @@ def configure_model_for_strategy(module: pl.LightningModule, model: nn.Module) -
     shard_model(model, mesh["data_parallel"], settings, policy_dtype(module.trainer.precision_plugin))
 
 
-def micro_batch_context(strategy: Strategy, last: bool) -> AbstractContextManager[Any]:
+def micro_batch_context(strategy: Strategy, last: bool, sync_each_batch: bool = False) -> AbstractContextManager[Any]:
     """The context of one micro-batch's backward pass; `last`: the window's last micro-batch (gradients sync).
 
     One process has nothing to synchronise: no context, as accelerate's `no_sync` only applies with several processes
     (`use_distributed`). FSDP1 runs a one-process group as `NO_SHARD`, whose `no_sync` keeps a mixed-precision run's
     bf16 / fp16 gradients on float32 parameters, which torch refuses at the next forward (`grad_dtype`).
+
+    `sync_each_batch` (HF's `gradient_accumulation_kwargs["sync_each_batch"]`): every micro-batch syncs, as HF's
+    loop enters no `no_sync` then (T:1904-1909); DeepSpeed is told the boundary all the same (HF's too).
     """
     if isinstance(strategy, DeepSpeedStrategy):
         strategy.deepspeed_engine.set_gradient_accumulation_boundary(last)
+        return nullcontext()
+    if sync_each_batch:
         return nullcontext()
     if isinstance(strategy, ParallelStrategy) and not last and strategy.world_size > 1 \
             and not getattr(strategy.model, "static_graph", False):

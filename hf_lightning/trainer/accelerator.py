@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import lightning.pytorch as pl
@@ -30,12 +31,25 @@ __all__ = ["AcceleratorState", "LightningAccelerator", "SUPPORTED", "StrategyPlu
 SUPPORTED = (
     "autocast", "backward", "device", "dispatch_batches", "distributed_type", "even_batches", "gather",
     "gather_for_metrics",
-    "gradient_accumulation_steps", "is_local_main_process", "is_main_process", "local_process_index",
+    "gradient_accumulation_steps", "gradient_state", "is_local_main_process", "is_main_process", "local_process_index",
     "mixed_precision", "no_sync", "num_processes", "optimizer_step_was_skipped", "pad_across_processes",
     "parallelism_config", "prepare", "prepare_model", "print", "process_index", "reduce", "scaler", "split_batches",
-    "state", "sync_gradients", "unwrap_model", "use_distributed", "wait_for_everyone",
+    "state", "sync_gradients", "unwrap_model", "use_distributed", "use_seedable_sampler", "wait_for_everyone",
 )
 """The accelerate `Accelerator` members `LightningAccelerator` provides."""
+
+_ACCUMULATION_DEFAULTS = {"num_steps": None, "adjust_scheduler": True, "sync_with_dataloader": True,
+                          "sync_each_batch": False}
+"""accelerate's `GradientAccumulationPlugin` defaults (its `to_kwargs()` keeps only the values that differ)."""
+
+
+@dataclass(frozen=True)
+class GradientStateView:
+    """What HF's tests and libraries read of accelerate's `GradientState`."""
+
+    plugin_kwargs: dict[str, Any]
+    sync_gradients: bool
+
 
 _EVEN_BATCHES = "_accelerator_even_batches"
 """The owner's attribute holding a value given to `accelerator.even_batches`."""
@@ -211,6 +225,21 @@ class LightningAccelerator:
         return int(self._owner.args.gradient_accumulation_steps)
 
     @property
+    def gradient_state(self) -> GradientStateView:
+        """Accelerate's `gradient_state` as HF's Trainer configures it: `plugin_kwargs` (the accumulation kwargs that
+        differ from accelerate's defaults, `num_steps` 1 since the Trainer accumulates itself) and `sync_gradients`."""
+        config = getattr(self._owner.args, "accelerator_config", None)
+        given = dict(getattr(config, "gradient_accumulation_kwargs", None) or {})
+        given["num_steps"] = 1  # HF's Trainer (T:824): it accumulates itself
+        kwargs = {key: value for key, value in given.items() if _ACCUMULATION_DEFAULTS.get(key, object()) != value}
+        return GradientStateView(kwargs, self.sync_gradients)
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        """`args.accelerator_config.use_seedable_sampler` (accelerate's default True)."""
+        return bool(getattr(getattr(self._owner.args, "accelerator_config", None), "use_seedable_sampler", True))
+
+    @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the AMP grad scaler skipped the last optimizer step (inf / NaN gradients)."""
         return bool(self._owner.module.optimizer_step_was_skipped)
@@ -327,9 +356,9 @@ class LightningAccelerator:
 
     @property
     def split_batches(self) -> bool:
-        """False: batch sizes are per process (`per_device_*_batch_size`), as HF's default; HF's
-        `accelerator_config` (which could set it) is refused by hf_lightning."""
-        return False
+        """`args.accelerator_config.split_batches` (False, accelerate's default: batch sizes are per process; True: the
+        `per_device_*_batch_size` loaders are split across the processes, as accelerate does)."""
+        return bool(getattr(getattr(self._owner.args, "accelerator_config", None), "split_batches", False))
 
     @property
     def dispatch_batches(self) -> bool | None:

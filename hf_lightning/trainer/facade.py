@@ -25,7 +25,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from torch import nn
 from transformers.debug_utils import DebugUnderflowOverflow
 from transformers.integrations.integration_utils import KubeflowCallback
-from transformers.trainer_utils import PredictionOutput, TrainOutput
+from transformers.trainer_utils import PredictionOutput, TrainerMemoryTracker, TrainOutput
 from transformers.utils import logging as hf_logging
 
 from hf_lightning.args import TrainingArguments
@@ -204,6 +204,10 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         eval_loss_weighting: str = "samples",
     ) -> None:
         self.args = self._resolve_args(args)
+        # HF's memory metrics (`skip_memory_metrics=False`): HF's own tracker, started and stopped where HF's Trainer
+        # does (it names its stage after the calling method: `__init__`, `train`, `evaluate`, `predict`)
+        self._memory_tracker = TrainerMemoryTracker(self.args.skip_memory_metrics)
+        self._memory_tracker.start()
         apply_accumulation_steps(self.args)  # HF's Trainer rule for `gradient_accumulation_kwargs["num_steps"]`
         # a library trainer's constructor (TRL's) has no `lightning_kwargs`: the ones given to
         # `use_as_transformers_trainer` stand in
@@ -281,6 +285,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             unreachable_best_metric(self.args, self.datamodule.eval_dataset_names, loss_only)
         self.init_script_api(args)  # the user's arguments object, `output_dir` created (trainer/script_api.py)
         self.flow.hf_init_end(model)
+        self.flow.steps.memory_tracker = self._memory_tracker  # the train summary gets the "train" stage's metrics
+        self._memory_tracker.stop_and_update_metrics()
 
     @staticmethod
     def _resolve_args(args: PassedArguments | None) -> TrainingArguments:
@@ -369,6 +375,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         """
         if self._best_metric_problem and not METRIC_SOURCES & vars(self).keys():
             raise ValueError(self._best_metric_problem)
+        self._memory_tracker.start()  # stopped by the train summary (flow/steps.py), as HF's `_finalize_training`
         self.is_in_train = True
         try:
             if self.model_init is not None:
@@ -429,6 +436,14 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         Raises:
             ValueError: there is no eval dataset.
         """
+        self._memory_tracker.start()  # ignored inside train(), as HF's
+        metrics = self._evaluate_metrics(eval_dataset, ignore_keys, metric_key_prefix)
+        self._memory_tracker.stop_and_update_metrics(metrics)  # after the log entry, as HF's: the returned dict only
+        return metrics
+
+    def _evaluate_metrics(self, eval_dataset: Any, ignore_keys: list[str] | None, metric_key_prefix: str
+                          ) -> dict[str, float]:
+        """`evaluate`'s metrics (logged), before HF's memory metrics are added."""
         override = eval_dataset is not None
         dataset = eval_dataset if override else self.eval_dataset
         if isinstance(dataset, Mapping):
@@ -455,13 +470,19 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         self, test_dataset: Any, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test"
     ) -> PredictionOutput:
         """Predict on `test_dataset`; returns `PredictionOutput(predictions, label_ids, metrics)`, logs nothing."""
+        self._memory_tracker.start()
         if self._overridden & LOOP_OVERRIDES:  # HF's predict() body around the overridden loop
-            return self._predict_through_loop(test_dataset, ignore_keys, metric_key_prefix)
-        per_batch = self._take_gather_function(None)
-        with self.datamodule.predicting(test_dataset):  # its loader comes from `get_test_dataloader`
-            result = self.flow.predict(self._lightning_trainer(), self.module, self.datamodule, ignore_keys,
-                                       metric_key_prefix, loss_per_batch=per_batch)
-        return PredictionOutput(predictions=result.predictions, label_ids=result.label_ids, metrics=result.metrics)
+            output = self._predict_through_loop(test_dataset, ignore_keys, metric_key_prefix)
+        else:
+            per_batch = self._take_gather_function(None)
+            with self.datamodule.predicting(test_dataset):  # its loader comes from `get_test_dataloader`
+                result = self.flow.predict(self._lightning_trainer(), self.module, self.datamodule, ignore_keys,
+                                           metric_key_prefix, loss_per_batch=per_batch)
+            output = PredictionOutput(predictions=result.predictions, label_ids=result.label_ids,
+                                      metrics=result.metrics)
+        if output.metrics is not None:
+            self._memory_tracker.stop_and_update_metrics(output.metrics)
+        return output
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Write the model (and tokenizer, `training_args.bin`) to `output_dir` (default: `args.output_dir`) through
