@@ -60,6 +60,7 @@ from hf_lightning.trainer.lightning_trainer import (
 )
 from hf_lightning.trainer.loop_hooks import LoopHooks
 from hf_lightning.trainer.overrides import METRIC_SOURCES, check_overrides, deepspeed_refusals, overridden_methods
+from hf_lightning.trainer.rollout_state import RolloutBufferState, has_rollout_buffer
 from hf_lightning.trainer.script_api import PassedArguments, ScriptApiMixin
 from hf_lightning.trainer.step_hooks import StepHooks
 
@@ -246,6 +247,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         )
         self._eval_dataset = eval_dataset
         hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
+        if has_rollout_buffer(self):  # TRL's GRPO / RLOO: the rollout buffer and position go into each checkpoint
+            self._lightning_callbacks.append(RolloutBufferState(self))  # type: ignore[arg-type]  # checked above
         self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs, model)
         # One progress bar: HF's console (its log dicts printed by its printer, or written above its progress bar),
         # unless `lightning_kwargs` / `callbacks` ask for Lightning's bar (callbacks/progress_bar.py) instead
