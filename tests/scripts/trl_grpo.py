@@ -157,7 +157,8 @@ def parity() -> None:
 def preempt() -> None:
     """The uninterrupted run, every SIGTERM instant stopped and resumed in this process, then the SIGKILL run."""
     root, kind = Path(spec["root"]), spec["kind"]
-    out: dict = {"reference": run(kind, str(root / "reference"), root, enable_jit_checkpoint=True), "stops": []}
+    out: dict = {"reference": run(kind, str(root / "reference"), root, enable_jit_checkpoint=True,
+                                  save_strategy="no"), "stops": []}
     for i, where in enumerate(spec["instants"]):
         folder = str(root / f"stop{i}")
         instant = Instant(where["phase"], where["step"])
