@@ -176,3 +176,41 @@ def test_grpo_preempted_at_random_instants_resumes_exactly(tmp_path):
     resumed = after_kill["resumed"]
     assert_same_log(stable(resumed["log"], after=step), stable(reference["log"], after=step))
     assert_same_records(resumed["records"], [r for r in reference["records"] if r["step"] > step])
+
+
+def _recording(base: type) -> type:
+    class Recording(base):
+        """HF's `_load_optimizer_and_scheduler` override pattern (TRL's GRPO / RLOO): the built-in, then its own."""
+
+        calls: list = []
+
+        def _load_optimizer_and_scheduler(self, checkpoint):
+            super()._load_optimizer_and_scheduler(checkpoint)
+            state = self.optimizer.state_dict()["state"]
+            self.calls.append((None if checkpoint is None else Path(checkpoint).name,
+                               int(state[0]["step"]) if state else 0, self.lr_scheduler.last_epoch))
+
+    return Recording
+
+
+def test_load_optimizer_and_scheduler_override_is_called_as_hfs(tmp_path, one_thread):
+    """Before: overriding `_load_optimizer_and_scheduler` was refused at construction (TRL's GRPOTrainer overrides it).
+    Now it is called as HF calls it: once per resumed `train()` (not on a fresh run), with the folder, the
+    optimizer and scheduler already holding the checkpoint's state after `super()`."""
+    import transformers
+    from helpers import lm_dataset, tiny_gpt2
+
+    import hf_lightning
+
+    seen = {}
+    for name, trainer_cls, args_cls, extra in (
+            ("hf", transformers.Trainer, transformers.TrainingArguments, {"use_cpu": True}),
+            ("ours", hf_lightning.Trainer, hf_lightning.TrainingArguments, {})):
+        cls = _recording(trainer_cls)
+        cls.calls = []
+        for resume in (None, str(tmp_path / name / "checkpoint-2")):
+            args = args_cls(output_dir=str(tmp_path / name), max_steps=3, save_steps=2, per_device_train_batch_size=4,
+                            report_to="none", disable_tqdm=True, **extra)
+            cls(model=tiny_gpt2(), args=args, train_dataset=lm_dataset(n=16)).train(resume_from_checkpoint=resume)
+        seen[name] = cls.calls
+    assert seen["ours"] == seen["hf"] == [("checkpoint-2", 2, 2)]

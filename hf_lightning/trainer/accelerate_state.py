@@ -26,7 +26,7 @@ def provide_accelerate_state(args: TrainingArguments) -> None:
     Args:
         args: the run's arguments (`use_cpu`, `mixed_precision`).
     """
-    from accelerate.state import AcceleratorState
+    from accelerate.state import AcceleratorState  # type: ignore[import-untyped]  # no py.typed
 
     if AcceleratorState._shared_state:
         return
@@ -37,7 +37,7 @@ def provide_accelerate_state(args: TrainingArguments) -> None:
         if layout.source != "torch.distributed":
             _init_process_group(layout, args.use_cpu)
     # `_from_accelerator`: the state an `Accelerator()` builds (accelerate refuses a bare `AcceleratorState()`)
-    from accelerate.utils import TorchDynamoPlugin
+    from accelerate.utils import TorchDynamoPlugin  # type: ignore[import-untyped]  # no py.typed
 
     AcceleratorState(mixed_precision=args.mixed_precision, cpu=args.use_cpu, dynamo_plugin=TorchDynamoPlugin(),
                      _from_accelerator=True)

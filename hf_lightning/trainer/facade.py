@@ -272,7 +272,7 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         if "_load_from_checkpoint" in self._overridden:  # HF's call at a resume, after the folder is verified
             checkpoints.load_model_files = lambda folder, model: (
                 self._load_from_checkpoint(folder) if model is None else self._load_from_checkpoint(folder, model))
-        if "_load_optimizer_and_scheduler" in self._overridden:  # HF's call once per train(), after the restore
+        if "_load_optimizer_and_scheduler" in self._overridden:  # HF's call at a resume, after the restore
             checkpoints.after_restore = self._load_optimizer_and_scheduler
         if "_load_best_model" in self._overridden:  # HF's call at the end of train(), after the folder is verified
             checkpoints.load_best_model = self._load_best_model

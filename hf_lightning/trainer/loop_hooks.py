@@ -175,8 +175,8 @@ class LoopHooks:
                      strategy=trainer.strategy if trainer is not None else None)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        """HF's `_load_optimizer_and_scheduler`, called once per `train()` with the resumed folder (None for a fresh
-        run): the optimizer, scheduler and scaler states are restored from it before this call
+        """HF's `_load_optimizer_and_scheduler`, called once per resumed `train()` with the checkpoint folder (as HF,
+        not on a fresh run): the optimizer, scheduler and scaler states are restored from it before this call
         (`checkpoint/restore.py`), so the built-in has nothing left to do; an override (TRL's GRPO / RLOO) reads its
         own files there after calling it."""
 

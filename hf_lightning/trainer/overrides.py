@@ -66,7 +66,7 @@ ROUTED: dict[str, str] = {
     "_load_from_checkpoint": "once per resumed train(), for the model weights, after the checkpoint folder is "
                              "verified (HF's call: one argument; under FSDP with the sharded model as `model`); not "
                              "under DeepSpeed, as HF (the engine's checkpoint)",
-    "_load_optimizer_and_scheduler": "once per train(), with the resumed checkpoint folder (None for a fresh run), "
+    "_load_optimizer_and_scheduler": "once per resumed train(), with the checkpoint folder, "
                                      "after the optimizer, scheduler and scaler states are restored from it (so the "
                                      "built-in does nothing more); TRL's GRPO / RLOO read their own files there",
     "_load_best_model": "at the end of train() with load_best_model_at_end, after the train summary is logged and the "
