@@ -26,8 +26,10 @@ def provide_accelerate_state(args: TrainingArguments) -> None:
     Args:
         args: the run's arguments (`use_cpu`, `mixed_precision`).
     """
-    from accelerate.state import AcceleratorState  # type: ignore[import-untyped]  # no py.typed
-
+    try:
+        from accelerate.state import AcceleratorState  # type: ignore[import-untyped]  # no py.typed
+    except ImportError:  # without accelerate no library code can read its state
+        return
     if AcceleratorState._shared_state:
         return
     layout = current_layout()
