@@ -14,7 +14,8 @@ Timing
 In the child, per update (HF's `on_step_begin` .. `on_step_end`, fired by both trainers): the wall time of the
 update, and inside it the time spent in TRL's `_generate_and_score_completions` (generation, rewards, advantages,
 old / reference log-probabilities: a subclass times it, the same code on both bases). update = step - generation.
-The first `--warmup` updates are dropped; medians over the rest; one thread (`torch.set_num_threads(1)`).
+Wall and CPU (process) time both; on a shared machine the CPU ratio is the steadier one. The first `--warmup`
+updates are dropped; medians over the rest; one thread (`torch.set_num_threads(1)`).
 
 Usage::
 
@@ -79,29 +80,31 @@ def child(base: str, steps: int, warmup: int, out: str) -> None:
     tokenizer.save_pretrained(f"{work}/policy")
     rng = random.Random(1)
     prompts = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 4))) for _ in range(64)]
-    generation: list[float] = []
+    generation: list[tuple[float, float]] = []  # (wall, CPU) seconds of each generation
 
     class Timed(GRPOTrainer):
         def _generate_and_score_completions(self, inputs):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             try:
                 return super()._generate_and_score_completions(inputs)
             finally:
-                generation.append(time.perf_counter() - start)
+                generation.append((time.perf_counter() - start, time.process_time() - cpu))
 
     class StepTimes(TrainerCallback):
         def __init__(self) -> None:
             self.rows: list[dict] = []
-            self._start = 0.0
+            self._start = self._cpu = 0.0
             self._generated = 0
 
         def on_step_begin(self, args, state, control, **kwargs):
-            self._start, self._generated = time.perf_counter(), len(generation)
+            self._start, self._cpu, self._generated = time.perf_counter(), time.process_time(), len(generation)
 
         def on_step_end(self, args, state, control, **kwargs):
-            step = time.perf_counter() - self._start
-            gen = sum(generation[self._generated:])
-            self.rows.append({"step": step, "generation": gen, "update": step - gen, "generated": gen > 0})
+            step, step_cpu = time.perf_counter() - self._start, time.process_time() - self._cpu
+            done = generation[self._generated:]
+            gen, gen_cpu = sum(w for w, _ in done), sum(c for _, c in done)
+            self.rows.append({"step": step, "generation": gen, "update": step - gen, "generated": bool(done),
+                              "step_cpu": step_cpu, "generation_cpu": gen_cpu, "update_cpu": step_cpu - gen_cpu})
 
     def reward(completions, **kwargs):
         return [float(c.split().count("w1")) for c in completions]
@@ -144,17 +147,23 @@ def main() -> None:
     medians = {}
     for base, measured in rows.items():
         generating = [r for r in measured if r["generated"]]
-        medians[base] = {
-            "step_s": statistics.median(r["step"] for r in measured),
-            "generation_s": statistics.median(r["generation"] for r in generating) if generating else 0.0,
-            "update_s": statistics.median(r["update"] for r in measured),
-            "updates": len(measured),
-        }
+        medians[base] = {"updates": len(measured)}
+        for clock in ("", "_cpu"):
+            medians[base].update({
+                f"generation{clock}": statistics.median(r["generation" + clock] for r in generating)
+                if generating else 0.0,
+                f"update{clock}": statistics.median(r["update" + clock] for r in measured),
+                f"step{clock}": statistics.median(r["step" + clock] for r in measured),
+            })
     ours, hf = medians["ours"], medians["hf"]
-    print(f"GRPO, {ours['updates']} timed updates per base (medians, seconds per update):")
-    for name in ("generation_s", "update_s", "step_s"):
-        ratio = ours[name] / hf[name] if hf[name] else float("nan")
-        print(f"  {name[:-2]:<10} ours {ours[name]:.4f}  hf {hf[name]:.4f}  ours/hf {ratio:.3f}")
+    print(f"GRPO, {ours['updates']} timed updates per base (medians, seconds per update; generation: per update that "
+          "generates; CPU: process time, not counting time other processes took the cores):")
+    for name in ("generation", "update", "step"):
+        cells = []
+        for clock, label in (("", "wall"), ("_cpu", "CPU")):
+            o, h = ours[name + clock], hf[name + clock]
+            cells.append(f"{label}: ours {o:.4f} hf {h:.4f} ours/hf {o / h if h else float('nan'):.3f}")
+        print(f"  {name:<10} " + "   ".join(cells))
     if options.json:
         Path(options.json).write_text(json.dumps(medians, indent=2))
 
