@@ -2,7 +2,8 @@
 (`hf_lightning.use_as_transformers_trainer()` before `import trl`), equals the same trainer on the real
 `transformers.Trainer`, and resumes exactly after a pre-emption.
 
-- Parity (num_iterations 1 and 2, gradient_accumulation_steps 2, a checkpoint at every update): every logged value
+- Parity (num_iterations 1 and 2, gradient_accumulation_steps 2, a checkpoint at every update; and `RLOOTrainer`
+  with num_iterations 2): every logged value
   (losses, KL, entropy, clip ratios, rewards, reward std, completion lengths, token counts, grad norms, learning rates),
   the completions, per-function rewards and advantages of every generation, the checkpoint folders and weights.
 - Resume from checkpoint-1: with num_iterations 1 (every update generates) both bases continue as the uninterrupted
@@ -34,7 +35,7 @@ import torch
 from safetensors.torch import load_file
 
 SCRIPT = Path(__file__).parent / "scripts" / "trl_grpo.py"
-KINDS = ["ni1", "ni2"]
+KINDS = ["ni1", "ni2", "rloo"]
 VOLATILE = ("step_time", "runtime", "per_second")
 """Log keys that differ between equal runs (timings)."""
 PHASES = ("generate", "substep", "pre_optimizer_step", "step_end")
@@ -131,7 +132,8 @@ def test_grpo_resumed_inside_a_buffer_continues_exactly_where_trl_on_transformer
     if kind == "ni1":  # checkpoint-1 is at a generation boundary: TRL's regeneration is the next generation anyway
         assert_same_log(stable(resumed["log"], after=1), stable(hf_resumed["log"], after=1))
         return
-    # the difference TRL's design makes on transformers.Trainer: update 2 trains on completions generated again
+    # the difference TRL's design makes on transformers.Trainer (GRPO and RLOO): update 2 trains on completions
+    # generated again
     assert hf_resumed["records"][0]["completions"] != hf_whole["records"][1]["completions"]
     hf_losses = [e["loss"] for e in stable(hf_resumed["log"], after=1) if "loss" in e]
     whole_losses = [e["loss"] for e in stable(hf_whole["log"], after=1) if "loss" in e]

@@ -1,4 +1,4 @@
-"""TRL's `GRPOTrainer` (generation by `model.generate`, no vLLM) on a tiny local Llama, on hf_lightning or on the real
+"""TRL's `GRPOTrainer` / `RLOOTrainer` (generation by `model.generate`, no vLLM) on a tiny local Llama, on hf_lightning or on the real
 transformers.Trainer, with what each update generated, scored and learned recorded.
 
     python trl_grpo.py '<json spec>'          (or a path to a JSON file)
@@ -6,7 +6,8 @@ transformers.Trainer, with what each update generated, scored and learned record
 Spec: `base` ("ours": `hf_lightning.use_as_transformers_trainer()` before importing trl; "hf": transformers' own),
 `mode` and its keys:
 
-- `parity`: `root`, `kinds` (of `ni1`, `ni2`: num_iterations 1 / 2, gradient_accumulation_steps 2), `resume` (each kind
+- `parity`: `root`, `kinds` (of `ni1`, `ni2`: GRPO with num_iterations 1 / 2, `rloo`: `RLOOTrainer` with
+  num_iterations 2; gradient_accumulation_steps 2), `resume` (each kind
   again from `<root>/<kind>/checkpoint-1` into `<root>/<kind>-resumed`). Prints `RESULT <json>` on global zero: per
   run the log history, the per-update records (completions, rewards, advantages), the checkpoint folders.
 - `preempt` (ours): `root`, `kind`, `instants` (a list of `{"phase", "step"}`: a SIGTERM sent to this process there),
@@ -104,13 +105,17 @@ def model_folder(root: Path) -> str:
 
 
 def build(kind: str, output_dir: str, root: Path, instant: Instant, **extra):
-    from trl import GRPOConfig, GRPOTrainer
+    if kind == "rloo":  # RLOOTrainer: the same generation buffer, its own advantages and loss
+        from trl import RLOOConfig as GRPOConfig
+        from trl import RLOOTrainer as GRPOTrainer
+    else:
+        from trl import GRPOConfig, GRPOTrainer
 
     rng = random.Random(1)
     prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 4))) for _ in range(16)]
     args = GRPOConfig(
         output_dir=output_dir, max_steps=MAX_STEPS, per_device_train_batch_size=4, num_generations=4,
-        gradient_accumulation_steps=2, num_iterations=2 if kind == "ni2" else 1, learning_rate=1e-2, beta=0.1,
+        gradient_accumulation_steps=2, num_iterations=1 if kind == "ni1" else 2, learning_rate=1e-2, beta=0.1,
         max_completion_length=6, logging_steps=1, save_steps=1, seed=3, report_to="none", disable_tqdm=True,
         bf16=False, use_cpu=True, dataloader_num_workers=0, **extra,
     )
