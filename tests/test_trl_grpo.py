@@ -11,6 +11,8 @@
   transformers.Trainer generates again from the updated policy (its buffer and `_step` are not checkpointed) and
   trains on other completions, with other losses; hf_lightning restores the buffer and position
   (`trainer/rollout_state.py`) and continues as the uninterrupted run.
+- 2 gloo processes (torchrun, one launch per base running both num_iterations settings; slow tier): equal to TRL on
+  transformers.Trainer's 2 processes.
 - Pre-emption (`enable_jit_checkpoint=True`): SIGTERM at 10 instants drawn at random (seed 2026) among: during
   generation (in the reward function), between two slices of a buffer (between micro-batches), in the update (before
   the optimizer step), between iterations over a buffer (after an update): each stops after the update it hit, with
@@ -138,6 +140,33 @@ def test_grpo_resumed_inside_a_buffer_continues_exactly_where_trl_on_transformer
     hf_losses = [e["loss"] for e in stable(hf_resumed["log"], after=1) if "loss" in e]
     whole_losses = [e["loss"] for e in stable(hf_whole["log"], after=1) if "loss" in e]
     assert hf_losses != pytest.approx(whole_losses, rel=1e-6)
+
+
+@pytest.mark.distributed
+def test_grpo_on_two_processes_equals_trl_on_transformers_two_processes(tmp_path):
+    """One torchrun launch per base running both num_iterations settings on 2 gloo processes: the same logs
+    (rewards and KL gathered over both processes), completions tables, checkpoints and weights."""
+    from gen_helpers import tiny_llama, word_tokenizer
+
+    policy = tmp_path / "policy"
+    tiny_llama(seed=0).save_pretrained(policy)
+    word_tokenizer().save_pretrained(policy)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    oracle = [*launcher, str(Path(__file__).parent / "scripts" / "oracle_clean_exit.py")]  # see its docstring
+    results = {}
+    for base, command in (("hf", oracle), ("ours", launcher)):
+        spec = {"base": base, "mode": "parity", "root": str(tmp_path / base), "kinds": ["ni1", "ni2"],
+                "policy": str(policy)}
+        process = subprocess.Popen([*command, str(SCRIPT), json.dumps(spec)], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=_env())
+        results[base] = _result(process)
+    for kind in ("ni1", "ni2"):
+        want, got = _ok(results["hf"], kind), _ok(results["ours"], kind)
+        assert_same_log(stable(got["log"]), stable(want["log"]))
+        assert_same_records(got["records"], want["records"])
+        assert got["checkpoints"] == want["checkpoints"] == [f"checkpoint-{i}" for i in range(1, 5)]
+        for name in want["checkpoints"]:
+            assert_same_weights(tmp_path / "ours" / kind / name, tmp_path / "hf" / kind / name)
 
 
 def _instants() -> list[dict]:

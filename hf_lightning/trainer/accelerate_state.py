@@ -27,7 +27,7 @@ def provide_accelerate_state(args: TrainingArguments) -> None:
         args: the run's arguments (`use_cpu`, `mixed_precision`).
     """
     try:
-        from accelerate.state import AcceleratorState  # type: ignore[import-untyped]  # no py.typed
+        from accelerate.state import AcceleratorState, PartialState  # type: ignore[import-untyped]  # no py.typed
     except ImportError:  # without accelerate no library code can read its state
         return
     if AcceleratorState._shared_state:
@@ -38,6 +38,10 @@ def provide_accelerate_state(args: TrainingArguments) -> None:
             return
         if layout.source != "torch.distributed":
             _init_process_group(layout, args.use_cpu)
+    if PartialState._shared_state and PartialState().num_processes != layout.world_size:
+        # built before the launcher's process group existed, as one process (TRL's model loading reads
+        # `PartialState().device` before the base constructor runs): every later gather would keep the local part only
+        PartialState._reset_state()
     # `_from_accelerator`: the state an `Accelerator()` builds (accelerate refuses a bare `AcceleratorState()`)
     from accelerate.utils import TorchDynamoPlugin  # type: ignore[import-untyped]  # no py.typed
 

@@ -4,7 +4,7 @@ transformers.Trainer, with what each update generated, scored and learned record
     python trl_grpo.py '<json spec>'          (or a path to a JSON file)
 
 Spec: `base` ("ours": `hf_lightning.use_as_transformers_trainer()` before importing trl; "hf": transformers' own),
-`mode` and its keys:
+optional `policy` (the tiny policy's folder, written by the caller; else written here), `mode` and its keys:
 
 - `parity`: `root`, `kinds` (of `ni1`, `ni2`: GRPO with num_iterations 1 / 2, `rloo`: `RLOOTrainer` with
   num_iterations 2; gradient_accumulation_steps 2), `resume` (each kind
@@ -97,6 +97,8 @@ def make_reward(instant: Instant, recorder: Recorder):
 
 def model_folder(root: Path) -> str:
     """The tiny policy saved once (TRL builds the reference model from the policy's path, as HF does)."""
+    if spec.get("policy"):  # written by the test (several processes: transformers' save_pretrained under
+        return spec["policy"]  # torchrun writes the weights on the main process only)
     folder = root / "policy"
     if not (folder / "config.json").is_file():
         tiny_llama(seed=0).save_pretrained(folder)
