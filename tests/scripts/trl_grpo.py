@@ -1,5 +1,5 @@
-"""TRL's `GRPOTrainer` / `RLOOTrainer` (generation by `model.generate`, no vLLM) on a tiny local Llama, on hf_lightning or on the real
-transformers.Trainer, with what each update generated, scored and learned recorded.
+"""TRL's `GRPOTrainer` / `RLOOTrainer` (generation by `model.generate`, no vLLM) on a tiny local Llama, on
+hf_lightning or on the real transformers.Trainer, with what each update generated, scored and learned recorded.
 
     python trl_grpo.py '<json spec>'          (or a path to a JSON file)
 
