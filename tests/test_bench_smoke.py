@@ -42,7 +42,8 @@ RUNS: list[tuple[str, list[str], str]] = [
     ("bench_startup", ["--repeats", "1", "--no-warmup"], r"fit --help\n(.*\n)*  ours warm/hf"),
     ("bench_stream_resume", ["--repeats", "1", "--near", "2", "--far", "3"], r"hf: resume at 3 / at 2"),
     ("bench_threads", ["--repeats", "1", "--max-steps", "2"], r'"same_results"'),
-    ("bench_grpo", ["--repeats", "1", "--steps", "2", "--warmup", "1"], r"update +wall: ours .* ours/hf .*CPU: ours .* ours/hf"),
+    ("bench_grpo", ["--repeats", "1", "--steps", "2", "--warmup", "1"],
+     r"update +wall: ours .* ours/hf .*CPU: ours .* ours/hf"),
 ]
 NOT_SCRIPTS = {"common.py", "lockstep.py"}  # modules of the scripts (lockstep.py: the `--lockstep` run above)
 
