@@ -99,6 +99,7 @@ TIERS = {
     "test_private_hooks.py": "parity",
     "test_sentence_transformers.py": "parity",
     "test_trl_parity.py": "parity",
+    "test_trl_grpo.py": "parity",
     "test_resume_hf_interchange.py": "parity",
     "test_resume_changed_settings.py": "parity",
     "test_rng_order_parity.py": "parity",
@@ -207,6 +208,7 @@ DISTRIBUTED = {
     "test_process_layout.py::test_main_process_first_with_lightnings_own_launcher",
     "test_sentence_transformers.py::test_two_processes_do_the_math_of_one",
     "test_trl_parity.py::test_sft_on_two_processes_equals_hfs_two_processes",
+    "test_trl_grpo.py::test_grpo_on_two_processes_equals_trl_on_transformers_two_processes",
 }
 """Files, or `file::test` names, whose tests spawn 2 processes."""
 
@@ -218,6 +220,7 @@ SLOW = {
     "test_readme_examples.py::test_bash_blocks_run_exactly_as_written",
     "test_compile.py::test_the_default_inductor_backend_trains_like_eager",
     "test_preemption.py::test_two_processes_at_random_instants_many",
+    "test_trl_grpo.py::test_grpo_on_two_processes_equals_trl_on_transformers_two_processes",
     # every bench/ script at tiny sizes (fresh processes of its own for several; a cold torch.compile)
     "test_bench_smoke.py::test_every_bench_script_runs_every_runner_at_tiny_sizes",
     # the heaviest single-process runs (5 to 27 s each on an idle 2-core machine), kept out of the fast tier: each

@@ -46,6 +46,8 @@ RUNS: list[tuple[str, list[str], str]] = [
     ("bench_memory_plan", ["--layers", "1", "--hidden", "64", "--intermediate", "128", "--heads", "4", "--vocab",
                            "500", "--seq-len", "16", "--repeats", "1"],
      r"largest micro-batch under the budget: median [0-9.]+ s \(CPU [0-9.]+ s"),
+    ("bench_grpo", ["--repeats", "1", "--steps", "2", "--warmup", "1"],
+     r"update +wall: ours .* ours/hf .*CPU: ours .* ours/hf"),
 ]
 NOT_SCRIPTS = {"common.py", "lockstep.py"}  # modules of the scripts (lockstep.py: the `--lockstep` run above)
 

@@ -73,6 +73,9 @@ class Checkpoints:
         """Loads a resumed checkpoint's model files (a facade's overridden `_load_from_checkpoint`); None: built in."""
         self.load_best_model: Callable[[], None] | None = None
         """Loads the best checkpoint at the end (a facade's overridden `_load_best_model`); None: built in."""
+        self.after_restore: Callable[[str], None] | None = None
+        """Called once per resumed fit after the optimizer and scheduler are restored, with the resumed folder: a
+        facade's overridden `_load_optimizer_and_scheduler` (TRL's GRPO reads its own file there)."""
 
     @property
     def write_model_files(self) -> ModelFilesWriter | None:
@@ -150,6 +153,8 @@ class Checkpoints:
             restorer.nothing_left = True
             say_nothing_left(trainer, restorer.path, position, plan)
         self.restorer = restorer
+        if self.after_restore is not None:
+            self.after_restore(restorer.path)
         return restorer
 
     def restore(self, trainer: pl.Trainer, plan: TrainingPlan, callbacks: CallbackList, control: TrainerControl

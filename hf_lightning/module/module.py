@@ -271,7 +271,10 @@ class TransformerModule(HFHooksModule):
                 # Gradients are all-reduced once per update: no sync on every micro-batch but the last (every one
                 # with HF's `sync_each_batch`; `sync_last` False: auto_micro_batch reduces after its agreement)
                 with micro_batch_context(strategy, last and sync_last, sync_each):
-                    loss = hooks.training_step(model, dict(micro), num_items)
+                    # a copy of a dict micro-batch (an override may pop from it); any other one (TRL's GRPO: the
+                    # rows of a generation batch) as the collator made it, as HF passes it
+                    loss = hooks.training_step(model, dict(micro) if isinstance(micro, Mapping) else micro,
+                                               num_items)
                 # HF logs what `training_step` returns (with a process-global count: the share times the world
                 # size, averaged over processes at log time, which is the global mean)
                 micro_losses.append(torch.as_tensor(loss).detach().reshape(()))

@@ -48,7 +48,8 @@ from hf_lightning.module.module import TransformerModule
 from hf_lightning.plan import unreachable_best_metric
 from hf_lightning.run_options.memory_plan import MemoryPlan
 from hf_lightning.run_options.seeding import seed_as_hf
-from hf_lightning.trainer.as_transformers import default_lightning_kwargs
+from hf_lightning.trainer.accelerate_state import provide_accelerate_state
+from hf_lightning.trainer.as_transformers import default_lightning_kwargs, is_using_hf_lightning
 from hf_lightning.trainer.data_hooks import DataHooks
 from hf_lightning.trainer.eval_loop import LOOP_OVERRIDES, EvalLoopHooks
 from hf_lightning.trainer.hp_search import HyperparameterSearchMixin
@@ -62,6 +63,7 @@ from hf_lightning.trainer.lightning_trainer import (
 from hf_lightning.trainer.loop_hooks import LoopHooks
 from hf_lightning.trainer.memory_plan import MemoryPlanWarning, build_memory_plan, print_memory_plan_line
 from hf_lightning.trainer.overrides import METRIC_SOURCES, check_overrides, deepspeed_refusals, overridden_methods
+from hf_lightning.trainer.rollout_state import RolloutBufferState, has_rollout_buffer
 from hf_lightning.trainer.script_api import PassedArguments, ScriptApiMixin
 from hf_lightning.trainer.step_hooks import StepHooks
 
@@ -226,6 +228,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
                              "would not run in the background. Use save_async=False, or remove the override.")
         hf_logging.set_verbosity(self.args.get_process_log_level())  # as HF's Trainer.__init__ does
         seed_as_hf(self.args)  # `enable_full_determinism` with `full_determinism`, as HF
+        if is_using_hf_lightning():  # library code after our constructor reads accelerate's state, as HF's leaves it
+            provide_accelerate_state(self.args)
         if (problem := output_dir_problem(self.args.resolved_output_dir)) is not None:
             raise ValueError(problem)  # here, not at the first save after `save_steps` updates
         self.model_init = model_init
@@ -250,6 +254,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         )
         self._eval_dataset = eval_dataset
         hf_callbacks, self._lightning_callbacks = split_callbacks(callbacks)
+        if has_rollout_buffer(self):  # TRL's GRPO / RLOO: the rollout buffer and position go into each checkpoint
+            self._lightning_callbacks.append(RolloutBufferState(self))  # type: ignore[arg-type]  # checked above
         self._trainer_kwargs = lightning_trainer_kwargs(self.args, self.lightning_kwargs, model)
         # One progress bar: HF's console (its log dicts printed by its printer, or written above its progress bar),
         # unless `lightning_kwargs` / `callbacks` ask for Lightning's bar (callbacks/progress_bar.py) instead
@@ -273,6 +279,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         if "_load_from_checkpoint" in self._overridden:  # HF's call at a resume, after the folder is verified
             checkpoints.load_model_files = lambda folder, model: (
                 self._load_from_checkpoint(folder) if model is None else self._load_from_checkpoint(folder, model))
+        if "_load_optimizer_and_scheduler" in self._overridden:  # HF's call at a resume, after the restore
+            checkpoints.after_restore = self._load_optimizer_and_scheduler
         if "_load_best_model" in self._overridden:  # HF's call at the end of train(), after the folder is verified
             checkpoints.load_best_model = self._load_best_model
         self.lightning_trainer: pl.Trainer | None = None
