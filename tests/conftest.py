@@ -97,6 +97,7 @@ TIERS = {
     "test_private_hooks.py": "parity",
     "test_sentence_transformers.py": "parity",
     "test_trl_parity.py": "parity",
+    "test_trl_preference.py": "parity",
     "test_resume_hf_interchange.py": "parity",
     "test_resume_changed_settings.py": "parity",
     "test_rng_order_parity.py": "parity",
