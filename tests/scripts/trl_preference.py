@@ -9,12 +9,12 @@ the log history (training and evaluation), the checkpoint folders written, wheth
 the error. Run by tests/test_trl_preference.py once per base (the swap is process-wide).
 
 Every kind evaluates (TRL's `prediction_step` / `evaluate` overrides and its eval metrics), saves twice, then
-predicts on its eval set (the metrics are returned). `dpo`
-precomputes the reference log-probabilities (TRL's `_precompute_ref_logps`: a DataLoader through
-`accelerator.prepare`, `accelerator.wait_for_everyone`); `kto` computes its KL term from mismatched pairs (TRL's
-`_get_train_sampler` override); `reward` trains a sequence-classification head with TRL's `center_rewards_coefficient`; `dpo_best`
-keeps the best checkpoint by TRL's `rewards/margins` (`load_best_model_at_end`, `save_total_limit=1`);
-`kto_resumed` resumes `kto` from its checkpoint-2 (run `kto` first).
+predicts on its eval set (the metrics are returned). `dpo` precomputes the reference log-probabilities (TRL's
+`_precompute_ref_logps`: a DataLoader through `accelerator.prepare`); `kto` computes its KL term from mismatched
+pairs (TRL's `_get_train_sampler` override, which defers to HF's on transformers >= 5.2); `reward` trains a
+sequence-classification head with TRL's `center_rewards_coefficient`; `dpo_best` keeps the best checkpoint by TRL's
+`rewards/margins` (`load_best_model_at_end`, `save_total_limit=1`); `kto_resumed` resumes `kto` from its
+checkpoint-2 (run `kto` first).
 """
 
 from __future__ import annotations
@@ -136,8 +136,8 @@ def run(kind: str, output_dir: str) -> dict:
     resume = os.path.join(spec["root"], "kto", "checkpoint-2") if kind == "kto_resumed" else None
     trainer.train(resume_from_checkpoint=resume)
     out = Path(output_dir)
-    return {"log": trainer.state.log_history, "predict": trainer.predict(trainer.eval_dataset).metrics, "checkpoints": sorted(p.name for p in out.glob("checkpoint-*")),
-            "card": (out / "README.md").is_file()}
+    return {"log": trainer.state.log_history, "predict": trainer.predict(trainer.eval_dataset).metrics,
+            "checkpoints": sorted(p.name for p in out.glob("checkpoint-*")), "card": (out / "README.md").is_file()}
 
 
 if __name__ == "__main__":
