@@ -73,6 +73,9 @@ class Checkpoints:
         """Loads a resumed checkpoint's model files (a facade's overridden `_load_from_checkpoint`); None: built in."""
         self.load_best_model: Callable[[], None] | None = None
         """Loads the best checkpoint at the end (a facade's overridden `_load_best_model`); None: built in."""
+        self.after_restore: Callable[[str | None], None] | None = None
+        """Called once per fit after the optimizer and scheduler are restored, with the resumed folder (None: a fresh
+        run): a facade's overridden `_load_optimizer_and_scheduler` (TRL's GRPO reads its own file there)."""
 
     @property
     def write_model_files(self) -> ModelFilesWriter | None:
@@ -141,6 +144,8 @@ class Checkpoints:
         path = resume_folder(self.args, resume) if resume is not False else None
         if not path:
             say_replaced(trainer, self.args, None, self.policy.saves)
+            if self.after_restore is not None:  # HF calls `_load_optimizer_and_scheduler(None)` on a fresh run too
+                self.after_restore(None)
             return None
         restorer = CheckpointRestorer(path, self.args, self.policy, self.load_model_files)
         restorer.on_fit_start(trainer, pl_module, plan.updates_per_epoch if plan is not None and plan.sized else None)
@@ -150,6 +155,8 @@ class Checkpoints:
             restorer.nothing_left = True
             say_nothing_left(trainer, restorer.path, position, plan)
         self.restorer = restorer
+        if self.after_restore is not None:
+            self.after_restore(restorer.path)
         return restorer
 
     def restore(self, trainer: pl.Trainer, plan: TrainingPlan, callbacks: CallbackList, control: TrainerControl

@@ -195,7 +195,10 @@ class TransformerModule(HFHooksModule):
                 self._micro_index = i
                 # Gradients are all-reduced once per update: no sync on every micro-batch but the last.
                 with micro_batch_context(strategy, last):
-                    loss = hooks.training_step(model, dict(micro), num_items)
+                    # a copy of a dict micro-batch (an override may pop from it); any other one (TRL's GRPO: the
+                    # rows of a generation batch) as the collator made it, as HF passes it
+                    loss = hooks.training_step(model, dict(micro) if isinstance(micro, Mapping) else micro,
+                                               num_items)
                 # HF logs what `training_step` returns (with a process-global count: the share times the world
                 # size, averaged over processes at log time, which is the global mean)
                 micro_losses.append(torch.as_tensor(loss).detach().reshape(()))

@@ -46,7 +46,8 @@ from hf_lightning.module.metrics import is_streaming_metric
 from hf_lightning.module.module import TransformerModule
 from hf_lightning.plan import unreachable_best_metric
 from hf_lightning.run_options.seeding import seed_as_hf
-from hf_lightning.trainer.as_transformers import default_lightning_kwargs
+from hf_lightning.trainer.accelerate_state import provide_accelerate_state
+from hf_lightning.trainer.as_transformers import default_lightning_kwargs, is_using_hf_lightning
 from hf_lightning.trainer.data_hooks import DataHooks
 from hf_lightning.trainer.eval_loop import LOOP_OVERRIDES, EvalLoopHooks
 from hf_lightning.trainer.hp_search import HyperparameterSearchMixin
@@ -219,6 +220,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
                              "would not run in the background. Use save_async=False, or remove the override.")
         hf_logging.set_verbosity(self.args.get_process_log_level())  # as HF's Trainer.__init__ does
         seed_as_hf(self.args)  # `enable_full_determinism` with `full_determinism`, as HF
+        if is_using_hf_lightning():  # library code after our constructor reads accelerate's state, as HF's leaves it
+            provide_accelerate_state(self.args)
         if (problem := output_dir_problem(self.args.resolved_output_dir)) is not None:
             raise ValueError(problem)  # here, not at the first save after `save_steps` updates
         self.model_init = model_init
@@ -266,6 +269,8 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
         if "_load_from_checkpoint" in self._overridden:  # HF's call at a resume, after the folder is verified
             checkpoints.load_model_files = lambda folder, model: (
                 self._load_from_checkpoint(folder) if model is None else self._load_from_checkpoint(folder, model))
+        if "_load_optimizer_and_scheduler" in self._overridden:  # HF's call once per train(), after the restore
+            checkpoints.after_restore = self._load_optimizer_and_scheduler
         if "_load_best_model" in self._overridden:  # HF's call at the end of train(), after the folder is verified
             checkpoints.load_best_model = self._load_best_model
         self.lightning_trainer: pl.Trainer | None = None

@@ -174,6 +174,12 @@ class LoopHooks:
         load_weights(self.module.model if model is None else model, weights,
                      strategy=trainer.strategy if trainer is not None else None)
 
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """HF's `_load_optimizer_and_scheduler`, called once per `train()` with the resumed folder (None for a fresh
+        run): the optimizer, scheduler and scaler states are restored from it before this call
+        (`checkpoint/restore.py`), so the built-in has nothing left to do; an override (TRL's GRPO / RLOO) reads its
+        own files there after calling it."""
+
     def _load_best_model(self) -> None:
         """HF's `_load_best_model`: the best checkpoint's weights (`state.best_model_checkpoint`, verified before
         this call) into the model, at the end of `train()` with `load_best_model_at_end`."""

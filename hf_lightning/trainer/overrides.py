@@ -66,6 +66,9 @@ ROUTED: dict[str, str] = {
     "_load_from_checkpoint": "once per resumed train(), for the model weights, after the checkpoint folder is "
                              "verified (HF's call: one argument; under FSDP with the sharded model as `model`); not "
                              "under DeepSpeed, as HF (the engine's checkpoint)",
+    "_load_optimizer_and_scheduler": "once per train(), with the resumed checkpoint folder (None for a fresh run), "
+                                     "after the optimizer, scheduler and scaler states are restored from it (so the "
+                                     "built-in does nothing more); TRL's GRPO / RLOO read their own files there",
     "_load_best_model": "at the end of train() with load_best_model_at_end, after the train summary is logged and the "
                         "best checkpoint's files are verified",
     "call_model_init": "by train() when a model_init is given",
@@ -142,7 +145,6 @@ REFUSED: dict[str, str] = {
     "_save_optimizer_and_scheduler": _SAVE,
     "_save_scaler": _SAVE,
     "_load_rng_state": _LOAD,
-    "_load_optimizer_and_scheduler": _LOAD,
     "_load_scaler": _LOAD,
     "_load_callback_state": _LOAD,
     "_issue_warnings_after_load": _LOAD,
