@@ -397,7 +397,10 @@ class TransformerModule(HFHooksModule):
         self._window = WindowContext()
         loss_only = self.prediction_loss_only(is_prediction)
         model, ignore_keys = self.model_wrapped, self._eval_request.ignore_keys
-        return EvalStep(*self.hooks.prediction_step(model, dict(batch), loss_only, ignore_keys))
+        # a copy of a dict batch (an override may pop from it); any other one (TRL's GRPO: the rows of a generation
+        # batch) as the collator made it, as HF passes it
+        inputs = dict(batch) if isinstance(batch, Mapping) else batch
+        return EvalStep(*self.hooks.prediction_step(model, inputs, loss_only, ignore_keys))
 
     @override
     def validation_step(  # type: ignore[override]  # Lightning types step outputs as tensors / mappings
