@@ -129,6 +129,7 @@ TIERS = {
     "test_console_output.py": "e2e",
     "test_cli_peft.py": "e2e",
     "test_cli_library.py": "e2e",
+    "test_cli_rl.py": "e2e",
     "test_trl_extra.py": "e2e",
     "test_bench_smoke.py": "e2e",
     "test_evaluation.py": "e2e",
