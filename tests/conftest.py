@@ -228,6 +228,8 @@ SLOW = {
     "test_gpu.py::test_the_best_model_flow_of_the_gpu_harness_runs_on_the_cpu",
     # two more sentence-transformers processes (~10 s each); tests/test_private_hooks.py keeps `_load_best_model`
     "test_sentence_transformers.py::test_load_best_model_at_end_loads_the_best_checkpoint_as_hf",
+    # configs/dpo.yaml and configs/grpo.yaml as shipped, fit then validate (4 CLI processes, 2 at a time)
+    "test_cli_rl.py::test_the_shipped_dpo_and_grpo_configs_learn_and_validate",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 

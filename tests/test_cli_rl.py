@@ -72,7 +72,6 @@ def _evaluations(out: Path, key: str) -> list[tuple[int, float]]:
     return [(entry["step"], entry[key]) for entry in log if key in entry]
 
 
-@pytest.mark.slow
 def test_the_shipped_dpo_and_grpo_configs_learn_and_validate(tmp_path):
     """configs/dpo.yaml and configs/grpo.yaml as shipped (both fits side by side, then both validates): DPO's eval
     preference accuracy goes from 0 (before any update the policy is its reference: every reward is 0) to above 0.75;
