@@ -67,6 +67,14 @@ def test_task_dpo_and_grpo_are_the_short_forms_of_trls_classes(tmp_path):
     assert printed["reward_funcs"] == ["prompt_words"] and printed["args"]["num_generations"] == 8
 
 
+def test_grpo_with_a_config_built_model_and_a_kl_term_is_one_error_line(tmp_path):
+    """TRL's GRPO loads its reference model (beta > 0) from the policy's path, which a config_class model lacks: one
+    line saying what to set, instead of TRL's failure to load an empty path."""
+    line, _, _ = _probe(tmp_path, "fit", "--config", "configs/grpo.yaml", "--args.output_dir", str(tmp_path / "out"),
+                        "--args.beta", "0.1")
+    assert "args.beta=0.1 needs a reference model" in line and "set args.beta: 0.0" in line, line
+
+
 def _evaluations(out: Path, key: str) -> list[tuple[int, float]]:
     log = json.loads((out / "trainer_state.json").read_text())["log_history"]
     return [(entry["step"], entry[key]) for entry in log if key in entry]
