@@ -100,6 +100,7 @@ TIERS = {
     "test_sentence_transformers.py": "parity",
     "test_trl_parity.py": "parity",
     "test_trl_grpo.py": "parity",
+    "test_trl_preference.py": "parity",
     "test_resume_hf_interchange.py": "parity",
     "test_resume_changed_settings.py": "parity",
     "test_rng_order_parity.py": "parity",
@@ -131,6 +132,7 @@ TIERS = {
     "test_console_output.py": "e2e",
     "test_cli_peft.py": "e2e",
     "test_cli_library.py": "e2e",
+    "test_cli_rl.py": "e2e",
     "test_trl_extra.py": "e2e",
     "test_bench_smoke.py": "e2e",
     "test_evaluation.py": "e2e",
@@ -242,6 +244,8 @@ SLOW = {
     "test_accelerator_config.py::test_memory_metrics_are_hfs",
     # two 2-process torchrun launches of the T5 QA script (HF's and ours)
     "test_examples.py::test_seq2seq_qa_under_two_process_ddp_matches_transformers",
+    # configs/dpo.yaml and configs/grpo.yaml as shipped, fit then validate (4 CLI processes, 2 at a time)
+    "test_cli_rl.py::test_the_shipped_dpo_and_grpo_configs_learn_and_validate",
 }
 """Files, or `file::test` names, of the long end-to-end runs."""
 

@@ -24,9 +24,10 @@ from hf_lightning.cli import main
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
 
 REPO = Path(__file__).resolve().parents[1]
-# configs/sft.yaml runs a library trainer (TRL) through `use_as_transformers_trainer()`, a process-wide swap: it is
-# run in its own processes by tests/test_cli_library.py
-CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml") if p.name != "sft.yaml")
+# configs/sft.yaml, dpo.yaml and grpo.yaml run library trainers (TRL) through `use_as_transformers_trainer()`, a
+# process-wide swap: they are run in their own processes by tests/test_cli_library.py and tests/test_cli_rl.py
+LIBRARY_CONFIGS = {"sft.yaml", "dpo.yaml", "grpo.yaml"}
+CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml") if p.name not in LIBRARY_CONFIGS)
 GENERATION_CONFIGS = {"seq2seq.yaml", "causal_lm_generation.yaml"}
 FAST = ["--args.max_steps", "3", "--args.logging_steps", "1", "--data.max_train_samples", "48",
         "--data.max_eval_samples", "24", "--trainer.enable_progress_bar", "false"]

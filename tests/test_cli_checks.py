@@ -249,11 +249,11 @@ def test_trainer_max_steps_trains_that_many_updates_and_help_says_where_it_goes(
 
 
 def test_a_library_trainer_task_is_one_error_line_saying_how_the_cli_runs_one(tmp_path, in_repo, capsys):
-    """TRL's trainers are Trainer subclasses whose behaviour is their own methods, not a task preset: `task: dpo`
+    """TRL's trainers are Trainer subclasses whose behaviour is their own methods, not a task preset: `task: reward`
     says how the CLI runs a library trainer (a config naming it, configs/sft.yaml) and what else runs it."""
-    line = _error(["fit", "--config", "configs/causal_lm.yaml", "--task", "dpo",
+    line = _error(["fit", "--config", "configs/causal_lm.yaml", "--task", "reward",
                    "--args.output_dir", str(tmp_path / "out")], capsys)
-    assert "task='dpo' is not a CLI task" in line and "TRL's DPOTrainer" in line
+    assert "task='reward' is not a CLI task" in line and "TRL's RewardTrainer" in line
     assert "`trainer_class` and `args_class`" in line and "configs/sft.yaml" in line
     assert "use_as_transformers_trainer()" in line and "examples/run_sft.py" in line
 

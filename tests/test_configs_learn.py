@@ -30,9 +30,11 @@ from hf_lightning.cli import main
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI.s args parameter")
 
 REPO = Path(__file__).resolve().parents[1]
-# configs/sft.yaml runs a library trainer (TRL) through `use_as_transformers_trainer()`, a process-wide swap: it is
-# run in its own processes, and its learning checked, by tests/test_cli_library.py
-CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml") if p.name != "sft.yaml")
+# configs/sft.yaml, dpo.yaml and grpo.yaml run library trainers (TRL) through `use_as_transformers_trainer()`, a
+# process-wide swap: they are run in their own processes, and their learning checked, by tests/test_cli_library.py
+# and tests/test_cli_rl.py
+LIBRARY_CONFIGS = {"sft.yaml", "dpo.yaml", "grpo.yaml"}
+CONFIGS = sorted(p.name for p in (REPO / "configs").glob("*.yaml") if p.name not in LIBRARY_CONFIGS)
 
 
 def _config(name: str) -> dict:

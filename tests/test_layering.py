@@ -74,6 +74,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.tasks.checks": 0,
     "hf_lightning.tasks.specs": 0,
     "hf_lightning.tasks.task": 0,
+    "hf_lightning.tasks.rewards": 0,
     "hf_lightning.trainer": 0,
     "hf_lightning.trainer.overrides": 0,
     "hf_lightning.cli.plan": 0,

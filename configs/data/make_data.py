@@ -8,6 +8,8 @@
 - tags_{train,validation}.jsonl: tokens (word list), tags (POS / NEG / NOT / O per word)
 - reverse_{train,validation}.jsonl: source, target (a toy seq2seq task: the target is the source's words reversed)
 - reverse_prompts_{train,validation}.jsonl: prompt, completion (the same task in the decoder-only format)
+- reverse_preferences_{train,validation}.jsonl: prompt, chosen (the words reversed), rejected (the words in another
+  order: the prompt copied, or reversed with two words swapped), TRL's preference format (DPO)
 - squad_{train,validation}.jsonl: id, title, context, question, answers {text, answer_start} (SQuAD's layout; the
   context is a review, the question asks how one of its subjects was, the answer is that clause's adjective)
 - tokenizer.json: a WordPiece tokenizer with a small vocabulary, so longer words split into sub-words. Its training
@@ -55,6 +57,25 @@ def _write_reverse(split: str, n: int, seed: int) -> None:
             prompts.write(json.dumps({"prompt": source, "completion": target}) + "\n")
 
 
+def _write_preferences(split: str, n: int, seed: int) -> None:
+    """The reversal task as preferences: the reversed words chosen, a wrong order of the same words rejected."""
+    rng = random.Random(seed + 40)
+    with open(os.path.join(HERE, f"reverse_preferences_{split}.jsonl"), "w") as f:
+        while n:
+            words = [rng.choice(_REVERSE_WORDS) for _ in range(rng.randint(3, 5))]
+            chosen = list(reversed(words))
+            rejected = list(words)
+            if rejected == chosen or rng.random() < 0.5:  # a near miss: reversed with two words swapped
+                rejected = list(chosen)
+                i, j = rng.sample(range(len(words)), 2)
+                rejected[i], rejected[j] = rejected[j], rejected[i]
+            if rejected == chosen:  # every order of these words is the same: no preference to learn
+                continue
+            f.write(json.dumps({"prompt": " ".join(words), "chosen": " ".join(chosen),
+                                "rejected": " ".join(rejected)}) + "\n")
+            n -= 1
+
+
 def _write_pairs(split: str, n: int, seed: int) -> None:
     """Sentence pairs, one clause each ("the plot was quite dull"); label: whether both have the same sentiment."""
     rng = random.Random(seed + 30)
@@ -100,6 +121,7 @@ def main() -> None:
                 f.write(json.dumps({"tokens": words, "tags": [_tag(w) for w in words]}) + "\n")
         corpus += data["text"]
         _write_reverse(split, n, seed)
+        _write_preferences(split, n, seed)
         _write_squad(split, data["text"], seed)
 
     if os.path.isfile(os.path.join(HERE, "tokenizer.json")) and "--tokenizer" not in sys.argv[1:]:

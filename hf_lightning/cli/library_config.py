@@ -12,10 +12,12 @@ Such a config names the trainer class and its arguments class instead of a task 
     trainer: {...}                    # lightning.Trainer options, given to the trainer as `lightning_kwargs`
     hf_callbacks: [...]               # optional: transformers.TrainerCallback classes
 
-`task: sft` is the short form of the first two lines. Everything here is pure Python (YAML and the spec
-dataclasses): a mistyped key, a class from a package the config does not allow or that is not installed (naming the
-hf-lightning extra that installs it), a missing file or `predict` (which
-these trainers cannot run on text rows) is one `error:` line in a fraction of a second.
+`task: sft` is the short form of the first two lines (`task: dpo`, `task: grpo` of TRL's DPO / GRPO trainers). A GRPO
+(or RLOO) config also names its reward functions, `reward_funcs: [prompt_words]`: built-in names
+(`tasks/rewards.py`) or dotted paths under `allow_code_from`, checked here before anything is imported.
+Everything here is pure Python (YAML and the spec dataclasses): a mistyped key, a class from a package the config
+does not allow or that is not installed (naming the hf-lightning extra that installs it), a missing file or
+`predict` (which these trainers cannot run on text rows) is one `error:` line in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import yaml
 from hf_lightning.cli.config_code import check_code_path
 from hf_lightning.cli.file_checks import folder_problem
 from hf_lightning.tasks.loading import check_files
+from hf_lightning.tasks.rewards import BUILT_IN, reward_entry_problem
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 
 __all__ = [
@@ -40,14 +43,21 @@ __all__ = [
     "unknown_keys",
 ]
 
-LIBRARY_TASKS = {"sft": ("trl.SFTTrainer", "trl.SFTConfig")}
+LIBRARY_TASKS = {
+    "sft": ("trl.SFTTrainer", "trl.SFTConfig"),
+    "dpo": ("trl.DPOTrainer", "trl.DPOConfig"),
+    "grpo": ("trl.GRPOTrainer", "trl.GRPOConfig"),
+}
 """`task:` names the CLI runs with a library trainer: `(trainer_class, args_class)` they stand for."""
+
+NEEDS_REWARDS = ("trl.GRPOTrainer", "trl.RLOOTrainer")
+"""Trainer classes that learn from reward functions: their config must name `reward_funcs`."""
 
 _EXTRAS = {"trl": "trl"}
 """The hf-lightning extra that installs a library package a config's classes come from (pyproject.toml)."""
 
 _TOP_KEYS = ("task", "trainer_class", "args_class", "allow_code_from", "allow_remote_code", "args", "model", "data",
-             "trainer", "hf_callbacks", "ckpt_path")
+             "trainer", "hf_callbacks", "ckpt_path", "reward_funcs")
 _SECTIONS = ("args", "model", "data", "trainer")
 
 _DATA_USED = ("train_file", "validation_file", "dataset_name", "dataset_config_name", "train_split",
@@ -79,6 +89,8 @@ class LibraryConfig:
     trainer: dict[str, Any]
     allow_code_from: list[str] = field(default_factory=list)
     hf_callbacks: list[Any] = field(default_factory=list)
+    reward_funcs: list[str] = field(default_factory=list)
+    """The reward functions (GRPO / RLOO): built-in names or dotted paths, checked (`_reward_funcs`)."""
     ckpt_path: str | None = None
     print_config: bool = False
     help: bool = False
@@ -266,6 +278,29 @@ def _stage_problem(subcommand: str, data: DataSpec) -> str | None:
     return None
 
 
+def _reward_funcs(config: dict[str, Any], trainer_class: str, allowed: Sequence[str]) -> list[str]:
+    """The checked `reward_funcs` entries: each a built-in name or a dotted path the config allows (nothing is
+    imported but library classes, as for `trainer_class`).
+
+    Raises:
+        ValueError: not a list of names, an entry that is neither (a reward model's folder included), none for a
+            trainer that needs them, or a path from a package not in `allow_code_from` (`ConfigCodeError`).
+    """
+    value = config.get("reward_funcs")
+    entries = [] if value is None else value if isinstance(value, list) else [value]
+    if not entries and trainer_class in NEEDS_REWARDS:
+        raise ValueError(f"trainer_class={trainer_class!r} learns from rewards: set reward_funcs, e.g. "
+                         f"`reward_funcs: [prompt_words]` (built in: {', '.join(sorted(BUILT_IN))}; or a dotted path "
+                         "to a function of a package listed in allow_code_from).")
+    for index, entry in enumerate(entries):
+        key = f"reward_funcs[{index}]"
+        if (problem := reward_entry_problem(key, entry)) is not None:
+            raise ValueError(problem)
+        if entry not in BUILT_IN:
+            check_code_path(key, entry, allowed)
+    return [str(entry) for entry in entries]
+
+
 def read_library_config(subcommand: str, argv: Sequence[str]) -> LibraryConfig:
     """The checked config of a library-trainer run (see the module docstring).
 
@@ -290,6 +325,7 @@ def read_library_config(subcommand: str, argv: Sequence[str]) -> LibraryConfig:
         # before anything is loaded: importing the class happens after torch, transformers and Lightning (minutes)
         if (problem := _not_installed(key, path)) is not None:
             raise ValueError(problem)
+    reward_funcs = _reward_funcs(config, trainer_class, allowed)
     sections = {name: _mapping(config, name) for name in _SECTIONS}
     model = _model_spec(sections["model"])
     data = _data_spec(sections["data"])
@@ -312,6 +348,7 @@ def read_library_config(subcommand: str, argv: Sequence[str]) -> LibraryConfig:
     return LibraryConfig(subcommand=subcommand, trainer_class=trainer_class, args_class=args_class,
                          args=sections["args"], model=model, data=data, trainer=sections["trainer"],
                          allow_code_from=[str(a) for a in allowed], hf_callbacks=hf_callbacks,
+                         reward_funcs=reward_funcs,
                          ckpt_path=None if ckpt_path is None else str(ckpt_path), print_config=print_config,
                          help=show_help, command_line=command_line)
 

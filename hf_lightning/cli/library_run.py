@@ -14,6 +14,7 @@ Lightning lacks, data the trainer cannot use) end the run with one `error:` line
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import inspect
@@ -37,7 +38,7 @@ from hf_lightning.checkpoint.io import CheckpointWriteError
 from hf_lightning.checkpoint.run_lock import OutputDirLocked
 from hf_lightning.checkpoint.verify import require_verified
 from hf_lightning.cli.config_code import enforce_in_parser
-from hf_lightning.cli.library_config import LibraryConfig, processes_lightning_starts, unknown_keys
+from hf_lightning.cli.library_config import NEEDS_REWARDS, LibraryConfig, processes_lightning_starts, unknown_keys
 from hf_lightning.cli.precheck import fail
 from hf_lightning.cli.summary import fit_summary, logger_paths
 from hf_lightning.cli.trainer_spellings import LIGHTNING_TO_HF, move_lightning_spellings, user_set
@@ -47,6 +48,7 @@ from hf_lightning.run_options.seeding import seed_as_hf
 from hf_lightning.tasks.hf_callbacks import build_hf_callbacks
 from hf_lightning.tasks.loading import build_model, load_split, load_tokenizer, splits_for_stage
 from hf_lightning.tasks.registry import get_task
+from hf_lightning.tasks.rewards import BUILT_IN
 from hf_lightning.tasks.specs import DataSpec, ModelSpec
 from hf_lightning.trainer.as_transformers import use_as_transformers_trainer
 from hf_lightning.trainer.facade import Trainer
@@ -99,6 +101,9 @@ def _classes(config: LibraryConfig) -> tuple[type, type]:
     parameters = inspect.signature(trainer_cls).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     missing = [name for name in _CONSTRUCTOR if name not in parameters and not takes_any]
+    if config.reward_funcs and "reward_funcs" not in parameters:
+        raise ValueError(f"reward_funcs={config.reward_funcs!r}: trainer_class={config.trainer_class!r} takes no "
+                         "reward functions (GRPO / RLOO trainers do); drop reward_funcs.")
     if missing:
         raise ValueError(f"trainer_class={config.trainer_class!r} does not take {', '.join(missing)}: the CLI builds "
                          f"a library trainer as transformers.Trainer is built ({', '.join(_CONSTRUCTOR)}); run it "
@@ -188,6 +193,40 @@ def _model_folder(config: LibraryConfig) -> str | None:
     return ckpt
 
 
+def _reward_functions(config: LibraryConfig) -> list[Any]:
+    """The config's reward functions: built-in ones by name, the others imported from their (checked) dotted path."""
+    functions = []
+    for index, entry in enumerate(config.reward_funcs):
+        function = BUILT_IN.get(entry) or _import(f"reward_funcs[{index}]", entry)
+        if not callable(function):
+            raise ValueError(f"reward_funcs[{index}]={entry!r} is not callable: a reward function takes (prompts, "
+                             "completions, **columns) and returns one float per completion.")
+        functions.append(function)
+    return functions
+
+
+def _reference_model(config: LibraryConfig, trainer_cls: type, args: Any, model: Any) -> dict[str, Any]:
+    """The keyword that gives a trainer its reference model when TRL could not build it.
+
+    TRL builds the reference model (DPO, GRPO / RLOO with `beta` > 0) by loading the policy's `name_or_path` again;
+    a model the config builds from `config_class` has none. DPO takes a `ref_model`: the CLI passes a copy of the
+    freshly built policy (the weights TRL's reload would give). GRPO takes none: such a config is refused unless
+    `args.beta` is 0 (no reference model: TRL's default).
+
+    Raises:
+        ValueError: a GRPO / RLOO config with a `config_class` model and `args.beta` > 0.
+    """
+    if config.model.model_name_or_path is not None:
+        return {}
+    if "ref_model" in inspect.signature(trainer_cls).parameters:
+        return {"ref_model": copy.deepcopy(model)}
+    if getattr(args, "beta", 0.0) not in (0, 0.0, None) and config.trainer_class in NEEDS_REWARDS:
+        raise ValueError(f"args.beta={args.beta!r} needs a reference model, which {config.trainer_class} loads from "
+                         "the model's path; a model built from model.config_class has none: set args.beta: 0.0, or "
+                         "model.model_name_or_path.")
+    return {}
+
+
 def build_library_run(config: LibraryConfig) -> LibraryRun:
     """Everything up to a built library trainer (see the module docstring).
 
@@ -221,13 +260,16 @@ def build_library_run(config: LibraryConfig) -> LibraryRun:
     tokenizer = load_tokenizer(config.data, config.model)
     model = build_model(config.model, get_task(_MODEL_TASK), tokenizer, None, config.allow_code_from)
     callbacks = build_hf_callbacks(config.hf_callbacks, config.allow_code_from)
+    extra = _reference_model(config, trainer_cls, args, model)
+    if config.reward_funcs:
+        extra["reward_funcs"] = _reward_functions(config)
     # validate: TRL's SFTTrainer refuses to be built without a train dataset; the evaluation rows stand in (only
     # tokenized, never trained on: `evaluate()` reads the eval dataset alone)
     train = raw.get("train") if config.subcommand == "fit" else raw.get("validation")
     try:
         trainer = trainer_cls(model=model, args=args, train_dataset=train,
                               eval_dataset=raw.get("validation"), processing_class=tokenizer,
-                              callbacks=callbacks or None)
+                              callbacks=callbacks or None, **extra)
     except ValueError as err:
         raise ValueError(str(err).replace("lightning_kwargs", "trainer options").replace(
             "TrainingArguments.", "args.")) from None
@@ -296,6 +338,8 @@ def _print_config(config: LibraryConfig, args: Any) -> None:
         "model": dataclasses.asdict(config.model), "data": dataclasses.asdict(config.data),
         "trainer": config.trainer, "hf_callbacks": config.hf_callbacks,
     }
+    if config.reward_funcs:
+        document["reward_funcs"] = config.reward_funcs
     sys.stdout.write(yaml.safe_dump(document, sort_keys=False))
 
 

@@ -171,7 +171,8 @@ class EvalAccumulator:
         self._check_labels(batch, labels)
         if logits is not None and self.settings.preprocess_logits_for_metrics is not None:
             logits = self.settings.preprocess_logits_for_metrics(logits, labels)
-        inputs = batch.get(self.settings.main_input_name) if "inputs" in self.args.include_for_metrics else None
+        inputs = (batch.get(self.settings.main_input_name)
+                  if "inputs" in self.args.include_for_metrics and isinstance(batch, Mapping) else None)
         streams = self.streaming is not None and (labels is not None or not self.streaming.needs_labels)
         if streams and logits is not None:
             assert self.streaming is not None

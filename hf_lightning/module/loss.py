@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -75,13 +75,17 @@ def count_label_tokens(inputs: Mapping[str, Any], shift: bool) -> torch.Tensor |
     return labels.ne(-100).sum()
 
 
-def count_samples(batch: Mapping[str, Any]) -> int:
+def count_samples(batch: Mapping[str, Any] | Sequence[Any]) -> int:
     """The samples in one collated batch: its first dimension (HF's `find_batch_size`), except for a padding-free
     batch (`DataCollatorWithFlattening`: one row of concatenated sequences whose `position_ids` restart at 0 at each
     sequence), which holds as many samples as sequences. HF weights an eval batch's loss by
     `per_device_eval_batch_size` samples (the last one by the rest of the dataset, T:3006-3008), which is the number
-    of sequences in a flattened batch too; 1 per row would weigh a batch of 4 sequences like one of 3.
+    of sequences in a flattened batch too; 1 per row would weigh a batch of 4 sequences like one of 3. A batch that
+    is a list of rows (TRL's GRPO collates none: its rows are its samples) counts its rows, which is HF's weighting
+    too (`per_device_eval_batch_size`, the last batch by the rest of the dataset).
     """
+    if not isinstance(batch, Mapping):
+        return max(len(batch), 1)
     position_ids = batch.get("position_ids")
     main = next((v for v in batch.values() if torch.is_tensor(v) and v.dim() >= 1), None)
     if torch.is_tensor(position_ids) and position_ids.dim() == 2 and position_ids.shape[0] == 1 \

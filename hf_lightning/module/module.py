@@ -502,12 +502,14 @@ class TransformerModule(HFHooksModule):
         loss_only = self.prediction_loss_only(is_prediction)
         model, ignore_keys = self.model_wrapped, self._eval_request.ignore_keys
 
-        def step(inputs: dict[str, Any]) -> EvalStep:
+        def step(inputs: Any) -> EvalStep:
             return EvalStep(*self.hooks.prediction_step(model, inputs, loss_only, ignore_keys))
 
         guard = self.micro_batch_guard
-        if guard is None:
-            return step(dict(batch))
+        if guard is None or not isinstance(batch, Mapping):
+            # a copy of a dict batch (an override may pop from it); any other one (TRL's GRPO: the rows of a
+            # generation batch) as the collator made it, as HF passes it (auto_micro_batch cuts dict batches only)
+            return step(dict(batch) if isinstance(batch, Mapping) else batch)
         trainer = attached_trainer(self)
         if trainer is not None and trainer.world_size > 1 and self._generates_in_lockstep():
             return _unsplit_generation_step(step, batch)

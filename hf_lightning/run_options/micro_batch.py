@@ -47,6 +47,10 @@ def split_micro_batch(batch: Mapping[str, Any], pieces: int) -> list[dict[str, A
     Tensors and lists as long as the batch are cut; every other value (a scalar, a tensor without the batch's first
     dimension) is shared by every piece. One piece is the batch itself, uncopied.
     """
+    if not isinstance(batch, Mapping):
+        # TRL's GRPO / RLOO hand their rows over uncollated: nothing here knows how to cut them
+        raise ValueError(f"auto_micro_batch=True cuts collated dict micro-batches, but this trainer's micro-batch is a "
+                         f"{type(batch).__name__}; drop auto_micro_batch for this trainer.")
     rows = rows_of(batch)
     if pieces <= 1 or rows is None or rows <= 1:
         return [dict(batch)]

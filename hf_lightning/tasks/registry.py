@@ -34,13 +34,14 @@ LIBRARY_TRAINER_TASKS = {
     "sentence_transformers": "sentence-transformers' SentenceTransformerTrainer",
 }
 """Task names that mean a library's `transformers.Trainer` subclass, which the CLI runs only from a config naming
-it (`cli/library_config.py`; `sft` is routed there before `get_task` is asked)."""
+it (`cli/library_config.py`; `sft`, `dpo` and `grpo` are routed there before `get_task` is asked)."""
 
 _LIBRARY_TRAINER_HELP = (
     "the CLI runs a library trainer from a config that names it, `trainer_class` and `args_class` "
-    "(configs/sft.yaml runs TRL's SFTTrainer; `task: sft` is its short form), built as transformers.Trainer is "
+    "(configs/sft.yaml, configs/dpo.yaml, configs/grpo.yaml run TRL's SFT, DPO and GRPO trainers; `task: sft` / "
+    "`dpo` / `grpo` are their short forms), built as transformers.Trainer is "
     "(model, args, train_dataset, eval_dataset, processing_class) from the config's model and data. For {what}, name "
-    "it there the same way, or, where its constructor needs more (a reward function, a SentenceTransformer model), "
+    "it there the same way, or, where its constructor needs more (a reward model, a SentenceTransformer model), "
     "run it from Python with `hf_lightning.use_as_transformers_trainer()` before importing the library "
     "(examples/run_sft.py; README \"TRL and sentence-transformers trainers\")."
 )
