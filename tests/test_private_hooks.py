@@ -181,8 +181,9 @@ def test_accelerator_config_that_changes_nothing_is_accepted_and_others_refused_
     assert args.accelerator_config.to_dict() == transformers.TrainingArguments(
         output_dir=str(tmp_path)).accelerator_config.to_dict()
     hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"dispatch_batches": None})
-    with pytest.raises(ValueError, match=r"`accelerator_config`=\{'dispatch_batches': True\}"):
-        hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"dispatch_batches": True})
+    refused = {"gradient_accumulation_kwargs": {"adjust_scheduler": False}}
+    with pytest.raises(ValueError, match=r"`accelerator_config`=\{'gradient_accumulation_kwargs': \{'adjust_sch"):
+        hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config=refused)
 
 
 class EpochBatches(BatchSampler):

@@ -45,7 +45,9 @@ UNSUPPORTED: dict[str, str] = {
                           "transfers are non-blocking), `gradient_accumulation_kwargs` with `num_steps` (HF's rule), "
                           "`sync_each_batch`, `sync_with_dataloader=True`, `use_seedable_sampler` (False: torch's "
                           "`RandomSampler` order, drawn from the global generator at each epoch's start; under "
-                          "several processes rank 0's draw); `dispatch_batches` only at accelerate's default)",
+                          "several processes rank 0's draw), `dispatch_batches` (in one process: the batches are "
+                          "the same whatever its value; under several processes only accelerate's default, refused "
+                          "when the loaders are built))",
     "parallelism_config": _STRATEGY,
     "dataloader_multiprocessing_context": "pass `DataLoader`s with your own `multiprocessing_context` (override "
                                           "`train_dataloader`)",
@@ -153,11 +155,12 @@ ACCELERATOR_CONFIG_DEFAULTS: dict[str, Any] = {
 """accelerate's `AcceleratorConfig` defaults (transformers 5.24), which are what a Lightning run does: batch sizes per
 process, each process loading its own shard, the seeded order, eval results without duplicates."""
 _ACCELERATOR_HONOURED = ("use_configured_state", "non_blocking", "split_batches", "even_batches",
-                         "use_seedable_sampler")
+                         "use_seedable_sampler", "dispatch_batches")
 """`accelerator_config` fields honoured whatever their value: `use_configured_state` (no accelerate state under
 Lightning), `non_blocking` (Lightning moves every batch to CUDA with `non_blocking=True`, and blocking to the CPU /
 MPS, whatever the value: the same tensors either way), `split_batches`, `even_batches` and `use_seedable_sampler` (the
-loaders, `data/sampling.py`)."""
+loaders, `data/sampling.py`), `dispatch_batches` (one process reads every batch either way; a value other than None
+under several processes is refused when the loaders are built, `data/datamodule.py`)."""
 
 
 def _accelerator_settings(value: Any) -> Mapping[str, Any] | None:

@@ -483,6 +483,12 @@ class TransformerDataModule(pl.LightningDataModule):
                 "yourself (`trainer.accelerator.gather_for_metrics(objects, use_gather_object=True)`)."
             )
         settings = loader_settings(self.args)
+        if world > 1 and settings.dispatch_batches is not None:
+            raise ValueError(
+                f"accelerator_config dispatch_batches={settings.dispatch_batches} under {world} processes: every "
+                "process reads its own shard of the dataset under Lightning (rank 0 reading and sending every batch "
+                "is not implemented). Leave `dispatch_batches` at None (accelerate's default)."
+            )
         if settings.split_batches:  # accelerate: the batch of all processes together, split into per-process parts
             what = "per_device_train_batch_size" if is_training else "per_device_eval_batch_size"
             loader = self._build_loader(dataset, description, split_batch_size(batch_size, world, what), sampler_fn,
