@@ -100,6 +100,7 @@ TIERS = {
     "test_sentence_transformers.py": "parity",
     "test_trl_parity.py": "parity",
     "test_trl_grpo.py": "parity",
+    "test_hf_built_optimizers.py": "parity",
     "test_trl_preference.py": "parity",
     "test_resume_hf_interchange.py": "parity",
     "test_resume_changed_settings.py": "parity",

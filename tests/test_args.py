@@ -84,7 +84,7 @@ def test_save_strategy_best_needs_a_metric():
         (dict(train_sampling_strategy="batch_rebalance"), ["train_sampling_strategy", "'batch_rebalance'", "random",
                                                            "group_by_length"]),
         (dict(optim="bogus"), ["optim", "'bogus'", "adamw_torch_fused", "adafactor"]),
-        (dict(optim="adamw_8bit"), ["optim", "'adamw_8bit'"]),  # valid for HF, not built here: still named
+        (dict(optim="lomo"), ["optim", "'lomo'", "fused_backward"]),  # valid for HF, refused here with the reason
         (dict(lr_scheduler_type="greedier"), ["lr_scheduler_type", "'greedier'", "linear"]),
         (dict(warmup_steps=-2), ["warmup_steps = -2"]),
         (dict(bf16=True, fp16=True), ["bf16", "fp16"]),

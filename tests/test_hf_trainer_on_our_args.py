@@ -112,14 +112,3 @@ def test_accelerator_config_settings_honoured_as_hf(tmp_path):
                        match=r"`accelerator_config`=\{'gradient_accumulation_kwargs': \{'sync_with_dataloader'"):
         hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={
             "gradient_accumulation_kwargs": {"sync_with_dataloader": False}})
-
-
-def test_adamw_anyprecision_is_refused_with_its_reason(tmp_path):
-    """HF builds it from torchdistx (not installable for torch 2): HF fails when it creates the optimizer, ours when
-    the arguments are built, with the reason and what to do."""
-    hf = transformers.Trainer(model=_model(), args=transformers.TrainingArguments(
-        output_dir=str(tmp_path / "hf"), optim="adamw_anyprecision", report_to="none", use_cpu=True))
-    with pytest.raises(ValueError, match="Please install https://github.com/pytorch/torchdistx"):
-        hf.create_optimizer()
-    with pytest.raises(ValueError, match=r"`optim`='adamw_anyprecision' is not supported by hf_lightning: .*torchdistx"):
-        hf_lightning.TrainingArguments(output_dir=str(tmp_path / "ours"), optim="adamw_anyprecision")

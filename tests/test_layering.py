@@ -118,6 +118,8 @@ LAYERS: dict[str, int] = {
     "hf_lightning.trainer.hp_search": 1,
     "hf_lightning.run_options.memory_plan": 1,
     "hf_lightning.trainer.model_card": 1,
+    "hf_lightning.trainer.accelerate_state": 1,
+    "hf_lightning.trainer.rollout_state": 3,
     "hf_lightning.parallel.fsdp2": 1,
     "hf_lightning.cli.prediction_writer": 1,
     "hf_lightning.pretrained_source": 1,
@@ -201,7 +203,7 @@ LAYERS: dict[str, int] = {
 THIRD_PARTY_LAYER = {
     "typing_extensions": 0,
     "torch": 1, "numpy": 1, "transformers": 1, "datasets": 1, "safetensors": 1, "torchmetrics": 1, "pyarrow": 1,
-    "tokenizers": 1, "torchdata": 1, "huggingface_hub": 1, "optuna": 1, "peft": 1, "xxhash": 1,
+    "tokenizers": 1, "torchdata": 1, "huggingface_hub": 1, "optuna": 1, "peft": 1, "xxhash": 1, "accelerate": 1, "bitsandbytes": 1,
     "lightning": 2, "deepspeed": 2,
     "jsonargparse": 3, "yaml": 3,
 }
@@ -220,6 +222,9 @@ DEFERRED_UPWARD = {
 """L0 modules that may import these higher-layer packages inside a function (never at module level), and why."""
 
 LAZY = {
+    "hf_lightning.trainer.accelerate_state": "accelerate (absent in a bare install) only when a library trainer is "
+                                             "built with `use_as_transformers_trainer()`",
+    "hf_lightning.module.optim": "HF's optimizer handlers (and bitsandbytes) only for an `optim` HF's code builds",
     "hf_lightning.parallel.runtime": "FSDP2's communication objects (parallel/oom_agreement.py) only for "
                                      "auto_micro_batch under FSDP2",
     "hf_lightning.args.process": DEFERRED_UPWARD["hf_lightning.args.process"][1],

@@ -12,6 +12,7 @@
 """
 
 from hf_lightning.args.choices import (
+    HF_BUILT_OPTIMIZERS,
     OPTIMIZER_NAMES,
     SCHEDULER_NAMES,
     IntervalStrategyName,
@@ -25,6 +26,7 @@ __all__ = [
     "IntervalStrategyName",
     "SaveStrategyName",
     "SamplingStrategyName",
+    "HF_BUILT_OPTIMIZERS",
     "OPTIMIZER_NAMES",
     "SCHEDULER_NAMES",
 ]

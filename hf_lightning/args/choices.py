@@ -13,7 +13,9 @@ __all__ = [
     "HubStrategyName",
     "LogLevelName",
     "SAMPLING_STRATEGIES",
+    "HF_BUILT_OPTIMIZERS",
     "OPTIMIZER_NAMES",
+    "REFUSED_OPTIMIZERS",
     "SCHEDULER_NAMES",
     "default_optimizer",
 ]
@@ -40,7 +42,31 @@ def default_optimizer() -> str:
 
 
 OPTIMIZER_NAMES = ("adamw_torch", "adamw_torch_fused", "sgd", "adafactor", "adagrad", "rmsprop")
-"""The `optim` values we build (see `optim.py`); HF has more, they are rejected with this list."""
+"""The `optim` values we build ourselves (`module/optim.py`)."""
+
+HF_BUILT_OPTIMIZERS = (
+    "adamw_torch_xla", "adamw_torch_npu_fused", "adamw_anyprecision", "adamw_torch_4bit", "adamw_torch_8bit",
+    "ademamix", "adamw_bnb_8bit", "adamw_8bit", "ademamix_8bit", "lion_8bit", "lion_32bit", "paged_adamw_32bit",
+    "paged_adamw_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit", "paged_lion_32bit", "paged_lion_8bit",
+    "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "galore_adamw", "galore_adamw_8bit", "galore_adafactor",
+    "grokadamw", "apollo_adamw", "stable_adamw",
+)
+"""The `optim` values whose optimizer HF's own code builds for us (`module/optim.py`: HF's handler, HF's errors when
+its package is missing, checked when the `Trainer` is built): a plain `torch.optim.Optimizer` stepped once per update
+like any other."""
+
+REFUSED_OPTIMIZERS = {
+    **dict.fromkeys(("lomo", "adalomo"), "LOMO fuses the backward pass with the update (`optimizer.fused_backward`), "
+                                         "which our one-update-per-batch step does not run"),
+    **dict.fromkeys(("schedule_free_radam", "schedule_free_adamw", "schedule_free_sgd"),
+                    "schedule-free optimizers need `optimizer.train()` / `optimizer.eval()` around every training "
+                    "and evaluation phase, which our loop does not call"),
+    **dict.fromkeys(("galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise",
+                     "apollo_adamw_layerwise"),
+                    "layer-wise optimizers step inside the backward pass through per-parameter hooks and a dummy "
+                    "optimizer, which our step does not run"),
+}
+"""HF's `optim` values refused at construction, with the reason (the README's argument map says what to use)."""
 
 SCHEDULER_NAMES = (
     "linear",

@@ -56,9 +56,11 @@ UNSUPPORTED: dict[str, str] = {
 """Fields that keep their default; a different value raises, and this says what to use instead."""
 
 DIFFERENCES: dict[str, str] = {
-    "optim": "`adamw_torch`, `adamw_torch_fused`, `sgd`, `adafactor`, `adagrad`, `rmsprop` only (`adamw_anyprecision` "
-             "is refused with its reason: HF builds it from torchdistx, which has no torch 2 release; pass the "
-             "optimizer in `optimizers`)",
+    "optim": "ours build `adamw_torch`, `adamw_torch_fused`, `sgd`, `adafactor`, `adagrad`, `rmsprop`; HF's own "
+             "handler builds the other plain optimizers (bitsandbytes, torchao, GaLore, APOLLO, GrokAdamW, "
+             "StableAdamW, `adamw_anyprecision`...; HF's error when the package is missing, when the `Trainer` is "
+             "built); `lomo` / `adalomo`, `schedule_free_*` and the `*_layerwise` ones are refused with the reason "
+             "(they need HF's loop to call them inside the backward or around each phase)",
     "gradient_accumulation_steps": "the loss is token-normalised for every model (HF skips it for BERT-like models)",
     "bf16": "becomes Lightning `precision=\"bf16-mixed\"`; `trainer.precision` / `lightning_kwargs[\"precision\"]` "
             "wins",

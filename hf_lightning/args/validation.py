@@ -14,7 +14,8 @@ from typing import Any, get_args
 
 from hf_lightning.args import choices
 from hf_lightning.args.accelerator_config import as_config_dict, loader_settings, syncs_each_batch
-from hf_lightning.args.choices import OPTIMIZER_NAMES, SAMPLING_STRATEGIES, SCHEDULER_NAMES
+from hf_lightning.args.choices import (HF_BUILT_OPTIMIZERS, OPTIMIZER_NAMES, REFUSED_OPTIMIZERS, SAMPLING_STRATEGIES,
+                                       SCHEDULER_NAMES)
 from hf_lightning.args.field_types import check_field_types
 from hf_lightning.args.hf_fields import hold_hf_enums, normalise_hf_fields
 from hf_lightning.args.parallel import FSDPSettings, fsdp_settings, strategy_problems
@@ -166,13 +167,11 @@ def normalise_and_check(args: TrainingArguments) -> None:
                       f"(token-balanced batches are not implemented); allowed: {', '.join(SAMPLING_STRATEGIES)}.")
     else:
         _check_choice(issues, "train_sampling_strategy", args.train_sampling_strategy, SAMPLING_STRATEGIES)
-    if args.optim == "adamw_anyprecision":  # HF builds it from torchdistx, which has no build for torch 2
-        issues.append("`optim`='adamw_anyprecision' is not supported by hf_lightning: HF builds torchdistx's "
-                      "`AnyPrecisionAdamW` (HF: 'Please install https://github.com/pytorch/torchdistx', a package "
-                      "with no release for torch 2); pass `optimizers=(AnyPrecisionAdamW(model.parameters(), ...), "
-                      f"None)` yourself, or choose one of: {', '.join(OPTIMIZER_NAMES)}.")
+    if args.optim in REFUSED_OPTIMIZERS:
+        issues.append(f"`optim`={args.optim!r} is not supported by hf_lightning: {REFUSED_OPTIMIZERS[args.optim]}; "
+                      "pass your optimizer in `optimizers=(optimizer, None)`, or choose another `optim`.")
     else:
-        _check_choice(issues, "optim", args.optim, OPTIMIZER_NAMES)
+        _check_choice(issues, "optim", args.optim, OPTIMIZER_NAMES + HF_BUILT_OPTIMIZERS)
     _check_choice(issues, "lr_scheduler_type", args.lr_scheduler_type, SCHEDULER_NAMES)
     for name in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
         value = getattr(args, name)

@@ -44,7 +44,8 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.contracts import HFStepHooks
 from hf_lightning.module.evaluation import hf_prediction_step
 from hf_lightning.module.loss import count_label_tokens, is_causal_lm, loss_from_outputs
-from hf_lightning.module.optim import build_scheduler, optimizer_cls_and_kwargs, parameter_groups
+from hf_lightning.module.optim import (build_scheduler, keep_embeddings_in_32_bits, optimizer_cls_and_kwargs,
+                                       parameter_groups)
 from hf_lightning.module.optim import decay_parameter_names as default_decay_parameter_names
 from hf_lightning.parallel.runtime import steps_like_a_scheduler
 from hf_lightning.run_options.device_cache import empty_device_cache
@@ -348,7 +349,7 @@ class HFHooksModule(pl.LightningModule):
     def get_optimizer_cls_and_kwargs(args: TrainingArguments, model: nn.Module | None = None
                                      ) -> tuple[Any, dict[str, Any]]:
         """HF's `get_optimizer_cls_and_kwargs`: the optimizer class and keyword arguments `args.optim` names."""
-        return optimizer_cls_and_kwargs(args)
+        return optimizer_cls_and_kwargs(args, model)
 
     def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
         """HF's `create_optimizer` (T:1259-1345): HF's two parameter groups, `optimizer_cls_and_kwargs` or `optim`."""
@@ -366,6 +367,7 @@ class HFHooksModule(pl.LightningModule):
                 if key in kwargs:
                     groups = kwargs.pop(key)
             self.optimizer = cls(groups, **kwargs)
+            keep_embeddings_in_32_bits(model, cls, kwargs)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:

@@ -4,7 +4,9 @@
   normalisation weights (by `nn.LayerNorm` type or name pattern); group 1 holds the rest with `weight_decay=0`. Both
   groups always exist.
 - `optim` names (transformers `trainer_optimizer.py`): AdamW (`adamw_torch`, `adamw_torch_fused`), SGD, Adafactor (HF's
-  implementation), Adagrad, RMSprop, with `optim_args` as `key=value,...`.
+  implementation), Adagrad, RMSprop, with `optim_args` as `key=value,...`. The other names HF builds as a plain
+  optimizer (bitsandbytes, torchao, GaLore, APOLLO, GrokAdamW, StableAdamW, AnyPrecisionAdamW...: `HF_BUILT_OPTIMIZERS`)
+  come from HF's own handler, with HF's error when their package is missing.
 - Schedulers come from `transformers.get_scheduler` with `num_warmup_steps = args.get_warmup_steps(max_steps)`.
 """
 
@@ -19,10 +21,11 @@ from transformers import get_scheduler
 from transformers.optimization import Adafactor
 from transformers.trainer_pt_utils import get_parameter_names
 
-from hf_lightning.args import OPTIMIZER_NAMES, TrainingArguments
+from hf_lightning.args import HF_BUILT_OPTIMIZERS, OPTIMIZER_NAMES, TrainingArguments
 
 __all__ = [
-    "build_optimizer", "build_scheduler", "decay_parameter_names", "optimizer_cls_and_kwargs", "parameter_groups",
+    "build_optimizer", "build_scheduler", "decay_parameter_names", "keep_embeddings_in_32_bits",
+    "optimizer_cls_and_kwargs", "parameter_groups",
 ]
 
 _NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
@@ -72,12 +75,25 @@ def _parse_optim_args(optim_args: str | None) -> dict[str, Any]:
     return parsed
 
 
-def optimizer_cls_and_kwargs(args: TrainingArguments) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
-    """The optimizer class and keyword arguments for `args.optim` (HF's `Trainer.get_optimizer_cls_and_kwargs`).
+def optimizer_cls_and_kwargs(args: TrainingArguments, model: nn.Module | None = None
+                             ) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The optimizer class and keyword arguments for `args.optim` (HF's `Trainer.get_optimizer_cls_and_kwargs`);
+    `model`: what GaLore / APOLLO select their target modules from.
 
     Raises:
-        ValueError: an `optim` name we do not build (the message lists the supported ones).
+        ValueError: an `optim` name we do not build (the message lists the supported ones); HF's error for a name HF
+            builds whose package is missing (bitsandbytes, torchao, torchdistx...).
     """
+    if args.optim in HF_BUILT_OPTIMIZERS:
+        # HF's own handler (transformers 5.24's table behind `Trainer.get_optimizer_cls_and_kwargs`; not the class
+        # method, which `use_as_transformers_trainer` may have pointed at ours)
+        from transformers.trainer_optimizer import _OPTIMIZER_HANDLERS, OptimizerContext
+        from transformers.trainer_optimizer import _parse_optim_args as hf_parse_optim_args
+
+        context = OptimizerContext(args=args, model=model, optimizer_kwargs={"lr": args.learning_rate},
+                                   adam_kwargs={"betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon},
+                                   optim_args=hf_parse_optim_args(args.optim_args))
+        return _OPTIMIZER_HANDLERS[args.optim](context)
     extra = _parse_optim_args(args.optim_args)
     lr = args.learning_rate
     adam = {"lr": lr, "betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
@@ -102,8 +118,28 @@ def build_optimizer(model: nn.Module, args: TrainingArguments) -> torch.optim.Op
     Raises:
         ValueError: an `optim` name we do not build (the message lists the supported ones).
     """
-    cls, kwargs = optimizer_cls_and_kwargs(args)
-    return cls(parameter_groups(model, args.weight_decay), **kwargs)
+    cls, kwargs = optimizer_cls_and_kwargs(args, model)
+    kwargs = dict(kwargs)
+    groups: Any = parameter_groups(model, args.weight_decay)
+    for key in ("params", "model", "optimizer_dict"):  # HF lets these kwargs replace the groups
+        if key in kwargs:
+            groups = kwargs.pop(key)
+    optimizer = cls(groups, **kwargs)
+    keep_embeddings_in_32_bits(model, cls, kwargs)
+    return optimizer
+
+
+def keep_embeddings_in_32_bits(model: nn.Module, cls: type, kwargs: dict[str, Any]) -> None:
+    """HF's rule for bitsandbytes' 8-bit optimizers (T:1328-1339): embedding weights keep 32-bit optimizer state
+    (their 8-bit state is unstable), registered with bitsandbytes' `GlobalOptimManager`."""
+    if "bitsandbytes" not in str(cls) or kwargs.get("optim_bits") != 8:
+        return
+    import bitsandbytes
+
+    manager = bitsandbytes.optim.GlobalOptimManager.get_instance()
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            manager.register_module_override(module, "weight", {"optim_bits": 32})
 
 
 def build_scheduler(

@@ -28,7 +28,7 @@ from transformers.integrations.integration_utils import KubeflowCallback
 from transformers.trainer_utils import PredictionOutput, TrainerMemoryTracker, TrainOutput
 from transformers.utils import logging as hf_logging
 
-from hf_lightning.args import TrainingArguments
+from hf_lightning.args import HF_BUILT_OPTIMIZERS, TrainingArguments
 from hf_lightning.args.accelerator_config import apply_accumulation_steps
 from hf_lightning.args.from_transformers import from_hf_training_arguments
 from hf_lightning.args.to_lightning import lightning_trainer_kwargs, unknown_lightning_option
@@ -285,6 +285,11 @@ class Trainer(StepHooks, DataHooks, LoopHooks, EvalLoopHooks, ScriptApiMixin, Hy
             checkpoints.load_best_model = self._load_best_model
         self.lightning_trainer: pl.Trainer | None = None
         self.module = self._build_module(model, optimizers)
+        if self.args.optim in HF_BUILT_OPTIMIZERS and optimizers[0] is None and optimizer_cls_and_kwargs is None \
+                and not self._overridden & {"create_optimizer", "get_optimizer_cls_and_kwargs"}:
+            # HF's own handler builds it: its error for a missing package (bitsandbytes, torchao...) now, not after
+            # the data is prepared
+            self.module.get_optimizer_cls_and_kwargs(self.args, model)
         loss_only = self.module.prediction_loss_only(is_prediction=False)
         # checked when `train()` starts (HF raises a KeyError at the first evaluation, after training time is spent):
         # a method patched onto the instance after construction (HF's tests patch `trainer._evaluate`) may make
