@@ -151,6 +151,5 @@ def test_our_enums_mirror_hfs():
                    transformers.trainer_utils.HubStrategy):
         mine = getattr(enums, theirs.__name__)
         assert all(theirs[m.name].value == m.value for m in mine), theirs
-        if theirs is not OptimizerNames:  # HF has more optimizers; we build these (the others are refused)
-            assert [m.value for m in mine] == [m.value for m in theirs], theirs
+        assert [m.value for m in mine] == [m.value for m in theirs], theirs
     assert transformers.get_scheduler(enums.SchedulerType.CONSTANT, torch.optim.SGD([torch.zeros(1)], lr=1.0))

@@ -14,8 +14,13 @@ from typing import Any, get_args
 
 from hf_lightning.args import choices
 from hf_lightning.args.accelerator_config import as_config_dict, loader_settings, syncs_each_batch
-from hf_lightning.args.choices import (HF_BUILT_OPTIMIZERS, OPTIMIZER_NAMES, REFUSED_OPTIMIZERS, SAMPLING_STRATEGIES,
-                                       SCHEDULER_NAMES)
+from hf_lightning.args.choices import (
+    HF_BUILT_OPTIMIZERS,
+    OPTIMIZER_NAMES,
+    REFUSED_OPTIMIZERS,
+    SAMPLING_STRATEGIES,
+    SCHEDULER_NAMES,
+)
 from hf_lightning.args.field_types import check_field_types
 from hf_lightning.args.hf_fields import hold_hf_enums, normalise_hf_fields
 from hf_lightning.args.parallel import FSDPSettings, fsdp_settings, strategy_problems

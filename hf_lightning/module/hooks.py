@@ -44,8 +44,12 @@ from hf_lightning.args import TrainingArguments
 from hf_lightning.contracts import HFStepHooks
 from hf_lightning.module.evaluation import hf_prediction_step
 from hf_lightning.module.loss import count_label_tokens, is_causal_lm, loss_from_outputs
-from hf_lightning.module.optim import (build_scheduler, keep_embeddings_in_32_bits, optimizer_cls_and_kwargs,
-                                       parameter_groups)
+from hf_lightning.module.optim import (
+    build_scheduler,
+    keep_embeddings_in_32_bits,
+    optimizer_cls_and_kwargs,
+    parameter_groups,
+)
 from hf_lightning.module.optim import decay_parameter_names as default_decay_parameter_names
 from hf_lightning.parallel.runtime import steps_like_a_scheduler
 from hf_lightning.run_options.device_cache import empty_device_cache

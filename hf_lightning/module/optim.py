@@ -90,7 +90,9 @@ def optimizer_cls_and_kwargs(args: TrainingArguments, model: nn.Module | None = 
         from transformers.trainer_optimizer import _OPTIMIZER_HANDLERS, OptimizerContext
         from transformers.trainer_optimizer import _parse_optim_args as hf_parse_optim_args
 
-        context = OptimizerContext(args=args, model=model, optimizer_kwargs={"lr": args.learning_rate},
+        # HF's handlers read the HF fields ours share (duck-typed), and the model only for its module names
+        context = OptimizerContext(args=args, model=model,  # type: ignore[arg-type]
+                                   optimizer_kwargs={"lr": args.learning_rate},
                                    adam_kwargs={"betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon},
                                    optim_args=hf_parse_optim_args(args.optim_args))
         return _OPTIMIZER_HANDLERS[args.optim](context)
@@ -134,7 +136,7 @@ def keep_embeddings_in_32_bits(model: nn.Module, cls: type, kwargs: dict[str, An
     (their 8-bit state is unstable), registered with bitsandbytes' `GlobalOptimManager`."""
     if "bitsandbytes" not in str(cls) or kwargs.get("optim_bits") != 8:
         return
-    import bitsandbytes
+    import bitsandbytes  # type: ignore[import-not-found]  # an optional package HF's handler checked
 
     manager = bitsandbytes.optim.GlobalOptimManager.get_instance()
     for module in model.modules():
