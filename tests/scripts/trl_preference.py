@@ -15,6 +15,10 @@ pairs (TRL's `_get_train_sampler` override, which defers to HF's on transformers
 sequence-classification head with TRL's `center_rewards_coefficient`; `dpo_best` keeps the best checkpoint by TRL's
 `rewards/margins` (`load_best_model_at_end`, `save_total_limit=1`); `kto_resumed` resumes `kto` from its
 checkpoint-2 (run `kto` first).
+
+Under torchrun (2 gloo processes: the test's 2-process variant) every process runs the kinds in turn and the
+global-zero one reports; a kind's error ends the run (the other process would otherwise wait in a collective that this
+one never enters), and DPO computes its reference log-probabilities at each step (see `build`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings the hub at e
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 KINDS = ("dpo", "dpo_best", "kto", "kto_resumed", "reward")
+DISTRIBUTED = int(os.environ.get("WORLD_SIZE", "1")) > 1
+"""Under torchrun (tests/test_trl_preference.py's 2-process variant)."""
 
 spec = json.loads(sys.argv[1])
 if spec["base"] == "ours":
@@ -87,6 +93,10 @@ def policy_folder(output_dir: str) -> str:
     folder = output_dir + "-model"
     tiny_llama(seed=0).save_pretrained(folder)
     word_tokenizer().save_pretrained(folder)
+    if DISTRIBUTED:  # under torchrun `save_pretrained` writes on the main process only: the others wait for it
+        from accelerate import PartialState
+
+        PartialState().wait_for_everyone()
     return folder
 
 
@@ -102,7 +112,11 @@ def build(kind: str, output_dir: str):
     if kind == "dpo":
         from trl import DPOConfig, DPOTrainer
 
-        args = DPOConfig(**common_args(output_dir), precompute_ref_log_probs=True)
+        # On 2 processes TRL's precompute fails on HF's Trainer itself (trl 1.16 `_precompute_ref_logps`): the
+        # in-memory dataset has no cache folder, so `_get_cache_file_path` names a random file in a per-process
+        # temporary folder; the main process writes its own, the other cannot find it (FileNotFoundError). There
+        # the reference log-probabilities are computed at each step instead.
+        args = DPOConfig(**common_args(output_dir), precompute_ref_log_probs=not DISTRIBUTED)
         return DPOTrainer(model=policy_folder(output_dir), args=args, train_dataset=preference_rows(24, 1),
                           eval_dataset=preference_rows(8, 2), processing_class=tokenizer)
     if kind in ("kto", "kto_resumed"):
@@ -146,6 +160,8 @@ if __name__ == "__main__":
         try:
             results[kind] = run(kind, os.path.join(spec["root"], kind))
         except Exception:  # one kind's failure does not hide the others'
+            if DISTRIBUTED:  # ... but under torchrun the other process would wait for this one in a collective
+                raise
             results[kind] = {"error": traceback.format_exc()[-4000:]}
     if os.environ.get("RANK", "0") == "0":  # under torchrun: the global-zero process reports
         print("RESULT " + json.dumps(results, default=float), flush=True)
