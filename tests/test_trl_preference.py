@@ -52,7 +52,9 @@ def _result(process: subprocess.Popen, timeout: float = 900) -> dict:
         process.kill()
         process.communicate(timeout=60)
         raise AssertionError(f"the TRL run did not end within {timeout} s") from None
-    assert process.returncode == 0, out[-3000:] + err[-6000:]
+    # under torchrun a process's traceback is in its `[rankN]:` lines, often far above the launcher's own
+    tracebacks = "\n".join(line for line in err.splitlines() if line.startswith("[rank") and "]:" in line[:9])
+    assert process.returncode == 0, out[-3000:] + tracebacks[-6000:] + err[-3000:]
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert lines, out[-3000:] + err[-6000:]
     return json.loads(lines[-1][len("RESULT "):])
