@@ -212,6 +212,7 @@ DISTRIBUTED = {
     "test_sentence_transformers.py::test_two_processes_do_the_math_of_one",
     "test_trl_parity.py::test_sft_on_two_processes_equals_hfs_two_processes",
     "test_trl_grpo.py::test_grpo_on_two_processes_equals_trl_on_transformers_two_processes",
+    "test_trl_preference.py::test_trl_preference_trainers_on_two_processes_equal_them_on_transformers_two_processes",
 }
 """Files, or `file::test` names, whose tests spawn 2 processes."""
 
@@ -222,6 +223,7 @@ SLOW = {
     "test_faults.py::test_two_runs_started_together_never_mix",
     "test_readme_examples.py::test_bash_blocks_run_exactly_as_written",
     "test_compile.py::test_the_default_inductor_backend_trains_like_eager",
+    "test_trl_preference.py::test_trl_preference_trainers_on_two_processes_equal_them_on_transformers_two_processes",
     "test_preemption.py::test_two_processes_at_random_instants_many",
     "test_trl_grpo.py::test_grpo_on_two_processes_equals_trl_on_transformers_two_processes",
     # every bench/ script at tiny sizes (fresh processes of its own for several; a cold torch.compile)

@@ -9,6 +9,9 @@ resumed from its mid-run checkpoint (equal to HF's resumed run, and ending with 
 The swap is process-wide, so each base runs in its own process (tests/scripts/trl_preference.py), both started
 together, every kind in one process per base. trl 1.16.0, transformers 5.24. (Plain DPO, with resume, is in
 tests/test_trl_parity.py.)
+
+The 2-process variant (slow tier, distributed): DPO, KTO and the reward trainer in one torchrun launch (2 gloo
+processes) per base, compared the same way.
 """
 
 from __future__ import annotations
@@ -49,7 +52,9 @@ def _result(process: subprocess.Popen, timeout: float = 900) -> dict:
         process.kill()
         process.communicate(timeout=60)
         raise AssertionError(f"the TRL run did not end within {timeout} s") from None
-    assert process.returncode == 0, out[-3000:] + err[-6000:]
+    # under torchrun a process's traceback is in its `[rankN]:` lines, often far above the launcher's own
+    tracebacks = "\n".join(line for line in err.splitlines() if line.startswith("[rank") and "]:" in line[:9])
+    assert process.returncode == 0, out[-3000:] + tracebacks[-6000:] + err[-3000:]
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     assert lines, out[-3000:] + err[-6000:]
     return json.loads(lines[-1][len("RESULT "):])
@@ -89,3 +94,43 @@ def test_trl_preference_trainer_on_hf_lightning_equals_it_on_transformers(runs, 
         assert_same_log(after(got["log"]), after(ours["kto"]["log"]))
         assert_same_weights(root / "ours" / kind / "checkpoint-4", root / "ours" / "kto" / "checkpoint-4")
     assert_same_log([got["predict"]], [want["predict"]])
+
+
+TWO_PROCESS_KINDS = ["dpo", "kto", "reward"]
+
+
+def _start_two_processes(base: str, root: Path) -> subprocess.Popen:
+    """One torchrun launch (2 gloo processes) running every kind of `TWO_PROCESS_KINDS` in turn."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+           "HF_HUB_DISABLE_TELEMETRY": "1"}
+    spec = {"base": base, "root": str(root / base), "kinds": TWO_PROCESS_KINDS}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    return subprocess.Popen([*launcher, str(SCRIPT), json.dumps(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def test_trl_preference_trainers_on_two_processes_equal_them_on_transformers_two_processes(tmp_path):
+    """DPO (reference log-probabilities computed at each step: TRL's precompute fails on HF's own 2-process run, see
+    the script), KTO (its KL term gathered over the processes) and the reward trainer, one torchrun launch per base:
+    the logs (TRL's metrics averaged over the processes), the evaluation and `predict` metrics, the checkpoint
+    folders, TRL's model card and the weights equal HF's 2-process run's."""
+    hf, ours = _start_two_processes("hf", tmp_path), _start_two_processes("ours", tmp_path)
+    try:
+        want, got = _result(hf, timeout=300), _result(ours, timeout=300)
+    finally:  # a failed or stuck first launch does not leave the second running
+        for launch in (hf, ours):
+            if launch.poll() is None:
+                launch.kill()
+                launch.communicate(timeout=60)
+    for kind in TWO_PROCESS_KINDS:
+        assert_same_log(got[kind]["log"], want[kind]["log"])
+        for name in METRICS[kind]:
+            assert any(name in entry for entry in got[kind]["log"]), (kind, name)
+            assert any(f"eval_{name}" in entry for entry in got[kind]["log"]), (kind, name)
+        assert [e["step"] for e in got[kind]["log"] if "loss" in e] == [1, 2, 3, 4], kind
+        assert [e["step"] for e in got[kind]["log"] if "eval_loss" in e] == [2, 4], kind
+        assert got[kind]["checkpoints"] == want[kind]["checkpoints"] == ["checkpoint-2", "checkpoint-4"], kind
+        assert got[kind]["card"] and want[kind]["card"], kind
+        for name in want[kind]["checkpoints"]:
+            assert_same_weights(tmp_path / "ours" / kind / name, tmp_path / "hf" / kind / name)
+        assert_same_log([got[kind]["predict"]], [want[kind]["predict"]])

@@ -15,6 +15,11 @@ pairs (TRL's `_get_train_sampler` override, which defers to HF's on transformers
 sequence-classification head with TRL's `center_rewards_coefficient`; `dpo_best` keeps the best checkpoint by TRL's
 `rewards/margins` (`load_best_model_at_end`, `save_total_limit=1`); `kto_resumed` resumes `kto` from its
 checkpoint-2 (run `kto` first).
+
+Under torchrun (2 gloo processes: the test's 2-process variant) every process runs the kinds in turn (each from its own
+copy of the policy, written before the process group exists) and the
+global-zero one reports; a kind's error ends the run (the other process would otherwise wait in a collective that this
+one never enters), and DPO computes its reference log-probabilities at each step (see `build`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings the hub at e
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 KINDS = ("dpo", "dpo_best", "kto", "kto_resumed", "reward")
+DISTRIBUTED = int(os.environ.get("WORLD_SIZE", "1")) > 1
+"""Under torchrun (tests/test_trl_preference.py's 2-process variant)."""
 
 spec = json.loads(sys.argv[1])
 if spec["base"] == "ours":
@@ -82,9 +89,11 @@ def common_args(output_dir: str) -> dict:
     )
 
 
-def policy_folder(output_dir: str) -> str:
-    """The tiny Llama saved to a folder: TRL builds the reference model from the policy's path."""
-    folder = output_dir + "-model"
+def save_policy() -> str:
+    """The tiny Llama saved to a folder of this process's own: TRL builds the policy and its reference model from
+    the path. Called before any process group exists: then `save_pretrained` writes on every process (with one, only
+    on the main process, and the others would have to wait for it in a collective)."""
+    folder = os.path.join(spec["root"], f"policy-{os.environ.get('RANK', '0')}")
     tiny_llama(seed=0).save_pretrained(folder)
     word_tokenizer().save_pretrained(folder)
     return folder
@@ -97,18 +106,22 @@ def build(kind: str, output_dir: str):
 
         args = DPOConfig(**common_args(output_dir), load_best_model_at_end=True, save_total_limit=1,
                          metric_for_best_model="rewards/margins")
-        return DPOTrainer(model=policy_folder(output_dir), args=args, train_dataset=preference_rows(24, 1),
+        return DPOTrainer(model=POLICY, args=args, train_dataset=preference_rows(24, 1),
                           eval_dataset=preference_rows(8, 2), processing_class=tokenizer)
     if kind == "dpo":
         from trl import DPOConfig, DPOTrainer
 
-        args = DPOConfig(**common_args(output_dir), precompute_ref_log_probs=True)
-        return DPOTrainer(model=policy_folder(output_dir), args=args, train_dataset=preference_rows(24, 1),
+        # On 2 processes TRL's precompute fails on HF's Trainer itself (trl 1.16 `_precompute_ref_logps`): the
+        # in-memory dataset has no cache folder, so `_get_cache_file_path` names a random file in a per-process
+        # temporary folder; the main process writes its own, the other cannot find it (FileNotFoundError). There
+        # the reference log-probabilities are computed at each step instead.
+        args = DPOConfig(**common_args(output_dir), precompute_ref_log_probs=not DISTRIBUTED)
+        return DPOTrainer(model=POLICY, args=args, train_dataset=preference_rows(24, 1),
                           eval_dataset=preference_rows(8, 2), processing_class=tokenizer)
     if kind in ("kto", "kto_resumed"):
         from trl import KTOConfig, KTOTrainer
 
-        return KTOTrainer(model=policy_folder(output_dir), args=KTOConfig(**common_args(output_dir)),
+        return KTOTrainer(model=POLICY, args=KTOConfig(**common_args(output_dir)),
                           train_dataset=unpaired_rows(24, 1), eval_dataset=unpaired_rows(8, 2),
                           processing_class=tokenizer)
     import torch
@@ -141,11 +154,14 @@ def run(kind: str, output_dir: str) -> dict:
 
 
 if __name__ == "__main__":
+    POLICY = save_policy()
     results = {}
     for kind in spec["kinds"]:
         try:
             results[kind] = run(kind, os.path.join(spec["root"], kind))
         except Exception:  # one kind's failure does not hide the others'
+            if DISTRIBUTED:  # ... but under torchrun the other process would wait for this one in a collective
+                raise
             results[kind] = {"error": traceback.format_exc()[-4000:]}
     if os.environ.get("RANK", "0") == "0":  # under torchrun: the global-zero process reports
         print("RESULT " + json.dumps(results, default=float), flush=True)
