@@ -121,7 +121,7 @@ def child(base: str, steps: int, warmup: int, out: str) -> None:
     Path(out).write_text(json.dumps(times.rows[warmup:]))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8, help="timed updates per run")
@@ -129,7 +129,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the medians here")
     parser.add_argument("--child", choices=["ours", "hf"], help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     if options.child:
         child(options.child, options.steps, options.warmup, options.out)
         return

@@ -22,6 +22,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -321,7 +322,14 @@ def _cli(tmp_path: Path, step: int, signal_name: str, *extra: str) -> subprocess
             "--data.max_train_samples", "48",
             "--data.max_eval_samples", "8", "--trainer.enable_progress_bar", "false", *extra]
     return subprocess.run([sys.executable, "-m", "hf_lightning", *argv], cwd=REPO, env=ENV, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, preexec_fn=_sigint_as_from_a_terminal)
+
+
+def _sigint_as_from_a_terminal() -> None:
+    """The child's SIGINT at its default: a job a shell started in the background without job control (`cmd &` in a
+    script: how some CI runners start the suite) ignores SIGINT, every process below inherits that, and Python then
+    keeps ignoring it: Ctrl-C would do nothing in the child, whatever hf_lightning does."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_cli_sigterm_ends_with_143_and_the_printed_ckpt_path_resumes(tmp_path):
