@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import queue
 import random
 import subprocess
@@ -153,3 +154,20 @@ def wait_for_line(process: subprocess.Popen, prefix: str, timeout: float) -> str
         process.wait(timeout=60)
         raise AssertionError(f"the child ended (status {process.returncode}) without a line starting with {prefix!r}")
     return line
+
+
+def child_result(process: subprocess.Popen, timeout: float, what: str = "the child") -> dict:
+    """The JSON of the last `RESULT ` line `process` (text pipes) prints, once it has ended within `timeout` seconds
+    with status 0; otherwise the test fails with its output (under torchrun, each process's `[rankN]:` traceback
+    lines first: torchrun's own output often pushes them out of the tail)."""
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate(timeout=60)
+        raise AssertionError(f"{what} did not end within {timeout} s") from None
+    tracebacks = "\n".join(line for line in err.splitlines() if line.startswith("[rank") and "]:" in line[:9])
+    assert process.returncode == 0, out[-3000:] + tracebacks[-6000:] + err[-3000:]
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert lines, out[-3000:] + err[-6000:]
+    return json.loads(lines[-1][len("RESULT "):])

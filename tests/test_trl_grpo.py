@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import child_result
 from safetensors.torch import load_file
 
 SCRIPT = Path(__file__).parent / "scripts" / "trl_grpo.py"
@@ -54,16 +55,7 @@ def _start(spec: dict) -> subprocess.Popen:
 
 
 def _result(process: subprocess.Popen, timeout: float = 900) -> dict:
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate(timeout=60)
-        raise AssertionError(f"the GRPO run did not end within {timeout} s") from None
-    assert process.returncode == 0, out[-3000:] + err[-6000:]
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert lines, out[-3000:] + err[-6000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return child_result(process, timeout, "the GRPO run")
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import child_result
 from test_trl_parity import assert_same_log, assert_same_weights
 
 SCRIPT = Path(__file__).parent / "scripts" / "trl_preference.py"
@@ -46,18 +47,7 @@ def _start(base: str, root: Path) -> subprocess.Popen:
 
 
 def _result(process: subprocess.Popen, timeout: float = 900) -> dict:
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate(timeout=60)
-        raise AssertionError(f"the TRL run did not end within {timeout} s") from None
-    # under torchrun a process's traceback is in its `[rankN]:` lines, often far above the launcher's own
-    tracebacks = "\n".join(line for line in err.splitlines() if line.startswith("[rank") and "]:" in line[:9])
-    assert process.returncode == 0, out[-3000:] + tracebacks[-6000:] + err[-3000:]
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert lines, out[-3000:] + err[-6000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return child_result(process, timeout, "the TRL run")
 
 
 @pytest.fixture(scope="module")
