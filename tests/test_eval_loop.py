@@ -138,7 +138,7 @@ def test_accelerator_members_on_one_process(tmp_path):
     trainer = _bert_trainer(tmp_path)
     acc = trainer.accelerator
     assert (acc.num_processes, acc.process_index, acc.is_main_process, acc.is_local_main_process) == (1, 0, True, True)
-    assert acc.use_distributed is False and acc.split_batches is False and acc.even_batches is False
+    assert acc.use_distributed is False and acc.split_batches is False and acc.even_batches is True
     assert acc.parallelism_config is None
     assert acc.state.deepspeed_plugin is None and acc.state.fsdp_plugin is None
     assert trainer.is_deepspeed_enabled is False and trainer.is_fsdp_enabled is False

@@ -66,7 +66,7 @@ def test_accelerator_collectives_on_two_processes(runs):
         assert surface["gather_for_metrics"] == [[0], [1]]
         assert surface["gather_for_metrics_object"] == ["r0", "r1"]
         assert surface["reduce_sum"] == [3.0] and surface["reduce_mean"] == [1.5]
-        assert surface["split_batches"] is False and surface["even_batches"] is False
+        assert surface["split_batches"] is False and surface["even_batches"] is True
         assert surface["device"] == "cpu"
         # a data loader is sharded as accelerate shards it (batch i to rank i % 2); wrapping a model is Lightning's and
         # is refused by name, never returned unwrapped

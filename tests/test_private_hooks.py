@@ -175,15 +175,37 @@ def test_model_accepts_loss_kwargs_set_on_the_trainer_is_honoured_and_kept(tmp_p
 
 
 # ----- accelerator -----
-def test_accelerator_config_that_changes_nothing_is_accepted_and_others_refused_by_name(tmp_path):
-    args = hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"use_configured_state": True})
-    # held as HF holds it once its device setup popped `use_configured_state` (HF's own needs an accelerate state)
-    assert args.accelerator_config.to_dict() == transformers.TrainingArguments(
-        output_dir=str(tmp_path)).accelerator_config.to_dict()
-    hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config={"dispatch_batches": None})
-    refused = {"gradient_accumulation_kwargs": {"adjust_scheduler": False}}
-    with pytest.raises(ValueError, match=r"`accelerator_config`=\{'gradient_accumulation_kwargs': \{'adjust_sch"):
-        hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config=refused)
+def test_use_configured_state_needs_a_state_as_in_hf(tmp_path):
+    """`use_configured_state=True` reuses an accelerate state configured before the arguments: without one it is
+    HF's `ValueError` on both (HF's `test_accelerator_custom_state`); with one it is accepted and popped as HF pops
+    it."""
+    from accelerate.state import AcceleratorState, PartialState
+
+    config = {"use_configured_state": True}
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        for args_cls in (transformers.TrainingArguments, hf_lightning.TrainingArguments):
+            with pytest.raises(ValueError, match="requires a pre-configured `AcceleratorState` or `PartialState`"):
+                args_cls(output_dir=str(tmp_path), accelerator_config=config)
+        PartialState(cpu=True)
+        args = hf_lightning.TrainingArguments(output_dir=str(tmp_path), accelerator_config=config)
+        assert args.accelerator_config.to_dict() == transformers.TrainingArguments(
+            output_dir=str(tmp_path), accelerator_config=config).accelerator_config.to_dict()
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_accumulation_kwargs_hf_does_not_read_are_kept_as_given(tmp_path):
+    """`adjust_scheduler` / `sync_with_dataloader` change nothing in HF's Trainer (it syncs and steps the scheduler on
+    an update's last micro-batch itself): both trainers accept them and show them in `gradient_state.plugin_kwargs`."""
+    config = {"gradient_accumulation_kwargs": {"adjust_scheduler": False, "sync_with_dataloader": False}}
+    kwargs = []
+    for trainer_cls, args_cls, extra in ((transformers.Trainer, transformers.TrainingArguments, {"use_cpu": True}),
+                                         (hf_lightning.Trainer, hf_lightning.TrainingArguments, {})):
+        trainer = trainer_cls(model=tiny_gpt2(), args=args_cls(output_dir=str(tmp_path), accelerator_config=config,
+                                                               report_to="none", **extra))
+        kwargs.append(trainer.accelerator.gradient_state.plugin_kwargs)
+    assert kwargs[0] == kwargs[1] == {"num_steps": 1, "adjust_scheduler": False, "sync_with_dataloader": False}
 
 
 class EpochBatches(BatchSampler):
@@ -205,10 +227,9 @@ def test_even_batches_is_settable_and_prepare_gives_accelerates_loader(tmp_path)
     trainer = hf_lightning.Trainer(model=tiny_gpt2(), args=hf_lightning.TrainingArguments(
         output_dir=str(tmp_path), report_to="none"), train_dataset=lm_dataset(n=4))
     accelerator = trainer.accelerator
-    assert accelerator.even_batches is False
-    accelerator.even_batches = True
-    assert trainer.accelerator.even_batches is True  # kept on the trainer (a new accelerator object each access)
-    trainer.accelerator.even_batches = False
+    assert accelerator.even_batches is True  # accelerate's default, `args.accelerator_config.even_batches`
+    accelerator.even_batches = False
+    assert trainer.accelerator.even_batches is False  # kept on the trainer (a new accelerator object each access)
     loader = DataLoader(list(range(8)), batch_sampler=EpochBatches(8))
     prepared = trainer.accelerator.prepare(loader)
     assert isinstance(prepared, EpochLoader) and [b.tolist() for b in prepared] == [[0, 1], [2, 3], [4, 5], [6, 7]]

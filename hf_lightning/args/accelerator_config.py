@@ -13,11 +13,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "AcceleratorConfig", "apply_accumulation_steps", "as_config_dict", "build_accelerator_config", "loader_settings",
+    "AcceleratorConfig", "accelerate_state_exists", "apply_accumulation_steps", "as_config_dict", "build_accelerator_config", "loader_settings",
     "syncs_each_batch", "total_train_batch",
 ]
 
@@ -54,6 +55,16 @@ class AcceleratorConfig:
     def pop(self, key: str, default: Any = None) -> Any:
         """HF's `pop`: removes the attribute (HF's `_setup_devices` pops `use_configured_state`)."""
         return self.__dict__.pop(key, default)
+
+
+def accelerate_state_exists() -> bool:
+    """Whether this process holds a configured accelerate `PartialState` (an `Accelerator()`, HF's own
+    `TrainingArguments`, or hf_lightning's `Trainer` while it stands in for `transformers.Trainer`).
+
+    Read without importing accelerate: when nothing imported `accelerate.state`, no state can exist.
+    """
+    state = sys.modules.get("accelerate.state")
+    return state is not None and bool(getattr(getattr(state, "PartialState", None), "_shared_state", None))
 
 
 def as_config_dict(value: Any) -> Any:

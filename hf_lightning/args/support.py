@@ -42,8 +42,9 @@ UNSUPPORTED: dict[str, str] = {
     "hub_revision": _HUB,
     "accelerator_config": "no accelerate: Lightning owns devices and loaders (accepted, with accelerate's meaning: "
                           "`split_batches`, `even_batches`, `use_configured_state`, `non_blocking` (Lightning's CUDA "
-                          "transfers are non-blocking), `gradient_accumulation_kwargs` with `num_steps` (HF's rule), "
-                          "`sync_each_batch`, `sync_with_dataloader=True`, `use_seedable_sampler` (False: torch's "
+                          "transfers are non-blocking), `gradient_accumulation_kwargs` (`num_steps` HF's rule, "
+                          "`sync_each_batch`; `sync_with_dataloader`, `adjust_scheduler` change nothing in HF's "
+                          "Trainer either), `use_seedable_sampler` (False: torch's "
                           "`RandomSampler` order, drawn from the global generator at each epoch's start; under "
                           "several processes rank 0's draw), `dispatch_batches` (in one process: the batches are "
                           "the same whatever its value; under several processes only accelerate's default, refused "
@@ -180,11 +181,15 @@ def _accelerator_settings(value: Any) -> Mapping[str, Any] | None:
     return value
 
 
-_ACCUMULATION_HONOURED = {"num_steps": None, "sync_with_dataloader": True, "sync_each_batch": None}
+_ACCUMULATION_HONOURED = {"num_steps": None, "sync_with_dataloader": None, "sync_each_batch": None,
+                          "adjust_scheduler": None}
 """`gradient_accumulation_kwargs` keys hf_lightning honours, with the one value it honours (None: any). `num_steps`
-is HF's Trainer rule (`accelerator_config.apply_accumulation_steps`); an update window always ends with the loader
-(`sync_with_dataloader=True`); gradients are synced once per update, or on every micro-batch with
-`sync_each_batch=True` (`parallel/runtime.micro_batch_context`)."""
+is HF's Trainer rule (`accelerator_config.apply_accumulation_steps`); gradients are synced once per update, or on
+every micro-batch with `sync_each_batch=True` (`parallel/runtime.micro_batch_context`). `sync_with_dataloader` and
+`adjust_scheduler` change nothing in HF's `Trainer` either: it sets `gradient_state.sync_gradients` itself on every
+micro-batch (an update window ends with its loader whatever the value, T:1896-1899) and steps its scheduler only on
+the update's last micro-batch, where accelerate's `AcceleratedScheduler` reads `adjust_scheduler` only when
+gradients are not synced; they are kept in `trainer.accelerator.gradient_state.plugin_kwargs`."""
 
 
 def _honoured(key: str, setting: Any) -> bool:

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 
 from hf_lightning._lightning_compat import grad_scaler
 from hf_lightning.args import TrainingArguments
+from hf_lightning.args.accelerator_config import loader_settings
 from hf_lightning.data.sampling import BatchShard, batch_shard_problem, dataset_length
 from hf_lightning.data.windows import EpochLoader
 from hf_lightning.model_wrappers import without_compile
@@ -369,14 +370,18 @@ class LightningAccelerator:
 
     @property
     def even_batches(self) -> bool:
-        """False unless set: hf_lightning's eval shards are contiguous blocks that may differ by one batch and never
-        repeat a sample (accelerate's default `True` pads the last batches with repeated samples, then drops them in
-        `gather_for_metrics`: the same results). Training shards are even either way.
+        """`args.accelerator_config.even_batches` (accelerate's default True) until set here: the training loaders
+        follow it (`data/sampling.py`). hf_lightning's eval shards never repeat a sample whatever its value (they are
+        contiguous blocks that may differ by one batch: the results accelerate's `gather_for_metrics` gives after
+        dropping its padding, and those of one process).
 
         Setting it (sentence-transformers sets False before preparing its train loader, True for its eval loaders) is
         honoured by `prepare(DataLoader)`: a loader that would need accelerate's padding (True) or leave a process a
         batch short (False) is refused there, by name; one that needs neither is sharded as accelerate does."""
-        return bool(getattr(self._owner, _EVEN_BATCHES, False))
+        value = getattr(self._owner, _EVEN_BATCHES, None)
+        if value is None:
+            return loader_settings(self._owner.args).even_batches
+        return bool(value)
 
     @even_batches.setter
     def even_batches(self, value: bool) -> None:
