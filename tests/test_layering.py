@@ -103,6 +103,7 @@ LAYERS: dict[str, int] = {
     "hf_lightning.checkpoint.stream_position": 1,
     "hf_lightning.checkpoint.elastic": 1,
     "hf_lightning.data.windows": 1,
+    "hf_lightning.data.dispatch": 1,
     "hf_lightning.module.eval_run": 1,
     "hf_lightning.module.evaluation": 1,
     "hf_lightning.flow.messages": 1,

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
-    "AcceleratorConfig", "accelerate_state_exists", "apply_accumulation_steps", "as_config_dict", "build_accelerator_config", "loader_settings",
+    "AcceleratorConfig", "accelerate_state_exists", "apply_accumulation_steps", "as_config_dict",
+    "build_accelerator_config", "loader_settings",
     "syncs_each_batch", "total_train_batch",
 ]
 
@@ -58,11 +59,18 @@ class AcceleratorConfig:
 
 
 def accelerate_state_exists() -> bool:
-    """Whether this process holds a configured accelerate `PartialState` (an `Accelerator()`, HF's own
-    `TrainingArguments`, or hf_lightning's `Trainer` while it stands in for `transformers.Trainer`).
+    """Whether `use_configured_state=True` finds a configured accelerate state: accelerate's `PartialState` exists
+    (an `Accelerator()`, HF's own `TrainingArguments`, hf_lightning's `Trainer` standing in for HF's), or these
+    arguments stand in for HF's (`use_as_transformers_trainer()`): HF's own arguments, which the user's code built
+    before (sentence-transformers builds such arguments in its trainer's constructor), would have configured one,
+    and hf_lightning's `Trainer` provides it when it is built.
 
     Read without importing accelerate: when nothing imported `accelerate.state`, no state can exist.
     """
+    transformers = sys.modules.get("transformers")
+    standing_in = getattr(transformers, "__dict__", {}).get("TrainingArguments")
+    if isinstance(standing_in, type) and standing_in.__module__.startswith("hf_lightning."):
+        return True
     state = sys.modules.get("accelerate.state")
     return state is not None and bool(getattr(getattr(state, "PartialState", None), "_shared_state", None))
 

@@ -80,12 +80,13 @@ def normalise_hf_fields(args: TrainingArguments, issues: list[str]) -> None:
         _parse_json_dict(args, name, issues)
     # HF holds an `AcceleratorConfig` from here on (TA:1640-1652); HF's `Trainer` reads its attributes
     args.accelerator_config = build_accelerator_config(args.accelerator_config, issues)
-    if args.accelerator_config is not None:
-        # HF's `_setup_devices` (run by its `__post_init__`) pops it to reuse accelerate's state (TA:1854-1863):
-        # popped the same way, so `to_dict()` is HF's; Lightning builds no accelerate state, but HF's rule holds
-        if args.accelerator_config.pop("use_configured_state") and not accelerate_state_exists():
-            issues.append("Passing `'use_configured_state':True` to the AcceleratorConfig requires a pre-configured "
-                          "`AcceleratorState` or `PartialState` to be defined before calling `TrainingArguments`. ")
+    # HF's `_setup_devices` (run by its `__post_init__`) pops `use_configured_state` to reuse accelerate's state
+    # (TA:1854-1863): popped the same way, so `to_dict()` is HF's; Lightning builds no accelerate state, but HF's rule
+    # holds
+    if args.accelerator_config is not None and args.accelerator_config.pop("use_configured_state") \
+            and not accelerate_state_exists():
+        issues.append("Passing `'use_configured_state':True` to the AcceleratorConfig requires a pre-configured "
+                      "`AcceleratorState` or `PartialState` to be defined before calling `TrainingArguments`. ")
     # `gradient_checkpointing*` are HF's deprecated aliases of `activation_checkpointing*`: the new name wins when set,
     # and afterwards both hold the same value (HF TA:1533-1545, with its FutureWarning)
     for old, new in (("gradient_checkpointing", "activation_checkpointing"),

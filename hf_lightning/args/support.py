@@ -46,9 +46,9 @@ UNSUPPORTED: dict[str, str] = {
                           "`sync_each_batch`; `sync_with_dataloader`, `adjust_scheduler` change nothing in HF's "
                           "Trainer either), `use_seedable_sampler` (False: torch's "
                           "`RandomSampler` order, drawn from the global generator at each epoch's start; under "
-                          "several processes rank 0's draw), `dispatch_batches` (in one process: the batches are "
-                          "the same whatever its value; under several processes only accelerate's default, refused "
-                          "when the loaders are built))",
+                          "several processes rank 0's draw), `dispatch_batches` (True under several processes: rank "
+                          "0 reads every training batch and sends each process its part; False with a stream under "
+                          "several processes is refused))",
     "parallelism_config": _STRATEGY,
     "dataloader_multiprocessing_context": "pass `DataLoader`s with your own `multiprocessing_context` (override "
                                           "`train_dataloader`)",
@@ -159,11 +159,11 @@ ACCELERATOR_CONFIG_DEFAULTS: dict[str, Any] = {
 process, each process loading its own shard, the seeded order, eval results without duplicates."""
 _ACCELERATOR_HONOURED = ("use_configured_state", "non_blocking", "split_batches", "even_batches",
                          "use_seedable_sampler", "dispatch_batches")
-"""`accelerator_config` fields honoured whatever their value: `use_configured_state` (no accelerate state under
-Lightning), `non_blocking` (Lightning moves every batch to CUDA with `non_blocking=True`, and blocking to the CPU /
-MPS, whatever the value: the same tensors either way), `split_batches`, `even_batches` and `use_seedable_sampler` (the
-loaders, `data/sampling.py`), `dispatch_batches` (one process reads every batch either way; a value other than None
-under several processes is refused when the loaders are built, `data/datamodule.py`)."""
+"""`accelerator_config` fields honoured whatever their value: `use_configured_state` (HF's rule: an accelerate state
+must exist, `accelerator_config.accelerate_state_exists`), `non_blocking` (Lightning moves every batch to CUDA with
+`non_blocking=True`, and blocking to the CPU / MPS, whatever the value: the same tensors either way), `split_batches`,
+`even_batches` and `use_seedable_sampler` (the loaders, `data/sampling.py`), `dispatch_batches` (`data/dispatch.py`
+under several processes; False with a stream is refused when the loaders are built, `data/datamodule.py`)."""
 
 
 def _accelerator_settings(value: Any) -> Mapping[str, Any] | None:
@@ -212,11 +212,10 @@ def changed_accelerator_settings(value: Any) -> Any:
 
 def accelerator_config_changes_nothing(value: Any) -> bool:
     """Whether an `accelerator_config` value changes nothing under Lightning: None, or a mapping (or an
-    `AcceleratorConfig`, or its JSON text) whose keys are accelerate's defaults except `use_configured_state`.
+    `AcceleratorConfig`, or its JSON text) whose every setting hf_lightning honours (`_honoured`).
 
-    `use_configured_state` asks accelerate to reuse an already configured process state instead of building one;
-    there is no accelerate state under Lightning either way (sentence-transformers builds such arguments internally
-    for its model card).
+    `use_configured_state` asks accelerate to reuse an already configured process state instead of building one
+    (HF's check that one exists is `hf_fields.normalise_hf_fields`'s); Lightning builds none either way.
     """
     if value is None:
         return True

@@ -276,8 +276,8 @@ class TrainingArguments(ProcessLayoutMixin):
     use_cpu: bool = False
     """Train on the CPU even if an accelerator is present."""
     accelerator_config: dict | str | None = None
-    """accelerate's data-loading settings: held as HF's `AcceleratorConfig` (from a dict, a JSON file or a config);
-    values other than accelerate's defaults are not supported (`use_configured_state` changes nothing)."""
+    """accelerate's data-loading settings: held as HF's `AcceleratorConfig` (from a dict, a JSON file or a config),
+    each field with accelerate's meaning on Lightning's loaders (README, "accelerator_config")."""
     parallelism_config: Any = None
     """Not supported (accelerate `ParallelismConfig`; use a Lightning strategy): must stay None."""
 

@@ -42,6 +42,7 @@ from hf_lightning.data.collate import (
     remove_unused_columns,
     signature_columns,
 )
+from hf_lightning.data.dispatch import DispatchLoader
 from hf_lightning.data.length_grouping import train_sample_lengths
 from hf_lightning.data.row_checks import RowCheckingCollator, RowLimits, can_check_ahead, check_dataset
 from hf_lightning.data.sampling import (
@@ -59,6 +60,14 @@ from hf_lightning.data.stream_state import to_plain
 from hf_lightning.data.windows import EpochLoader, LazyWindow, WindowStream, is_sized, loader_options
 
 __all__ = ["TransformerDataModule", "ContiguousShardSampler", "shard_eval_loader"]
+
+
+def _train_batch_sampler(loader: Any) -> Any:
+    """The batch sampler of a train loader (of the whole loader rank 0 reads under `dispatch_batches=True`), or
+    None."""
+    if isinstance(loader, DispatchLoader):
+        loader = loader.loader
+    return getattr(loader, "batch_sampler", None)
 
 
 def shard_eval_loader(loader: Any, world_size: int, rank: int) -> Any:
@@ -345,7 +354,7 @@ class TransformerDataModule(pl.LightningDataModule):
         return loader_options(self.args)
 
     # ----- HF's dataloader methods (the built-ins; an `hf_lightning.Trainer` subclass may override them) -----
-    def get_train_dataloader(self) -> DataLoader:
+    def get_train_dataloader(self) -> DataLoader | DispatchLoader:
         """HF's `get_train_dataloader` (T:916-934): micro-batches of `train_dataset` in HF's seeded order.
 
         Raises:
@@ -466,7 +475,7 @@ class TransformerDataModule(pl.LightningDataModule):
     def _get_dataloader(
         self, dataset: Any, description: str, batch_size: int, sampler_fn: Callable[[Any], Any] | None = None,
         is_training: bool = False, dataloader_key: str | None = None,
-    ) -> DataLoader:
+    ) -> DataLoader | DispatchLoader:
         """HF's `_get_dataloader` (T:1007-1069): unused columns removed, `sampler_fn`'s order, sharded per process.
 
         The loader carries accelerate's `total_batch_size` (what HF's prepared `DataLoaderShard` reports: the batch
@@ -484,11 +493,16 @@ class TransformerDataModule(pl.LightningDataModule):
             )
         settings = loader_settings(self.args)
         if world > 1 and settings.dispatch_batches is not None:
-            raise ValueError(
-                f"accelerator_config dispatch_batches={settings.dispatch_batches} under {world} processes: every "
-                "process reads its own shard of the dataset under Lightning (rank 0 reading and sending every batch "
-                "is not implemented). Leave `dispatch_batches` at None (accelerate's default)."
-            )
+            if is_training and settings.dispatch_batches:
+                return self._dispatch_loader(dataset, description, batch_size, sampler_fn)
+            if settings.dispatch_batches is False and dataset_length(dataset) is None:
+                raise ValueError(
+                    f"accelerator_config dispatch_batches=False with a stream (`IterableDataset`) under {world} "
+                    "processes: accelerate then shards the stream by its files, or slices every round of batches on "
+                    "every process, neither of which hf_lightning reads. Use dispatch_batches=True (rank 0 reads "
+                    "every batch and sends each process its part, as accelerate) or None (each process reads its "
+                    "`split_dataset_by_node` part)."
+                )
         if settings.split_batches:  # accelerate: the batch of all processes together, split into per-process parts
             what = "per_device_train_batch_size" if is_training else "per_device_eval_batch_size"
             loader = self._build_loader(dataset, description, split_batch_size(batch_size, world, what), sampler_fn,
@@ -499,12 +513,27 @@ class TransformerDataModule(pl.LightningDataModule):
         loader.total_batch_size = batch_size * world
         return loader
 
+    def _dispatch_loader(self, dataset: Any, description: str, batch_size: int,
+                         sampler_fn: Callable[[Any], Any] | None) -> DispatchLoader:
+        """The train loader of `dispatch_batches=True` under several processes: the whole loader, read by rank 0,
+        each process given its part of every round (`data/dispatch.py`); evaluation loaders stay this process's
+        contiguous shard (the results are one process's either way)."""
+        world, rank = self._world()
+        split = loader_settings(self.args).split_batches
+        if split:
+            split_batch_size(batch_size, world, "per_device_train_batch_size")  # accelerate's error, by name
+        whole = self._build_loader(dataset, description, batch_size, sampler_fn, True, world=1, rank=0)
+        return DispatchLoader(whole, world, rank, split_batches=split, drop_last=self.args.dataloader_drop_last)
+
     def _build_loader(self, dataset: Any, description: str, batch_size: int,
-                      sampler_fn: Callable[[Any], Any] | None, is_training: bool) -> DataLoader:
+                      sampler_fn: Callable[[Any], Any] | None, is_training: bool, world: int | None = None,
+                      rank: int = 0) -> DataLoader:
+        """One loader; `world` / `rank` (default: this run's) say which processes' shard it reads."""
         if is_training:
             self.check_training_labels(dataset)
         dataset, collate = self._with_columns(dataset, description)
-        world, rank = self._world()
+        if world is None:
+            world, rank = self._world()
         kwargs = self._loader_kwargs()
         drop_last = self.args.dataloader_drop_last
         if isinstance(dataset, IterableDataset):
@@ -580,7 +609,7 @@ class TransformerDataModule(pl.LightningDataModule):
             if self.resume_start_sample:  # an elastic resume: the rest of the epoch's order, in this run's windows
                 windows.skip, windows.start_sample = 0, self.resume_start_sample
             windows.set_epoch(epoch)
-            sampler = getattr(loader, "batch_sampler", None)
+            sampler = _train_batch_sampler(loader)
             if windows.skip and self.resume_grouping_draw is not None and isinstance(sampler, WindowBatchSampler):
                 # inside an epoch its saved draw is its order; at an epoch start (or `ignore_data_skip`) the order
                 # is drawn after the RNG states are loaded, as HF's
@@ -593,7 +622,7 @@ class TransformerDataModule(pl.LightningDataModule):
         """What a checkpoint keeps of the data (`lightning_state.pt`): with `group_by_length`, the current epoch's
         draw (the global generator state its order was drawn from), so a run resumed inside the epoch continues
         that order."""
-        sampler = getattr(self._fit_loader, "batch_sampler", None)
+        sampler = _train_batch_sampler(self._fit_loader)
         draw = sampler.grouping_draw if isinstance(sampler, WindowBatchSampler) else None
         return {"length_grouping": draw.to_dict()} if draw is not None else {}
 

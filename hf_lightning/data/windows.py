@@ -295,13 +295,17 @@ class SkipBatchSampler(Sampler[list[int]]):
 def start_after(loader: Any, count: int) -> Any:
     """`loader` for one iteration without its first `count` batches of the current epoch, none of them loaded.
 
-    hf_lightning's own batch samplers start there in O(1) (`skip_windows`); any other map-style `DataLoader` is
+    hf_lightning's own batch samplers start there in O(1) (`skip_windows`), a loader with its own `start_after(count)`
+    is asked (`dispatch.DispatchLoader`); any other map-style `DataLoader` is
     copied over a `SkipBatchSampler` (its skipped batches' indices are drawn, their samples never loaded, as
     accelerate's `skip_first_batches`).
 
     Raises:
         TypeError: the loader is not a map-style `torch.utils.data.DataLoader` (it cannot skip without reading).
     """
+    own = getattr(loader, "start_after", None)
+    if callable(own):  # a loader that skips its own way (`dispatch.DispatchLoader`)
+        return own(count)
     batch_sampler = getattr(loader, "batch_sampler", None)
     if batch_sampler is not None and hasattr(batch_sampler, "skip_windows"):
         batch_sampler.skip_windows = count

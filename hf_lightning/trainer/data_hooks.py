@@ -20,6 +20,7 @@ from transformers import TrainerState
 
 from hf_lightning.args import TrainingArguments
 from hf_lightning.data.datamodule import TransformerDataModule
+from hf_lightning.data.dispatch import DispatchLoader
 from hf_lightning.data.windows import num_examples
 
 __all__ = ["DataHooks"]
@@ -76,7 +77,7 @@ class DataHooks:
         return int(found or self.args.per_device_train_batch_size)
 
     # ----- loaders -----
-    def get_train_dataloader(self) -> DataLoader:
+    def get_train_dataloader(self) -> DataLoader | DispatchLoader:
         """HF's `get_train_dataloader`: micro-batches of `train_dataset` in HF's seeded order (`_get_dataloader` with
         `_get_train_sampler`)."""
         return self.datamodule.get_train_dataloader()
@@ -92,7 +93,7 @@ class DataHooks:
     def _get_dataloader(
         self, dataset: Any, description: str, batch_size: int, sampler_fn: Any = None, is_training: bool = False,
         dataloader_key: str | None = None,
-    ) -> DataLoader:
+    ) -> DataLoader | DispatchLoader:
         """HF's `_get_dataloader`: columns the model cannot take removed, `sampler_fn(dataset)`'s order, sharded
         across processes as accelerate does."""
         return self.datamodule._get_dataloader(dataset, description, batch_size, sampler_fn, is_training,
