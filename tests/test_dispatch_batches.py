@@ -80,24 +80,34 @@ def test_each_process_gets_accelerates_dispatched_batches(launch):
         assert seen["split"]["total_batch_size"] == 4 and seen["full"]["total_batch_size"] == 8
 
 
+def _assert_trains_as_hf(launch: Path, name: str, entries: int) -> list[dict]:
+    """The run `name`'s training log entries (loss, grad norm, train loss) equal HF's, weights to 1e-5; ours' log."""
+    hf, ours = (json.loads((launch / f"{side}{name}" / "log_history.json").read_text()) for side in ("hf", "ours"))
+    train_hf, train_ours = ([{k: v for k, v in e.items() if not k.startswith("eval_")} for e in
+                             stable_log_entries(side)] for side in (hf, ours))
+    assert [sorted(e) for e in train_ours] == [sorted(e) for e in train_hf] and len(train_ours) == entries
+    for a, b in zip(train_ours, train_hf):
+        assert a == pytest.approx(b, rel=1e-5)
+    hf_weights, our_weights = (load_file(launch / f"{side}{name}" / "final" / "model.safetensors")
+                               for side in ("hf", "ours"))
+    for key, tensor in hf_weights.items():
+        torch.testing.assert_close(our_weights[key], tensor, rtol=0, atol=1e-5, msg=key)
+    return ours
+
+
 @pytest.mark.distributed
 def test_training_on_dispatched_batches_is_hfs(launch):
     """Two epochs whose last round leaves one row per process, dropout on: logged losses and grad norms equal HF's
-    2-process run, weights to 1e-5; the loader ours hands out is the dispatcher, 4 steps per epoch."""
-    hf, ours = (json.loads((launch / side / "log_history.json").read_text()) for side in ("hf", "ours"))
-    train_hf, train_ours = ([{k: v for k, v in e.items() if not k.startswith("eval_")} for e in
-                             stable_log_entries(side)] for side in (hf, ours))
-    assert [sorted(e) for e in train_ours] == [sorted(e) for e in train_hf] and len(train_ours) == 11
-    for a, b in zip(train_ours, train_hf):
-        assert a == pytest.approx(b, rel=1e-5)
-    hf_weights, our_weights = (load_file(launch / side / "final" / "model.safetensors") for side in ("hf", "ours"))
-    for name, tensor in hf_weights.items():
-        torch.testing.assert_close(our_weights[name], tensor, rtol=0, atol=1e-5, msg=name)
+    2-process run, weights to 1e-5; the loader ours hands out is the dispatcher, 4 steps per epoch. The same rows as
+    a stream (rank 0 reads it; HF's default for a stream), 6 updates: the same."""
+    ours = _assert_trains_as_hf(launch, "", 11)
+    _assert_trains_as_hf(launch, "-stream", 9)
     for rank in (0, 1):
         assert json.loads((launch / f"ours-loader{rank}.json").read_text()) == {
             "type": "DispatchLoader", "len": 4, "total": 8}
     # evaluation reads this process's shard as without dispatching: the last eval_loss is one process's on the final
-    # weights (HF's own 2-process eval_loss weights its processes' token counts differently, README "Differences")
+    # weights (HF's own 2-process eval_loss divides each batch's loss by the label tokens of both processes' batches,
+    # README "Differences": not its one-process value, so not the oracle)
     model = transformers.GPT2LMHeadModel.from_pretrained(launch / "ours" / "final")
     model.loss_type = "ForCausalLM"
     model.eval()

@@ -91,6 +91,8 @@ RESUMES = {
     "FSDP2 2 -> 1 process": ("u2_fsdp2", 1, "fsdp2_21", 11),
     "DDP -> FSDP1 (2 processes)": ("u2", 1, "ddp_to_fsdp1", 6),
     "transformers.Trainer 1 process -> FSDP2 2 processes": ("hf_u1", 1, "hf_to_fsdp2", 12),
+    "1->2 into dispatch_batches=True": ("u1", 1, "r12_dispatch", 7),
+    "2->1 from dispatch_batches=True": ("u2_dispatch", 1, "r21_dispatch", 11),
 }
 STRATEGY_ONLY = {  # the same geometry: the rows were right before too; the optimizer state was not loaded at all
     "FSDP2 -> DDP (2 processes)": ("u2_fsdp2", 1, "fsdp2_to_ddp", 6),
@@ -110,6 +112,14 @@ def test_every_row_is_trained_exactly_once_per_epoch(runs, scenario):
     DDP checkpoint under FSDP2 crashed at the first update."""
     out, _ = runs
     assert_finished_with_every_row_once(out, *RESUMES[scenario])
+
+
+def test_dispatched_batches_are_the_sharded_ones_in_full_rounds(runs):
+    """`dispatch_batches=True` on 2 processes: rank 0 reads every batch and sends each process its part; with rounds
+    that divide, each update trains the rows the sharded run trains."""
+    out, _ = runs
+    assert result(out, "u2_dispatch")["error"] is None
+    assert rows_by_update(out, "u2_dispatch") == rows_by_update(out, "u2")
 
 
 @pytest.mark.parametrize(("resumed", "uninterrupted"), [("r12_global", "u1_g8"), ("r21_global", "u2")])

@@ -637,7 +637,7 @@ class TransformerDataModule(pl.LightningDataModule):
         (`num_samples`, `seed`, `shuffle`) and the samples of it trained over all processes (`samples_done`), for a
         resume in any geometry (`checkpoint/elastic.py`); None when the order is not hf_lightning's own (a sampler
         override, `group_by_length`, an unsized loader)."""
-        sampler = getattr(self._fit_loader, "batch_sampler", None)
+        sampler = _train_batch_sampler(self._fit_loader)
         if self.windows is None or not isinstance(sampler, WindowBatchSampler) or sampler.draws_globally:
             return None
         done = self.windows.samples_done(windows_done)
@@ -649,7 +649,7 @@ class TransformerDataModule(pl.LightningDataModule):
     def train_order(self) -> dict[str, Any] | None:
         """This run's train order as `sample_position` records it (`num_samples`, `seed`, `shuffle`), or None when it
         is not hf_lightning's own `seed + epoch` order."""
-        sampler = getattr(self._fit_train_loader(), "batch_sampler", None)
+        sampler = _train_batch_sampler(self._fit_train_loader())
         if not isinstance(sampler, WindowBatchSampler) or sampler.draws_globally:
             return None
         return {"num_samples": sampler.num_samples, "seed": sampler.seed, "shuffle": sampler.shuffle}
@@ -658,7 +658,7 @@ class TransformerDataModule(pl.LightningDataModule):
         """Windows of this run left in an epoch resumed after `start_sample` samples of its order (None: the train
         order is not hf_lightning's own, so it cannot start at a sample)."""
         loader = self._fit_train_loader()
-        sampler = getattr(loader, "batch_sampler", None)
+        sampler = _train_batch_sampler(loader)
         if not isinstance(sampler, WindowBatchSampler) or sampler.draws_globally:
             return None
         return WindowStream(loader, self.args.gradient_accumulation_steps).rest_windows(start_sample)

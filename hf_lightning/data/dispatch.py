@@ -20,7 +20,9 @@ rank 0 and leaves the others waiting in the broadcast).
 
 A resumed epoch skips its trained steps without reading them when the loader can start later (`windows.start_after`
 on hf_lightning's own samplers): only the first round is read, for the rows that may complete the last round. A
-stream (no length) is read and dropped up to the resume point, as accelerate's `skip_first_batches` does.
+stream (no length) is read and dropped up to the resume point, as accelerate's `skip_first_batches` does. A resume
+on another number of processes (`checkpoint/elastic.py`) dispatches the rest of the epoch's order as a whole epoch
+(`DispatchedOrder`): its last round is completed with the rest's first rows.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch.distributed as dist
 
 from hf_lightning.data.windows import is_sized, set_loader_epoch, start_after
 
-__all__ = ["DispatchLoader", "dispatch_slice", "join_batches", "rows_of", "slice_rows"]
+__all__ = ["DispatchLoader", "DispatchedOrder", "dispatch_slice", "join_batches", "rows_of", "slice_rows"]
 
 _SHAPES = ("You can't use batches of different size with `dispatch_batches=True` or when using an `IterableDataset`."
            "either pass `dispatch_batches=False` and have each process fetch its own batch  or pass "
@@ -93,6 +95,49 @@ def dispatch_slice(rows: int, processes: int, rank: int) -> tuple[slice, int]:
     return slice(rank * size, (rank + 1) * size), completed
 
 
+class DispatchedOrder:
+    """The whole loader's batch sampler (`sampling.WindowBatchSampler`) as one process sees it under dispatching: a
+    step takes `per_round` of its batches, so positions and counts are those of `per_round` processes (what
+    `windows.WindowStream` and the elastic resume read: `batch_size`, `world_size`, `num_microbatches`,
+    `start_sample`).
+
+    Args:
+        whole: the whole loader's batch sampler (one process's view of every sample).
+        per_round: batches per step (the processes; 1 with `split_batches`).
+        drop_last: an incomplete last round is dropped.
+    """
+
+    def __init__(self, whole: Any, per_round: int, drop_last: bool) -> None:
+        self.whole, self.per_round, self.drop_last = whole, per_round, drop_last
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.whole.batch_size)
+
+    @property
+    def world_size(self) -> int:
+        return self.per_round
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.whole.num_samples)
+
+    @property
+    def start_sample(self) -> int:
+        """Elastic resume: the next iteration is the rest of the epoch's order after this many samples, dispatched
+        as a whole epoch would be (its last round completed with the rest's first rows)."""
+        return int(self.whole.start_sample)
+
+    @start_sample.setter
+    def start_sample(self, value: int) -> None:
+        self.whole.start_sample = value
+
+    def num_microbatches(self, start_sample: int = 0) -> int:
+        """Steps per epoch (of the rest after `start_sample` samples) on every process."""
+        whole = self.whole.num_microbatches(start_sample)
+        return whole // self.per_round if self.drop_last else -(-whole // self.per_round)
+
+
 class DispatchLoader:
     """This process's batches of `loader` under `dispatch_batches=True` (module docstring).
 
@@ -118,6 +163,13 @@ class DispatchLoader:
         self.total_batch_size = loader.batch_sampler.batch_size * self.per_round if hasattr(
             getattr(loader, "batch_sampler", None), "batch_size") else (loader.batch_size or 0) * self.per_round
         self.skip = 0
+
+    @property
+    def batch_sampler(self) -> DispatchedOrder | None:
+        """The whole loader's order as this process's steps (`DispatchedOrder`), when it can start at a sample
+        (hf_lightning's own `seed + epoch` order); else None."""
+        whole = getattr(self.loader, "batch_sampler", None)
+        return DispatchedOrder(whole, self.per_round, self.drop_last) if hasattr(whole, "start_sample") else None
 
     @property
     def dataset(self) -> Any:

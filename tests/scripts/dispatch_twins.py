@@ -4,11 +4,12 @@
    split_batches, a resumed epoch, a stream) every process's batches from accelerate's own `DataLoaderDispatcher`
    (`prepare_data_loader(..., dispatch_batches=True)`, `skip_first_batches`) and from hf_lightning's
    `DispatchLoader`, over two epochs, with `len()`.
-2. A run: `transformers.Trainer` and `hf_lightning.Trainer` train the same tiny GPT-2 (dropout on) with dispatched
-   batches whose last round of each epoch is short, and evaluate every epoch.
+2. Runs: `transformers.Trainer` and `hf_lightning.Trainer` train the same tiny GPT-2 (dropout on) with dispatched
+   batches whose last round of each epoch is short, and evaluate every epoch; then the same rows as a stream
+   (`datasets.IterableDataset`: HF's default dispatches it), 6 updates.
 
 Writes OUT_DIR/rank<r>.json (the loaders' batches and lengths per geometry, both sides) and, on rank 0, each
-trainer's log history and final weights (OUT_DIR/<side>/final).
+trainer's log history and final weights (OUT_DIR/<side>[-stream]/final).
 Usage: python -m torch.distributed.run --nproc_per_node 2 dispatch_twins.py OUT_DIR
 """
 
@@ -88,11 +89,15 @@ def loader_rule(rank: int) -> dict:
     return seen
 
 
-def train(side: str, out_dir: str) -> None:
-    settings = dict(output_dir=os.path.join(out_dir, side), per_device_train_batch_size=4, num_train_epochs=2,
-                    logging_steps=1, eval_strategy="epoch", per_device_eval_batch_size=4, save_strategy="no",
-                    seed=5, learning_rate=1e-3, report_to="none", disable_tqdm=True, ddp_backend="gloo",
-                    accelerator_config={"dispatch_batches": True})
+def train(side: str, out_dir: str, stream: bool = False) -> None:
+    """One run of `side` on the process group; `stream`: the rows as a `datasets.IterableDataset` (HF dispatches a
+    stream by default), 6 updates, so the second pass is cut short."""
+    length = {"max_steps": 6, "eval_strategy": "steps", "eval_steps": 3} if stream else {
+        "num_train_epochs": 2, "eval_strategy": "epoch"}
+    name = f"{side}-stream" if stream else side
+    settings = dict(output_dir=os.path.join(out_dir, name), per_device_train_batch_size=4, logging_steps=1,
+                    per_device_eval_batch_size=4, save_strategy="no", seed=5, learning_rate=1e-3, report_to="none",
+                    disable_tqdm=True, ddp_backend="gloo", accelerator_config={"dispatch_batches": True}, **length)
     if side == "hf":
         import transformers as lib
 
@@ -107,14 +112,16 @@ def train(side: str, out_dir: str) -> None:
     model.loss_type = "ForCausalLM"
     # 26 rows in batches of 4: 7 batches, so each epoch ends with a round of one 2-row batch, one row per process;
     # the rows are padded to one length (accelerate joins a round's batches) with different label counts
+    rows = lm_dataset(26, seed=2)
     trainer = lib.Trainer(model=model, args=lib.TrainingArguments(**settings, **extra),
-                          train_dataset=lm_dataset(26, seed=2), eval_dataset=lm_dataset(16, seed=4), **kwargs)
+                          train_dataset=rows.to_iterable_dataset() if stream else rows,
+                          eval_dataset=lm_dataset(16, seed=4), **kwargs)
     trainer.train()
-    trainer.save_model(os.path.join(out_dir, side, "final"))
+    trainer.save_model(os.path.join(out_dir, name, "final"))
     if trainer.is_world_process_zero():
-        with open(os.path.join(out_dir, side, "log_history.json"), "w") as f:
+        with open(os.path.join(out_dir, name, "log_history.json"), "w") as f:
             json.dump(trainer.state.log_history, f)
-    if side == "ours":
+    if side == "ours" and not stream:
         loader = trainer.get_train_dataloader()
         with open(os.path.join(out_dir, f"ours-loader{trainer.args.process_index}.json"), "w") as f:
             json.dump({"type": type(loader).__name__, "len": len(loader), "total": loader.total_batch_size}, f)
@@ -128,5 +135,6 @@ if __name__ == "__main__":
     rank = int(os.environ["RANK"])
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(loader_rule(rank), f)
-    train("hf", out)
-    train("ours", out)
+    for stream in (False, True):
+        train("hf", out, stream)
+        train("ours", out, stream)

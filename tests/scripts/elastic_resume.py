@@ -6,12 +6,14 @@ Usage (PHASE, in this order, each reading the checkpoints of the phases before i
       update, whose checkpoints the later phases resume.
   python -m torch.distributed.run --standalone --nproc_per_node 2 elastic_resume.py two OUT
       Two processes (gloo): resumes 1 -> 2 (per-device batch kept, global batch kept, accumulation 2, inside epochs
-      0 and 1), the uninterrupted 2-process DDP and FSDP2 runs, DDP -> FSDP2, FSDP2 -> DDP, transformers.Trainer's
+      0 and 1), the uninterrupted 2-process DDP and FSDP2 runs, a run with `dispatch_batches=True` and a 1 -> 2 resume
+      into one, DDP -> FSDP2, FSDP2 -> DDP, transformers.Trainer's
       checkpoint into FSDP2, and transformers.Trainer's own 1 -> 2 resume.
   python -m torch.distributed.run --standalone --nproc_per_node 3 elastic_resume.py three OUT
       Three processes: resumes 2 -> 3 inside epochs 0 and 1.
   python elastic_resume.py last OUT
-      One process again: resumes 2 -> 1 (per-device batch kept, `resume_keep_global_batch`), FSDP2 2 -> 1.
+      One process again: resumes 2 -> 1 (per-device batch kept, `resume_keep_global_batch`), FSDP2 2 -> 1, and of the
+      dispatched run.
 
 Every run trains a tiny GPT-2 on 24 rows whose first token names the row, for 2 epochs, and writes, per process,
 `OUT/<scenario>/rows_<rank>.json` (the rows of each update, from a `compute_loss` override), `log.json` (rank 0: the
@@ -180,6 +182,9 @@ def main(phase: str, out: str) -> None:
         two = {"devices": 2}
         run(out, "u2", capture_at=1, **two)  # global batch 8: 3 updates per epoch
         run(out, "u2_fsdp2", capture_at=1, strategy="fsdp2", **two)
+        dispatched = {"accelerator_config": {"dispatch_batches": True}, **two}  # rank 0 reads every batch
+        run(out, "u2_dispatch", **dispatched)
+        run(out, "r12_dispatch", resume=ckpt(out, "u1", 1), **dispatched)
         run(out, "r12", resume=ckpt(out, "u1", 1), **two)  # inside epoch 0: 4 of 24 rows done
         run(out, "r12_e1", resume=ckpt(out, "u1", 8), **two)  # inside epoch 1: 8 of 24 rows done
         run(out, "r12_global", resume=ckpt(out, "u1_g8", 1), resume_keep_global_batch=True, **two)
@@ -202,6 +207,7 @@ def main(phase: str, out: str) -> None:
         run(out, "r21_e1", resume=ckpt(out, "u2", 5))
         run(out, "r21_global", resume=ckpt(out, "u2", 1), resume_keep_global_batch=True)
         run(out, "fsdp2_21", resume=ckpt(out, "u2_fsdp2", 1), capture_at=1)
+        run(out, "r21_dispatch", resume=ckpt(out, "u2_dispatch", 1))
     else:
         raise SystemExit(f"unknown phase {phase!r}")
 
