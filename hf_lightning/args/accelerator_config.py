@@ -14,12 +14,13 @@ import copy
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
     "AcceleratorConfig", "accelerate_state_exists", "apply_accumulation_steps", "as_config_dict",
-    "build_accelerator_config", "loader_settings",
+    "build_accelerator_config", "loader_settings", "provide_state", "set_state_provider",
     "syncs_each_batch", "total_train_batch",
 ]
 
@@ -59,20 +60,32 @@ class AcceleratorConfig:
 
 
 def accelerate_state_exists() -> bool:
-    """Whether `use_configured_state=True` finds a configured accelerate state: accelerate's `PartialState` exists
-    (an `Accelerator()`, HF's own `TrainingArguments`, hf_lightning's `Trainer` standing in for HF's), or these
-    arguments stand in for HF's (`use_as_transformers_trainer()`): HF's own arguments, which the user's code built
-    before (sentence-transformers builds such arguments in its trainer's constructor), would have configured one,
-    and hf_lightning's `Trainer` provides it when it is built.
+    """Whether this process holds a configured accelerate `PartialState` (an `Accelerator()`, HF's own
+    `TrainingArguments`, or hf_lightning's arguments or `Trainer` while they stand in for HF's: `provide_state`).
 
     Read without importing accelerate: when nothing imported `accelerate.state`, no state can exist.
     """
-    transformers = sys.modules.get("transformers")
-    standing_in = getattr(transformers, "__dict__", {}).get("TrainingArguments")
-    if isinstance(standing_in, type) and standing_in.__module__.startswith("hf_lightning."):
-        return True
     state = sys.modules.get("accelerate.state")
     return state is not None and bool(getattr(getattr(state, "PartialState", None), "_shared_state", None))
+
+
+_state_provider: Callable[[Any], None] | None = None
+"""What configures accelerate's process state for arguments just built (`use_as_transformers_trainer()` sets it:
+`trainer/accelerate_state.provide_accelerate_state`), or None."""
+
+
+def set_state_provider(provider: Callable[[Any], None] | None) -> None:
+    """Configure accelerate's state whenever arguments are built (None: never), as HF's arguments do."""
+    global _state_provider
+    _state_provider = provider
+
+
+def provide_state(args: Any) -> None:
+    """While hf_lightning stands in for `transformers` (`use_as_transformers_trainer()`), arguments configure
+    accelerate's process state when they are built, as HF's `TrainingArguments` do (its `_setup_devices`): library
+    code reads it from there on (sentence-transformers builds further arguments with `use_configured_state=True`)."""
+    if _state_provider is not None:
+        _state_provider(args)
 
 
 def as_config_dict(value: Any) -> Any:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
+from hf_lightning.args.accelerator_config import provide_state
 from hf_lightning.args.choices import (
     HubStrategyName,
     IntervalStrategyName,
@@ -372,6 +373,7 @@ class TrainingArguments(ProcessLayoutMixin):
 
     def __post_init__(self) -> None:
         normalise_and_check(self)
+        provide_state(self)  # accelerate's process state, as HF's arguments configure it (only while standing in)
 
     def __str__(self) -> str:
         """HF's form: one `name=value` per line, sorted, with `*_token` values hidden."""

@@ -28,6 +28,9 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
+from hf_lightning.args.accelerator_config import set_state_provider
+from hf_lightning.trainer.accelerate_state import provide_accelerate_state
+
 __all__ = [
     "SWAPPED", "default_lightning_kwargs", "is_using_hf_lightning", "restore_transformers_trainer",
     "use_as_transformers_trainer",
@@ -135,6 +138,7 @@ def use_as_transformers_trainer(lightning_kwargs: Mapping[str, Any] | None = Non
     packages = _package_objects()
     _patch(packages, _ours())
     _originals = real
+    set_state_provider(provide_accelerate_state)  # our arguments configure accelerate's state, as HF's do
     if lightning_kwargs is not None:
         _lightning_kwargs.clear()
         _lightning_kwargs.update(lightning_kwargs)
@@ -151,6 +155,7 @@ def restore_transformers_trainer() -> None:
         return
     _patch(_package_objects(), _originals)
     _originals = None
+    set_state_provider(None)
     _lightning_kwargs.clear()
 
 
