@@ -156,16 +156,22 @@ def wait_for_line(process: subprocess.Popen, prefix: str, timeout: float) -> str
     return line
 
 
-def child_result(process: subprocess.Popen, timeout: float, what: str = "the child") -> dict:
-    """The JSON of the last `RESULT ` line `process` (text pipes) prints, once it has ended within `timeout` seconds
-    with status 0; otherwise the test fails with its output (under torchrun, each process's `[rankN]:` traceback
-    lines first: torchrun's own output often pushes them out of the tail)."""
+def communicate_within(process: subprocess.Popen, timeout: float, what: str = "the child") -> tuple[str, str]:
+    """`process.communicate()` bounded by `timeout` seconds: its stdout and stderr, or the test fails after the process
+    is killed (and reaped, within 60 s more)."""
     try:
-        out, err = process.communicate(timeout=timeout)
+        return process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         process.kill()
         process.communicate(timeout=60)
         raise AssertionError(f"{what} did not end within {timeout} s") from None
+
+
+def child_result(process: subprocess.Popen, timeout: float, what: str = "the child") -> dict:
+    """The JSON of the last `RESULT ` line `process` (text pipes) prints, once it has ended within `timeout` seconds
+    with status 0; otherwise the test fails with its output (under torchrun, each process's `[rankN]:` traceback
+    lines first: torchrun's own output often pushes them out of the tail)."""
+    out, err = communicate_within(process, timeout, what)
     tracebacks = "\n".join(line for line in err.splitlines() if line.startswith("[rank") and "]:" in line[:9])
     assert process.returncode == 0, out[-3000:] + tracebacks[-6000:] + err[-3000:]
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import communicate_within
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,12 +52,7 @@ def _cli(subcommand: str, *argv: str, cwd: Path = REPO) -> subprocess.Popen:
 
 
 def _done(process: subprocess.Popen, timeout: float = 600) -> tuple[int, str, str]:
-    try:
-        out, err = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.communicate(timeout=60)
-        raise AssertionError(f"{process.args} did not end within {timeout} s") from None
+    out, err = communicate_within(process, timeout, str(process.args))
     return process.returncode, out, err
 
 

@@ -10,24 +10,14 @@ import types
 import pytest
 import torch
 import transformers
+from test_hf_trainer_on_our_args import _model as _gpt2
+from test_hf_trainer_on_our_args import _Rows
 
 import hf_lightning
 
 
-class _Rows(torch.utils.data.Dataset):
-    def __len__(self) -> int:
-        return 8
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        ids = torch.tensor([(i + k) % 31 + 1 for k in range(6)])
-        return {"input_ids": ids, "labels": ids.clone()}
-
-
 def _model() -> transformers.PreTrainedModel:
-    torch.manual_seed(0)
-    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32, n_positions=16,
-                                     bos_token_id=0, eos_token_id=0)
-    model = transformers.GPT2LMHeadModel(config)
+    model = _gpt2()
     # HF's oracle made right: GPT2LMHeadModel's loss_type is None, so HF counts the never-predicted label position 0
     # in `num_items_in_batch` (tests/test_train_parity.py `gpt2_hf_counts_correctly`); the attribute fixes HF's count
     model.loss_type = "ForCausalLM"
